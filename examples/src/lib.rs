@@ -1,0 +1,1 @@
+//! Examples live in the folders beside `src/`; run one with `cargo run --example <name>`.

@@ -1,0 +1,221 @@
+//! `key = value, …` attribute arguments, shared by `#[handler(…)]` and `#[message(…)]`.
+//!
+//! Parsing never stops at the first problem: unknown keys, duplicates and values of the wrong
+//! kind are all collected in the [`Ctxt`].
+
+use proc_macro2::{Span, TokenStream};
+use syn::ext::IdentExt;
+use syn::parse::{ParseStream, Parser};
+use syn::{Expr, ExprLit, Ident, Lit, LitInt, LitStr, Token};
+
+use crate::ctxt::Ctxt;
+
+/// One `key = value` pair as written.
+pub(crate) struct Arg {
+    pub(crate) key: Ident,
+    pub(crate) value: Expr,
+}
+
+/// The arguments of one attribute, after unknown and duplicate keys were reported.
+pub(crate) struct Args {
+    args: Vec<Arg>,
+    /// The arguments did not parse, or a key was misspelt: a key that looks missing may only be
+    /// mistyped, and was already reported.
+    incomplete: bool,
+}
+
+/// What an attribute accepts: its name (for messages) and its keys with an example value each.
+pub(crate) struct Schema {
+    pub(crate) attribute: &'static str,
+    pub(crate) keys: &'static [(&'static str, &'static str)],
+}
+
+impl Schema {
+    fn valid_keys(&self) -> String {
+        self.keys
+            .iter()
+            .map(|(key, example)| format!("`{key} = {example}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl Args {
+    pub(crate) fn parse(tokens: TokenStream, schema: &Schema, cx: &mut Ctxt) -> Args {
+        let parser = |input: ParseStream<'_>| -> syn::Result<Vec<RawArg>> {
+            let mut raw = Vec::new();
+            while !input.is_empty() {
+                raw.push(RawArg::parse(input, schema)?);
+                if !input.is_empty() {
+                    input.parse::<Token![,]>()?;
+                }
+            }
+            Ok(raw)
+        };
+        let raw = match parser.parse2(tokens) {
+            Ok(raw) => raw,
+            Err(error) => {
+                cx.push(error);
+                return Args {
+                    args: Vec::new(),
+                    incomplete: true,
+                };
+            }
+        };
+        let mut args: Vec<Arg> = Vec::new();
+        let mut incomplete = false;
+        for RawArg { key, value } in raw {
+            let name = key.unraw().to_string();
+            if !schema.keys.iter().any(|(valid, _)| *valid == name) {
+                incomplete = true;
+                let suggestion = closest(&name, schema.keys.iter().map(|(key, _)| *key))
+                    .map(|key| format!("did you mean `{key}`? "))
+                    .unwrap_or_default();
+                cx.error_spanned_by(
+                    &key,
+                    format!(
+                        "unknown key `{name}` in `{}`: {suggestion}valid keys are {}",
+                        schema.attribute,
+                        schema.valid_keys()
+                    ),
+                );
+                continue;
+            }
+            if args.iter().any(|arg| arg.key.unraw() == name) {
+                cx.error_spanned_by(
+                    &key,
+                    format!(
+                        "duplicate key `{name}` in `{}`: give each key once",
+                        schema.attribute
+                    ),
+                );
+                continue;
+            }
+            args.push(Arg { key, value });
+        }
+        Args { args, incomplete }
+    }
+
+    /// `true` when `key` is absent and no earlier error could explain it.
+    pub(crate) fn is_missing(&self, key: &str) -> bool {
+        !self.incomplete && self.get(key).is_none()
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<&Arg> {
+        self.args.iter().find(|arg| arg.key.unraw() == key)
+    }
+
+    /// The string value of `key`, reporting a value of another kind.
+    pub(crate) fn string(&self, key: &str, example: &str, cx: &mut Ctxt) -> Option<LitStr> {
+        let arg = self.get(key)?;
+        match &arg.value {
+            Expr::Lit(ExprLit {
+                lit: Lit::Str(lit), ..
+            }) => Some(lit.clone()),
+            other => {
+                cx.error_spanned_by(
+                    other,
+                    format!("`{key}` takes a string literal, e.g. `{key} = {example}`"),
+                );
+                None
+            }
+        }
+    }
+
+    /// The integer value of `key`, reporting a value of another kind.
+    pub(crate) fn integer(&self, key: &str, example: &str, cx: &mut Ctxt) -> Option<LitInt> {
+        let arg = self.get(key)?;
+        match &arg.value {
+            Expr::Lit(ExprLit {
+                lit: Lit::Int(lit), ..
+            }) => Some(lit.clone()),
+            other => {
+                cx.error_spanned_by(
+                    other,
+                    format!("`{key}` takes an integer literal, e.g. `{key} = {example}`"),
+                );
+                None
+            }
+        }
+    }
+}
+
+struct RawArg {
+    key: Ident,
+    value: Expr,
+}
+
+impl RawArg {
+    fn parse(input: ParseStream<'_>, schema: &Schema) -> syn::Result<RawArg> {
+        let expected = || {
+            format!(
+                "expected `key = value` in `{}`; valid keys are {}",
+                schema.attribute,
+                schema.valid_keys()
+            )
+        };
+        // `type` is a keyword, and `#[message(type = "…")]` is how messages are named.
+        let key =
+            Ident::parse_any(input).map_err(|error| syn::Error::new(error.span(), expected()))?;
+        if !input.peek(Token![=]) {
+            return Err(syn::Error::new(
+                if input.is_empty() {
+                    key.span()
+                } else {
+                    input.span()
+                },
+                expected(),
+            ));
+        }
+        input.parse::<Token![=]>()?;
+        let value: Expr = input.parse()?;
+        Ok(RawArg { key, value })
+    }
+}
+
+/// The valid key nearest to a misspelt one, if it is close enough to be a typo.
+fn closest<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .map(|candidate| (edit_distance(name, candidate), candidate))
+        .filter(|(distance, candidate)| *distance <= 2.max(candidate.len() / 3))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+/// Where to point when a required key is missing: the attribute's arguments, or the attribute
+/// itself when it has none.
+pub(crate) fn missing_key_span(tokens: &TokenStream, fallback: Span) -> Span {
+    let mut iter = tokens.clone().into_iter();
+    match iter.next() {
+        Some(first) => first.span(),
+        None => fallback,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{closest, edit_distance};
+
+    #[test]
+    fn suggests_close_keys_only() {
+        let keys = ["message", "name", "timeout", "concurrency"];
+        assert_eq!(closest("mesage", keys.iter().copied()), Some("message"));
+        assert_eq!(closest("timout", keys.iter().copied()), Some("timeout"));
+        assert_eq!(closest("retries", keys.iter().copied()), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+}

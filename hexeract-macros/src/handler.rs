@@ -1,0 +1,394 @@
+//! `#[handler(message = "…")]`: parse the arguments, validate the function, expand to a typed
+//! adapter plus an `inventory` registration.
+//!
+//! Only the syntactic problems are reported here; whether the argument is a `Message` with the
+//! declared `MESSAGE_TYPE`, whether the second parameter is `&Context` and whether the return
+//! type is supported are checked by the compiler on generated code spanned at the user's
+//! tokens, so those errors point at what the user wrote.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::{FnArg, GenericParam, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
+
+use crate::args::{missing_key_span, Args, Schema};
+use crate::ctxt::Ctxt;
+use crate::duration::parse_millis;
+use crate::message::check_wire_name;
+
+const SCHEMA: Schema = Schema {
+    attribute: "#[handler]",
+    keys: &[
+        ("message", "\"OrderPlaced\""),
+        ("name", "\"billing.reserve_stock\""),
+        ("timeout", "\"30s\""),
+        ("concurrency", "4"),
+    ],
+};
+
+/// Highest accepted `concurrency`: beyond it the value is almost certainly a typo.
+const MAX_CONCURRENCY: u64 = 10_000;
+
+/// What `#[handler(…)]` says, validated.
+struct HandlerArgs {
+    message: LitStr,
+    name: Option<LitStr>,
+    timeout_millis: Option<u64>,
+    concurrency: Option<u32>,
+}
+
+/// The parts of the function the expansion needs.
+struct HandlerFn<'a> {
+    ident: &'a Ident,
+    message_ty: &'a Type,
+    context_ty: &'a Type,
+    output_ty: &'a Type,
+}
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let function: ItemFn = match syn::parse2(item.clone()) {
+        Ok(function) => function,
+        Err(_) => {
+            let error = syn::Error::new(
+                Span::call_site(),
+                "`#[handler]` goes on an `async fn(message: M, ctx: &Context) -> Result<(), E>`; \
+                 for a type, implement `hexeract::Handler<M>` and register it with a builder's `register_handler`",
+            )
+            .to_compile_error();
+            return quote! { #item #error };
+        }
+    };
+    let mut cx = Ctxt::default();
+    let args = parse_args(args, &function, &mut cx);
+    let handler_fn = validate_fn(&function, &mut cx);
+    match (args, handler_fn, cx.into_compile_errors()) {
+        (Some(args), Some(handler_fn), None) => {
+            let registration = generate(&args, &handler_fn);
+            quote! { #function #registration }
+        }
+        // Keep the user's function so IDEs and later diagnostics still see it.
+        (_, _, errors) => quote! { #function #errors },
+    }
+}
+
+fn parse_args(tokens: TokenStream, function: &ItemFn, cx: &mut Ctxt) -> Option<HandlerArgs> {
+    let missing_span = missing_key_span(&tokens, Span::call_site());
+    let args = Args::parse(tokens, &SCHEMA, cx);
+
+    let message = args.string("message", "\"OrderPlaced\"", cx);
+    if args.is_missing("message") {
+        cx.error_at(
+            missing_span,
+            "`#[handler]` needs the message type it handles: `#[handler(message = \"OrderPlaced\")]`, \
+             with the string given in that type's `#[message(type = \"…\")]`",
+        );
+    }
+    if let Some(message) = &message {
+        if let Err(problem) = check_wire_name(&message.value()) {
+            cx.error_spanned_by(message, format!("`message` {problem}"));
+        }
+    }
+
+    let name = args.string("name", "\"billing.reserve_stock\"", cx);
+    if let Some(name) = &name {
+        if let Err(problem) = check_handler_name(&name.value()) {
+            cx.error_spanned_by(name, format!("`name` {problem}"));
+        }
+    }
+
+    let timeout_millis =
+        args.string("timeout", "\"30s\"", cx)
+            .and_then(|lit| match parse_millis(&lit.value()) {
+                Ok(0) => {
+                    cx.error_spanned_by(
+                        &lit,
+                        "`timeout` must be longer than zero, e.g. `timeout = \"30s\"`",
+                    );
+                    None
+                }
+                Ok(millis) => Some(millis),
+                Err(problem) => {
+                    cx.error_spanned_by(&lit, format!("`timeout`: {problem}"));
+                    None
+                }
+            });
+
+    let concurrency =
+        args.integer("concurrency", "4", cx)
+            .and_then(|lit| match lit.base10_parse::<u64>() {
+                Ok(value @ 1..=MAX_CONCURRENCY) => Some(value as u32),
+                Ok(_) | Err(_) => {
+                    cx.error_spanned_by(
+                        &lit,
+                        format!(
+                            "`concurrency` is how many messages this handler may process at once: \
+                         a whole number from 1 to {MAX_CONCURRENCY}, e.g. `concurrency = 4`"
+                        ),
+                    );
+                    None
+                }
+            });
+
+    Some(HandlerArgs {
+        message: message?,
+        name,
+        timeout_millis,
+        concurrency,
+    })
+}
+
+fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>> {
+    let sig = &function.sig;
+    if sig.asyncness.is_none() {
+        cx.error_spanned_by(
+            sig.fn_token,
+            format!(
+                "`#[handler]` functions must be async: write `async fn {}(…)`",
+                sig.ident
+            ),
+        );
+    }
+    if let Some(unsafety) = &sig.unsafety {
+        cx.error_spanned_by(
+            unsafety,
+            "`#[handler]` functions cannot be `unsafe`: the runtime calls them from safe code",
+        );
+    }
+    let type_params: Vec<&GenericParam> = sig
+        .generics
+        .params
+        .iter()
+        .filter(|param| !matches!(param, GenericParam::Lifetime(_)))
+        .collect();
+    if !type_params.is_empty() || sig.generics.where_clause.is_some() {
+        let span_of = type_params
+            .first()
+            .map(|param| param.span())
+            .unwrap_or_else(|| sig.generics.where_clause.span());
+        cx.error_at(
+            span_of,
+            "`#[handler]` functions cannot be generic: the registry needs one concrete function per \
+             message type; write a handler for each message type, and share code through a generic helper they call",
+        );
+    }
+
+    let mut typed = Vec::new();
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) => cx.error_spanned_by(
+                receiver,
+                "`#[handler]` goes on a free function, not a method: move it out of the `impl` block, \
+                 or implement `hexeract::Handler<M>` for the type and register it with `register_handler`",
+            ),
+            FnArg::Typed(typed_arg) => typed.push(typed_arg),
+        }
+    }
+    let usage = "a handler takes the message and the context: `async fn name(message: OrderPlaced, ctx: &Context)`";
+    match typed.len() {
+        0 => {
+            if !sig
+                .inputs
+                .iter()
+                .any(|input| matches!(input, FnArg::Receiver(_)))
+            {
+                cx.error_at(
+                    sig.paren_token.span.join(),
+                    format!("missing parameters: {usage}"),
+                );
+            }
+            return None;
+        }
+        1 => cx.error_at(
+            sig.paren_token.span.close(),
+            format!("missing the `&Context` parameter: {usage}"),
+        ),
+        2 => {}
+        _ => {
+            for extra in &typed[2..] {
+                cx.error_spanned_by(
+                    extra,
+                    format!("unexpected parameter: {usage}; anything else a handler needs is reached through the context or captured state"),
+                );
+            }
+        }
+    }
+
+    let message_ty = &*typed[0].ty;
+    if let Type::Reference(reference) = message_ty {
+        cx.error_spanned_by(
+            reference,
+            format!(
+                "take the message by value, `{}: {}`: the runtime decodes a fresh value for each call and hands it over",
+                pat_name(&typed[0].pat),
+                reference.elem.to_token_stream()
+            ),
+        );
+    }
+
+    let context_ty = typed.get(1).map(|arg| &*arg.ty);
+    if let Some(context_ty) = context_ty {
+        match context_ty {
+            Type::Reference(reference) if reference.mutability.is_some() => cx.error_spanned_by(
+                reference,
+                "the context is shared: take `&Context`, not `&mut Context`",
+            ),
+            Type::Reference(_) => {}
+            other => cx.error_spanned_by(
+                other,
+                format!(
+                    "the second parameter must be `&Context` (a reference), found `{}`",
+                    other.to_token_stream()
+                ),
+            ),
+        }
+    }
+
+    let output_ty = match &sig.output {
+        ReturnType::Type(_, ty) => Some(&**ty),
+        ReturnType::Default => {
+            cx.error_at(
+                sig.paren_token.span.close(),
+                "a handler must say how the message went: add `-> Result<(), E>` (E: Display; `Err` retries) \
+                 or `-> hexeract::HandlerOutcome`",
+            );
+            None
+        }
+    };
+
+    if cx.has_errors() {
+        return None;
+    }
+    Some(HandlerFn {
+        ident: &sig.ident,
+        message_ty,
+        context_ty: context_ty?,
+        output_ty: output_ty?,
+    })
+}
+
+fn pat_name(pat: &Pat) -> String {
+    match pat {
+        Pat::Ident(ident) => ident.ident.to_string(),
+        _ => "message".to_owned(),
+    }
+}
+
+/// Handler names become queue and consumer-group names (`<prefix>.<name>`, `::` as `.`), so
+/// they keep to characters every broker accepts.
+pub(crate) fn check_handler_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty, e.g. `name = \"billing.reserve_stock\"`".to_owned());
+    }
+    if name.len() > 200 {
+        return Err(format!("is {} bytes long; keep it under 200", name.len()));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
+    {
+        return Err(format!(
+            "contains {bad:?}: use letters, digits, `_`, `-`, `.` and `::` (it becomes a queue name)"
+        ));
+    }
+    Ok(())
+}
+
+fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
+    let HandlerFn {
+        ident,
+        message_ty,
+        context_ty,
+        output_ty,
+    } = handler;
+    let declared = &args.message;
+    let private = quote!(::hexeract::__private);
+    let adapter = format_ident!("__HexeractHandler_{}", ident);
+
+    let name = match &args.name {
+        Some(name) => quote!(#name),
+        None => quote!(::core::concat!(
+            ::core::module_path!(),
+            "::",
+            ::core::stringify!(#ident)
+        )),
+    };
+    let timeout = match args.timeout_millis {
+        Some(millis) => {
+            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let concurrency = match args.concurrency {
+        Some(limit) => quote!(::core::option::Option::Some(#limit)),
+        None => quote!(::core::option::Option::None),
+    };
+
+    // Spanned at the user's tokens, so a failed check points at what they wrote. Paths are
+    // written out inside `quote_spanned!` so that they carry the user's span too.
+    let mismatch_head = format!(
+        "handler `{ident}` declares message {:?} but its argument type `{}` has MESSAGE_TYPE ",
+        declared.value(),
+        message_ty.to_token_stream().to_string().replace(' ', ""),
+    );
+    let mismatch_tail =
+        "; make them agree: change the argument type, or `message = ...` in `#[handler]`";
+    let constructor = quote_spanned! {message_ty.span()=>
+        {
+            let typed = ::hexeract::__private::typed::<#message_ty, #adapter>();
+            if !::hexeract::__private::str_eq(typed.message_type, #declared) {
+                let message = ::hexeract::__private::ConstMessage::new()
+                    .push(#mismatch_head)
+                    .push_quoted(typed.message_type)
+                    .push(#mismatch_tail);
+                ::core::panic!("{}", message.as_str());
+            }
+            typed.constructor
+        }
+    };
+    let context_span = match context_ty {
+        Type::Reference(reference) => reference.elem.span(),
+        other => other.span(),
+    };
+    let call_context = quote_spanned! {context_span=> ::hexeract::__private::context_arg(ctx) };
+    let output = quote_spanned! {output_ty.span()=> #output_ty };
+    let call = quote_spanned! {ident.span()=> #ident(message, #call_context) };
+    let location = quote_spanned! {ident.span()=>
+        file: ::core::file!(),
+        line: ::core::line!(),
+        column: ::core::column!(),
+    };
+
+    quote! {
+        #[doc(hidden)]
+        #[allow(non_camel_case_types, unreachable_pub)]
+        const _: () = {
+            #[derive(Default)]
+            struct #adapter;
+
+            impl #private::Handler<#message_ty> for #adapter {
+                type Output = #output;
+
+                fn handle(
+                    &self,
+                    message: #message_ty,
+                    ctx: &#private::Context,
+                ) -> impl ::core::future::Future<Output = Self::Output> + ::core::marker::Send {
+                    #call
+                }
+            }
+
+            const MESSAGE_TYPE_MATCHES: fn() -> #private::Arc<dyn #private::ErasedHandler> = #constructor;
+
+            #private::inventory::submit! {
+                #private::HandlerRegistration {
+                    name: #name,
+                    message_type: #declared,
+                    #location
+                    timeout: #timeout,
+                    concurrency: #concurrency,
+                    make: MESSAGE_TYPE_MATCHES,
+                }
+            }
+        };
+    }
+}

@@ -1,0 +1,129 @@
+//! [`Context`]: what a handler knows about the delivery it is handling.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+use crate::message::Message;
+use crate::publish::{Publish, PublishError};
+
+/// The delivery a handler is called with: ids, attempt, headers, shutdown signal, and a way to
+/// publish follow-up messages in the same conversation.
+///
+/// ```
+/// use hexeract::{handler, Context, Message};
+///
+/// #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "OrderPlaced")]
+/// struct OrderPlaced { order_id: u64 }
+///
+/// #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "InvoiceRequested")]
+/// struct InvoiceRequested { order_id: u64 }
+///
+/// #[handler(message = "OrderPlaced")]
+/// async fn request_invoice(event: OrderPlaced, ctx: &Context) -> Result<(), hexeract::PublishError> {
+///     tracing::info!(message_id = %ctx.message_id(), attempt = ctx.attempt(), "requesting invoice");
+///     // Carries this message's correlation id; its causation id is this message's id.
+///     ctx.publish(&InvoiceRequested { order_id: event.order_id }).await?;
+///     Ok(())
+/// }
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    envelope: Envelope,
+    handler: Arc<str>,
+    cancellation: CancellationToken,
+    publisher: Arc<dyn Publish>,
+}
+
+impl Context {
+    /// A context for one call of `handler` with `envelope`.
+    pub fn new(
+        envelope: Envelope,
+        handler: impl Into<Arc<str>>,
+        cancellation: CancellationToken,
+        publisher: Arc<dyn Publish>,
+    ) -> Context {
+        Context {
+            envelope,
+            handler: handler.into(),
+            cancellation,
+            publisher,
+        }
+    }
+
+    /// The message id (UUID v7). Deduplicate on it: delivery is at-least-once.
+    pub fn message_id(&self) -> Uuid {
+        self.envelope.id
+    }
+
+    /// The message's wire type, e.g. `"OrderPlaced"`.
+    pub fn message_type(&self) -> &str {
+        &self.envelope.message_type
+    }
+
+    /// Which call of this handler for this message this is: 1 the first time.
+    pub fn attempt(&self) -> u32 {
+        self.envelope.attempt
+    }
+
+    /// The conversation's id, if the message belongs to one.
+    pub fn correlation_id(&self) -> Option<Uuid> {
+        self.envelope.correlation_id
+    }
+
+    /// The id of the message whose handling published this one.
+    pub fn causation_id(&self) -> Option<Uuid> {
+        self.envelope.causation_id
+    }
+
+    /// A header of the message.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.envelope.header(name)
+    }
+
+    /// All further headers of the message.
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        &self.envelope.headers
+    }
+
+    /// The whole envelope, payload bytes included.
+    pub fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+
+    /// The name of the handler being called.
+    pub fn handler_name(&self) -> &str {
+        &self.handler
+    }
+
+    /// Cancelled when the runtime shuts down. A long handler may watch it to stop early (and
+    /// return `Err` so the message is retried later); the runtime waits up to its shutdown grace
+    /// for handlers either way.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancellation
+    }
+
+    /// Publishes a follow-up message in this message's conversation: same correlation id, and
+    /// this message's id as causation id. Returns the new message's id.
+    pub async fn publish<M: Message>(&self, message: &M) -> Result<Uuid, PublishError> {
+        let envelope = Envelope::new(message)?.caused_by(&self.envelope);
+        self.publisher.publish_envelope(envelope).await
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("message_id", &self.envelope.id)
+            .field("message_type", &self.envelope.message_type)
+            .field("attempt", &self.envelope.attempt)
+            .field("handler", &self.handler)
+            .finish_non_exhaustive()
+    }
+}

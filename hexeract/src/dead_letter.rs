@@ -1,0 +1,75 @@
+//! [`DeadLetter`]: the record of a message that could not be handled.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+
+/// Longest `detail` kept, in bytes; longer details are cut at a character boundary.
+pub const MAX_DETAIL_BYTES: usize = 4096;
+
+/// A message that will not be handled without a person's help, with everything needed to
+/// understand and replay it: the original envelope (bytes and headers as received), the handler,
+/// the reason, the detail and the number of calls made.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Id of this record.
+    pub id: Uuid,
+    /// The message as it was received, payload bytes unchanged.
+    pub envelope: Envelope,
+    /// The handler that gave up; `None` when no handler could be chosen (unknown type, payload
+    /// too large to look at).
+    pub handler: Option<String>,
+    /// Why, from [`Reason`] or the handler's own word.
+    pub reason: Reason,
+    /// What happened, truncated to [`MAX_DETAIL_BYTES`].
+    pub detail: String,
+    /// Handler calls made.
+    pub attempts: u32,
+    /// When it was dead-lettered.
+    pub dead_lettered_at: DateTime<Utc>,
+}
+
+impl DeadLetter {
+    pub(crate) fn new(
+        envelope: Envelope,
+        handler: Option<String>,
+        reason: Reason,
+        detail: &str,
+    ) -> DeadLetter {
+        DeadLetter {
+            id: Uuid::now_v7(),
+            attempts: envelope.attempt,
+            envelope,
+            handler,
+            reason,
+            detail: truncate(detail, MAX_DETAIL_BYTES),
+            dead_lettered_at: Utc::now(),
+        }
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncate;
+
+    #[test]
+    fn truncation_respects_char_boundaries() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate("ééé", 3), "é…");
+        assert_eq!(truncate(&"x".repeat(5000), 4096).len(), 4096 + "…".len());
+    }
+}

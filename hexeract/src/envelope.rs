@@ -1,0 +1,150 @@
+//! [`Envelope`]: a message on its way, with the metadata every transport carries.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::message::Message;
+
+/// A message with its identity and metadata: what stores keep and transports carry.
+///
+/// The payload is JSON. Ids are UUID v7, so they sort by creation time. The correlation id is
+/// shared by every message of one conversation; the causation id is the id of the message
+/// whose handler published this one ([`Envelope::caused_by`] sets both).
+///
+/// ```
+/// use hexeract::{Envelope, Message};
+///
+/// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "OrderPlaced")]
+/// struct OrderPlaced { order_id: u64 }
+///
+/// let envelope = Envelope::new(&OrderPlaced { order_id: 7 })?;
+/// assert_eq!(envelope.message_type, "OrderPlaced");
+/// assert_eq!(&envelope.payload[..], br#"{"order_id":7}"#);
+/// assert_eq!(envelope.decode::<OrderPlaced>()?, OrderPlaced { order_id: 7 });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Envelope {
+    /// Unique id of this message (UUID v7). Handlers deduplicate on it.
+    pub id: Uuid,
+    /// The wire name, [`Message::MESSAGE_TYPE`] of the payload's type.
+    pub message_type: String,
+    /// The JSON payload, as published.
+    pub payload: Bytes,
+    /// Id shared by every message of one conversation.
+    pub correlation_id: Option<Uuid>,
+    /// Id of the message whose handling published this one.
+    pub causation_id: Option<Uuid>,
+    /// Further headers (for example `traceparent`).
+    pub headers: BTreeMap<String, String>,
+    /// Number of the handler call this envelope is given to: 1 on the first delivery. 0 before
+    /// any delivery.
+    pub attempt: u32,
+    /// When the message was first published.
+    pub created_at: DateTime<Utc>,
+}
+
+impl Envelope {
+    /// Serializes `message` into a new envelope with a fresh id.
+    pub fn new<M: Message>(message: &M) -> Result<Envelope, EncodeError> {
+        let payload = serde_json::to_vec(message).map_err(|source| EncodeError {
+            message_type: M::MESSAGE_TYPE,
+            source,
+        })?;
+        Ok(Envelope::from_raw(M::MESSAGE_TYPE, payload))
+    }
+
+    /// An envelope around bytes that were not produced by [`Envelope::new`]: another producer's
+    /// payload, or input to test the dead-letter path. Nothing is checked here; a payload that
+    /// does not decode is dead-lettered as `payload_invalid` when it is handled.
+    pub fn from_raw(message_type: impl Into<String>, payload: impl Into<Bytes>) -> Envelope {
+        Envelope {
+            id: Uuid::now_v7(),
+            message_type: message_type.into(),
+            payload: payload.into(),
+            correlation_id: None,
+            causation_id: None,
+            headers: BTreeMap::new(),
+            attempt: 0,
+            created_at: Utc::now(),
+        }
+    }
+
+    /// Decodes the payload as `M`, checking that the envelope carries that message type.
+    pub fn decode<M: Message>(&self) -> Result<M, DecodeError> {
+        if self.message_type != M::MESSAGE_TYPE {
+            return Err(DecodeError::WrongType {
+                expected: M::MESSAGE_TYPE,
+                found: self.message_type.clone(),
+            });
+        }
+        serde_json::from_slice(&self.payload).map_err(|source| DecodeError::InvalidPayload {
+            message_type: M::MESSAGE_TYPE,
+            source,
+        })
+    }
+
+    /// Marks this envelope as published while handling `parent`: same conversation
+    /// (correlation id), caused by the parent's id.
+    pub fn caused_by(mut self, parent: &Envelope) -> Envelope {
+        self.correlation_id = Some(parent.correlation_id.unwrap_or(parent.id));
+        self.causation_id = Some(parent.id);
+        self
+    }
+
+    /// Sets the correlation id.
+    pub fn with_correlation_id(mut self, correlation_id: Uuid) -> Envelope {
+        self.correlation_id = Some(correlation_id);
+        self
+    }
+
+    /// Sets a header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Envelope {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// The value of a header, if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+/// A message could not be serialized (for example a map with non-string keys).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot encode message {message_type} as JSON: {source}")]
+pub struct EncodeError {
+    /// The message type that failed to encode.
+    pub message_type: &'static str,
+    /// What serde_json reported.
+    #[source]
+    pub source: serde_json::Error,
+}
+
+/// An envelope's payload could not be turned into the requested message type.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The envelope carries another message type.
+    #[error("expected a {expected} message, the envelope carries {found}")]
+    WrongType {
+        /// The type asked for.
+        expected: &'static str,
+        /// The type the envelope carries.
+        found: String,
+    },
+    /// The payload is not valid JSON for the message type.
+    #[error("payload is not a valid {message_type}: {source}")]
+    InvalidPayload {
+        /// The type asked for.
+        message_type: &'static str,
+        /// What serde_json reported, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+}

@@ -1,0 +1,50 @@
+//! The runtime's error types, one per boundary.
+
+use std::fmt;
+
+use crate::registry::RegistryError;
+
+/// Why [`hexeract::run`](crate::run) or [`Runtime::run`](crate::Runtime::run) stopped or could
+/// not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration is invalid; nothing was started.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The handlers cannot be registered together; nothing was started.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// One or more settings are invalid. Every problem is listed, not only the first.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// Each invalid setting.
+    pub problems: Vec<ConfigProblem>,
+}
+
+/// One invalid setting: which, what it holds, and what it should hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// The environment variable or builder knob.
+    pub setting: String,
+    /// The value found (already redacted where it could hold a secret).
+    pub value: String,
+    /// What is accepted.
+    pub expected: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid configuration, nothing was started:")?;
+        for problem in &self.problems {
+            write!(
+                f,
+                "\n  {} = {:?}: {}",
+                problem.setting, problem.value, problem.expected
+            )?;
+        }
+        Ok(())
+    }
+}

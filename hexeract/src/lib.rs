@@ -1,0 +1,113 @@
+//! # Hexeract
+//!
+//! Message handlers for Rust. Write a plain async fn, put `#[handler]` on it, and run:
+//!
+//! ```
+//! use hexeract::{handler, CancellationToken, Context, InMemoryStore, Message, Runtime};
+//!
+//! #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+//! #[message(type = "OrderPlaced")]
+//! pub struct OrderPlaced { pub order_id: u64, pub total_cents: i64 }
+//!
+//! #[handler(message = "OrderPlaced")]
+//! async fn send_confirmation(event: OrderPlaced, ctx: &Context) -> Result<(), std::io::Error> {
+//!     println!("order {} confirmed (message {})", event.order_id, ctx.message_id());
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // `hexeract::run(cancel)` does this with settings from the environment.
+//!     let runtime = Runtime::builder().store(InMemoryStore::new()).build()?;
+//!     let store = runtime.store().clone();
+//!     let cancel = CancellationToken::new();
+//!     let running = tokio::spawn(runtime.run(cancel.clone()));
+//!
+//!     store.publish(&OrderPlaced { order_id: 7, total_cents: 1999 }).await?;
+//!     store.wait_idle().await;
+//!
+//!     cancel.cancel();
+//!     running.await??;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Every handler of a message type gets every message of that type. A handler that returns
+//! `Err` is called again after a backoff (1 s doubling to 300 s, 5 calls in all); then, or
+//! at once with [`HandlerOutcome::dead_letter`], the message becomes a [`DeadLetter`] with its
+//! [`Reason`]. Panics and timeouts are failed attempts. Nothing is dropped silently.
+//!
+//! A handler whose argument type is not the message it declares does not compile:
+//!
+//! ```compile_fail
+//! # use hexeract::{handler, Context, Message};
+//! # #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+//! # #[message(type = "OrderPlaced")]
+//! # pub struct OrderPlaced {}
+//! # #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+//! # #[message(type = "OrderShipped")]
+//! # pub struct OrderShipped {}
+//! #[handler(message = "OrderPlaced")]
+//! async fn ship(event: OrderShipped, ctx: &Context) -> Result<(), String> { Ok(()) }
+//! ```
+//!
+//! The guides are in the repository's `docs/` folder; [`handler`] is the macro reference.
+
+// Generated code names `::hexeract`; this makes that path work inside the crate too.
+#[allow(unused_extern_crates)]
+extern crate self as hexeract;
+
+mod config;
+mod context;
+mod dead_letter;
+mod dispatch;
+mod envelope;
+mod error;
+mod handler;
+mod memory;
+mod message;
+mod outcome;
+mod publish;
+mod reason;
+mod registry;
+mod retry;
+mod runtime;
+pub mod testing;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use context::Context;
+pub use dead_letter::{DeadLetter, MAX_DETAIL_BYTES};
+pub use envelope::{DecodeError, EncodeError, Envelope};
+pub use error::{ConfigError, ConfigProblem, Error};
+pub use handler::{ErasedHandler, Handler, TypedHandler};
+pub use memory::InMemoryStore;
+pub use message::Message;
+pub use outcome::{HandlerOutcome, IntoOutcome};
+pub use publish::{publish, Publish, PublishError};
+pub use reason::Reason;
+pub use registry::{
+    DuplicateName, HandlerInfo, HandlerOptions, Location, RegisteredHandler, Registry,
+    RegistryError,
+};
+pub use retry::RetryPolicy;
+pub use runtime::{run, HandlerStats, Runtime, RuntimeBuilder};
+pub use tokio_util::sync::CancellationToken;
+
+#[doc = include_str!("../../docs/handlers.md")]
+pub use hexeract_macros::handler;
+
+/// Derives [`Message`](trait@Message) with the wire name from `#[message(type = "…")]`.
+///
+/// ```
+/// use hexeract::Message;
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "billing.InvoiceIssued")]
+/// struct InvoiceIssued { invoice_id: u64 }
+///
+/// assert_eq!(InvoiceIssued::MESSAGE_TYPE, "billing.InvoiceIssued");
+/// ```
+pub use hexeract_macros::Message;

@@ -1,0 +1,46 @@
+//! Publishing: the [`Publish`] seam between handlers and whatever store or transport carries
+//! messages, and the process-wide [`publish`] function.
+
+use futures_util::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::envelope::{EncodeError, Envelope};
+use crate::memory::InMemoryStore;
+use crate::message::Message;
+
+/// Something that accepts envelopes for delivery: a store's outbox or a transport.
+pub trait Publish: Send + Sync + 'static {
+    /// Accepts `envelope`; when this returns `Ok`, the message will be delivered to its handlers.
+    fn publish_envelope(&self, envelope: Envelope) -> BoxFuture<'_, Result<Uuid, PublishError>>;
+}
+
+/// A message could not be published.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The message could not be serialized.
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+}
+
+/// Publishes `message` to the process's default store, where [`hexeract::run`](crate::run)
+/// delivers it to every handler of its type. Returns the message id.
+///
+/// Without configuration that store is in memory: messages published before `run` starts wait
+/// for it; they do not survive the process.
+///
+/// ```
+/// # use hexeract::Message;
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+/// # #[message(type = "OrderPlaced")]
+/// # struct OrderPlaced { order_id: u64 }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), hexeract::PublishError> {
+/// let id = hexeract::publish(&OrderPlaced { order_id: 7 }).await?;
+/// println!("published {id}");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn publish<M: Message>(message: &M) -> Result<Uuid, PublishError> {
+    InMemoryStore::global().publish(message).await
+}

@@ -1,0 +1,418 @@
+//! The registry: every handler of the program, by message type, collected at link time.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::handler::{ErasedHandler, Handler, TypedHandler};
+use crate::message::Message;
+
+/// What `#[handler]` submits to `inventory`: plain data and a constructor, since statics cannot
+/// hold an `Arc`.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct HandlerRegistration {
+    pub name: &'static str,
+    pub message_type: &'static str,
+    pub file: &'static str,
+    pub line: u32,
+    pub column: u32,
+    pub timeout: Option<Duration>,
+    pub concurrency: Option<u32>,
+    pub make: fn() -> Arc<dyn ErasedHandler>,
+}
+
+inventory::collect!(HandlerRegistration);
+
+/// Where a handler was declared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Source file, as `file!()` gives it.
+    pub file: &'static str,
+    /// Line of the function's name.
+    pub line: u32,
+    /// Column of the function's name.
+    pub column: u32,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.column)
+    }
+}
+
+/// A handler's description: for listings, diagnostics and the runtime's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandlerInfo {
+    /// The subscriber name: `module::path::fn` unless given with `name = "…"`.
+    pub name: Cow<'static, str>,
+    /// The message type it handles.
+    pub message_type: &'static str,
+    /// Where `#[handler]` was written; `None` for handlers registered in code.
+    pub location: Option<Location>,
+    /// Its own timeout, overriding the runtime's default.
+    pub timeout: Option<Duration>,
+    /// Its own concurrency limit, overriding the runtime's default.
+    pub concurrency: Option<NonZeroU32>,
+}
+
+impl HandlerInfo {
+    fn origin(&self) -> String {
+        match &self.location {
+            Some(location) => location.to_string(),
+            None => "registered in code".to_owned(),
+        }
+    }
+}
+
+/// Settings for a handler registered in code with
+/// [`RuntimeBuilder::register_handler_with`](crate::RuntimeBuilder::register_handler_with).
+#[derive(Clone, Debug, Default)]
+pub struct HandlerOptions {
+    name: Option<Cow<'static, str>>,
+    timeout: Option<Duration>,
+    concurrency: Option<NonZeroU32>,
+}
+
+impl HandlerOptions {
+    /// Default options: the name is the handler type's name.
+    pub fn new() -> HandlerOptions {
+        HandlerOptions::default()
+    }
+
+    /// The subscriber name (queue names derive from it).
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> HandlerOptions {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The handler's own timeout.
+    pub fn timeout(mut self, timeout: Duration) -> HandlerOptions {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// How many messages this handler may process at once.
+    pub fn concurrency(mut self, limit: NonZeroU32) -> HandlerOptions {
+        self.concurrency = Some(limit);
+        self
+    }
+}
+
+/// One handler in the registry: its description and the erased handler to call.
+pub struct RegisteredHandler {
+    info: HandlerInfo,
+    handler: Arc<dyn ErasedHandler>,
+}
+
+impl RegisteredHandler {
+    /// The handler's description.
+    pub fn info(&self) -> &HandlerInfo {
+        &self.info
+    }
+
+    /// The erased handler.
+    pub fn handler(&self) -> &dyn ErasedHandler {
+        &*self.handler
+    }
+}
+
+impl fmt::Debug for RegisteredHandler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.info, f)
+    }
+}
+
+/// Message type → handlers, built once at startup.
+///
+/// Every handler of a type gets every message of that type (fan-out); each is its own
+/// subscriber with its own retries.
+///
+/// ```
+/// use hexeract::{handler, Context, Message, Registry};
+///
+/// #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "OrderPlaced")]
+/// struct OrderPlaced { order_id: u64 }
+///
+/// #[handler(message = "OrderPlaced", name = "billing.charge")]
+/// async fn charge(event: OrderPlaced, ctx: &Context) -> Result<(), String> { Ok(()) }
+///
+/// let registry = Registry::from_inventory()?;
+/// let names: Vec<_> = registry.handlers_for("OrderPlaced").iter().map(|h| h.info().name.clone()).collect();
+/// assert!(names.contains(&"billing.charge".into()));
+/// for info in registry.handlers() {
+///     println!("{} <- {} ({:?})", info.name, info.message_type, info.location);
+/// }
+/// # Ok::<(), hexeract::RegistryError>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: Vec<Arc<RegisteredHandler>>,
+    by_type: HashMap<&'static str, Vec<Arc<RegisteredHandler>>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Every handler declared with `#[handler]` in the program.
+    ///
+    /// Two handlers with the same name are an error naming both places.
+    pub fn from_inventory() -> Result<Registry, RegistryError> {
+        let infos = inventory::iter::<HandlerRegistration>
+            .into_iter()
+            .map(|registration| {
+                let info = HandlerInfo {
+                    name: Cow::Borrowed(registration.name),
+                    message_type: registration.message_type,
+                    location: Some(Location {
+                        file: registration.file,
+                        line: registration.line,
+                        column: registration.column,
+                    }),
+                    timeout: registration.timeout,
+                    concurrency: registration.concurrency.and_then(NonZeroU32::new),
+                };
+                (info, (registration.make)())
+            });
+        Registry::from_handlers(infos)
+    }
+
+    fn from_handlers(
+        handlers: impl IntoIterator<Item = (HandlerInfo, Arc<dyn ErasedHandler>)>,
+    ) -> Result<Registry, RegistryError> {
+        let mut registry = Registry::new();
+        let mut duplicates = Vec::new();
+        for (info, handler) in handlers {
+            if let Err(duplicate) = registry.insert(info, handler) {
+                duplicates.push(duplicate);
+            }
+        }
+        if duplicates.is_empty() {
+            Ok(registry)
+        } else {
+            Err(RegistryError::DuplicateNames(duplicates))
+        }
+    }
+
+    /// Adds a handler written as a type implementing [`Handler<M>`].
+    pub fn register<M: Message, H: Handler<M>>(
+        &mut self,
+        handler: H,
+        options: HandlerOptions,
+    ) -> Result<(), RegistryError> {
+        let info = HandlerInfo {
+            name: options
+                .name
+                .unwrap_or(Cow::Borrowed(std::any::type_name::<H>())),
+            message_type: M::MESSAGE_TYPE,
+            location: None,
+            timeout: options.timeout,
+            concurrency: options.concurrency,
+        };
+        let handler: Arc<dyn ErasedHandler> = Arc::new(TypedHandler::<M, H>::new(handler));
+        self.insert(info, handler)
+            .map_err(|duplicate| RegistryError::DuplicateNames(vec![duplicate]))
+    }
+
+    fn insert(
+        &mut self,
+        info: HandlerInfo,
+        handler: Arc<dyn ErasedHandler>,
+    ) -> Result<(), DuplicateName> {
+        if let Some(existing) = self.get(&info.name) {
+            return Err(DuplicateName {
+                name: info.name.to_string(),
+                first: existing.info.origin(),
+                second: info.origin(),
+            });
+        }
+        let registered = Arc::new(RegisteredHandler { info, handler });
+        let position = self
+            .handlers
+            .partition_point(|other| other.info.name < registered.info.name);
+        self.handlers.insert(position, registered.clone());
+        let same_type = self
+            .by_type
+            .entry(registered.info.message_type)
+            .or_default();
+        let position = same_type.partition_point(|other| other.info.name < registered.info.name);
+        same_type.insert(position, registered);
+        Ok(())
+    }
+
+    /// Keeps only the handlers `keep` accepts (for tests, or a process that runs a subset).
+    pub fn retain(&mut self, mut keep: impl FnMut(&HandlerInfo) -> bool) {
+        self.handlers.retain(|handler| keep(&handler.info));
+        self.by_type.clear();
+        for handler in &self.handlers {
+            self.by_type
+                .entry(handler.info.message_type)
+                .or_default()
+                .push(handler.clone());
+        }
+    }
+
+    /// Every handler, sorted by name.
+    pub fn handlers(&self) -> impl Iterator<Item = &HandlerInfo> {
+        self.handlers.iter().map(|handler| &handler.info)
+    }
+
+    /// The handlers of one message type, sorted by name; empty when there are none.
+    pub fn handlers_for(&self, message_type: &str) -> &[Arc<RegisteredHandler>] {
+        self.by_type.get(message_type).map_or(&[], Vec::as_slice)
+    }
+
+    /// The handler with this name.
+    pub fn get(&self, name: &str) -> Option<&Arc<RegisteredHandler>> {
+        self.handlers
+            .binary_search_by(|handler| handler.info.name.as_ref().cmp(name))
+            .ok()
+            .map(|index| &self.handlers[index])
+    }
+
+    /// Number of handlers.
+    pub fn len(&self) -> usize {
+        self.handlers.len()
+    }
+
+    /// `true` when no handler is registered.
+    pub fn is_empty(&self) -> bool {
+        self.handlers.is_empty()
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.handlers()).finish()
+    }
+}
+
+/// The registry could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// Handler names must be unique: they name queues and consumer groups.
+    #[error("{}", DuplicateName::describe(.0))]
+    DuplicateNames(Vec<DuplicateName>),
+}
+
+/// Two handlers share a name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DuplicateName {
+    /// The shared name.
+    pub name: String,
+    /// Where the first is declared.
+    pub first: String,
+    /// Where the second is declared.
+    pub second: String,
+}
+
+impl DuplicateName {
+    fn describe(duplicates: &[DuplicateName]) -> String {
+        let mut text = String::from(
+            "two handlers share a name (names must be unique: they name queues and subscribers); \
+             give one of each pair a `name = \"…\"` of its own:",
+        );
+        for duplicate in duplicates {
+            text.push_str(&format!(
+                "\n  `{}`: {} and {}",
+                duplicate.name, duplicate.first, duplicate.second
+            ));
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::Context;
+
+    #[derive(Debug, serde::Serialize, serde::Deserialize)]
+    struct Ping;
+    impl Message for Ping {
+        const MESSAGE_TYPE: &'static str = "Ping";
+    }
+
+    struct Noop;
+    impl Handler<Ping> for Noop {
+        type Output = Result<(), String>;
+        async fn handle(&self, _: Ping, _: &Context) -> Self::Output {
+            Ok(())
+        }
+    }
+
+    fn entry(name: &'static str, line: u32) -> (HandlerInfo, Arc<dyn ErasedHandler>) {
+        let info = HandlerInfo {
+            name: Cow::Borrowed(name),
+            message_type: "Ping",
+            location: Some(Location {
+                file: "src/a.rs",
+                line,
+                column: 1,
+            }),
+            timeout: None,
+            concurrency: None,
+        };
+        (info, Arc::new(TypedHandler::<Ping, _>::new(Noop)))
+    }
+
+    #[test]
+    fn duplicate_names_name_both_places() {
+        let error = Registry::from_handlers([entry("a", 1), entry("b", 2), entry("a", 30)])
+            .expect_err("duplicate accepted");
+        let text = error.to_string();
+        assert!(
+            text.contains("`a`: src/a.rs:1:1 and src/a.rs:30:1"),
+            "{text}"
+        );
+        assert!(!text.contains("`b`"), "{text}");
+    }
+
+    #[test]
+    fn handlers_are_found_by_type_and_name_in_name_order() {
+        let registry =
+            Registry::from_handlers([entry("z", 1), entry("m", 2), entry("a", 3)]).unwrap();
+        let names: Vec<_> = registry
+            .handlers_for("Ping")
+            .iter()
+            .map(|h| h.info().name.as_ref())
+            .collect();
+        assert_eq!(names, ["a", "m", "z"]);
+        assert!(registry.get("m").is_some());
+        assert!(registry.get("q").is_none());
+        assert!(registry.handlers_for("Pong").is_empty());
+    }
+
+    #[test]
+    fn code_registration_rejects_a_taken_name() {
+        let mut registry = Registry::new();
+        registry
+            .register::<Ping, _>(Noop, HandlerOptions::new().name("x"))
+            .unwrap();
+        let error = registry
+            .register::<Ping, _>(Noop, HandlerOptions::new().name("x"))
+            .expect_err("duplicate accepted");
+        assert!(
+            error
+                .to_string()
+                .contains("`x`: registered in code and registered in code"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn retain_rebuilds_the_type_index() {
+        let mut registry = Registry::from_handlers([entry("a", 1), entry("b", 2)]).unwrap();
+        registry.retain(|info| info.name == "b");
+        assert_eq!(registry.len(), 1);
+        assert_eq!(registry.handlers_for("Ping").len(), 1);
+    }
+}

@@ -1,0 +1,118 @@
+//! [`RetryPolicy`]: how many calls a message gets and how long to wait between them.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+/// Retry budget and backoff.
+///
+/// `max_deliveries` counts handler calls in total: with the default 5, the fifth failure
+/// dead-letters. Between calls the delay doubles from `initial_delay` up to `max_delay`, and each
+/// delay is shortened by a random part of up to `jitter` so that messages failing together do not
+/// come back together.
+///
+/// ```
+/// use std::time::Duration;
+/// use hexeract::RetryPolicy;
+///
+/// let policy = RetryPolicy::default().jitter(0.0);
+/// assert_eq!(policy.backoff(1), Duration::from_secs(1));
+/// assert_eq!(policy.backoff(2), Duration::from_secs(2));
+/// assert_eq!(policy.backoff(4), Duration::from_secs(8));
+/// assert_eq!(policy.backoff(20), Duration::from_secs(300));
+/// assert!(!policy.is_exhausted(4));
+/// assert!(policy.is_exhausted(5));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    max_deliveries: NonZeroU32,
+    initial_delay: Duration,
+    max_delay: Duration,
+    jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> RetryPolicy {
+        RetryPolicy {
+            max_deliveries: NonZeroU32::new(5).expect("5 is not zero"),
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+            jitter: 0.2,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Handler calls per message in total, the first included (default 5).
+    pub fn max_deliveries(mut self, max_deliveries: NonZeroU32) -> RetryPolicy {
+        self.max_deliveries = max_deliveries;
+        self
+    }
+
+    /// Delay before the second call (default 1 s).
+    pub fn initial_delay(mut self, delay: Duration) -> RetryPolicy {
+        self.initial_delay = delay;
+        self
+    }
+
+    /// Longest delay between two calls (default 300 s).
+    pub fn max_delay(mut self, delay: Duration) -> RetryPolicy {
+        self.max_delay = delay;
+        self
+    }
+
+    /// Fraction of each delay that is randomised away, from 0.0 (exact delays) to 1.0
+    /// (default 0.2: each delay is between 80 % and 100 % of the doubled value).
+    pub fn jitter(mut self, jitter: f64) -> RetryPolicy {
+        self.jitter = jitter.clamp(0.0, 1.0);
+        self
+    }
+
+    /// The configured number of calls.
+    pub fn max_deliveries_value(&self) -> u32 {
+        self.max_deliveries.get()
+    }
+
+    /// How long to wait after the failed call number `attempt` (1-based).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(32);
+        let base = self
+            .initial_delay
+            .saturating_mul(1u32 << doublings.min(31))
+            .min(self.max_delay);
+        if self.jitter == 0.0 {
+            return base;
+        }
+        base.mul_f64(1.0 - self.jitter * fastrand::f64())
+    }
+
+    /// `true` when call number `attempt` was the last one allowed.
+    pub fn is_exhausted(&self, attempt: u32) -> bool {
+        attempt >= self.max_deliveries.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jittered_delays_stay_within_the_band_and_under_the_cap() {
+        let policy = RetryPolicy::default().max_delay(Duration::from_secs(10));
+        for attempt in 1..40 {
+            let exact = RetryPolicy::default()
+                .max_delay(Duration::from_secs(10))
+                .jitter(0.0)
+                .backoff(attempt);
+            let delay = policy.backoff(attempt);
+            assert!(delay <= exact, "attempt {attempt}: {delay:?} > {exact:?}");
+            assert!(
+                delay >= exact.mul_f64(0.8),
+                "attempt {attempt}: {delay:?} < 80% of {exact:?}"
+            );
+        }
+        assert_eq!(
+            policy.clone().jitter(0.0).backoff(40),
+            Duration::from_secs(10)
+        );
+    }
+}

@@ -1,0 +1,688 @@
+//! The runtime: takes published messages from the store, fans them out to every handler of
+//! their type, applies timeouts, concurrency limits and the retry policy, records dead letters
+//! and shuts down gracefully.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::config::EnvSettings;
+use crate::context::Context;
+use crate::dead_letter::DeadLetter;
+use crate::dispatch::call_handler;
+use crate::envelope::Envelope;
+use crate::error::{ConfigError, ConfigProblem, Error};
+use crate::handler::Handler;
+use crate::memory::{InMemoryStore, Pending};
+use crate::message::Message;
+use crate::outcome::HandlerOutcome;
+use crate::publish::Publish;
+use crate::reason::Reason;
+use crate::registry::{HandlerInfo, HandlerOptions, RegisteredHandler, Registry, RegistryError};
+use crate::retry::RetryPolicy;
+
+/// Runs every registered handler until `cancel` fires (or SIGTERM / Ctrl-C arrives), with the
+/// configuration taken from the environment.
+///
+/// Returns `Ok(())` after a cancellation, once in-flight handlers have finished (up to the
+/// shutdown grace, 8 s), and only then; an invalid configuration or two handlers with the same
+/// name are an error before anything starts.
+///
+/// ```no_run
+/// use hexeract::CancellationToken;
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), hexeract::Error> {
+///     hexeract::run(CancellationToken::new()).await
+/// }
+/// ```
+pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
+    Runtime::builder()
+        .configure_from_env()?
+        .handle_signals(true)
+        .build()?
+        .run(cancel)
+        .await
+}
+
+type Registration = Box<dyn FnOnce(&mut Registry) -> Result<(), RegistryError> + Send>;
+type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
+
+/// Builds a [`Runtime`] with explicit settings; [`hexeract::run`](crate::run) is this with the
+/// environment's settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use hexeract::{InMemoryStore, Runtime};
+///
+/// let runtime = Runtime::builder()
+///     .store(InMemoryStore::new())
+///     .max_deliveries(3)
+///     .retry_delays(Duration::from_millis(10), Duration::from_millis(100))
+///     .handler_timeout(Duration::from_secs(5))
+///     .build()?;
+/// # Ok::<(), hexeract::Error>(())
+/// ```
+#[must_use]
+pub struct RuntimeBuilder {
+    registry: Option<Registry>,
+    registrations: Vec<Registration>,
+    filter: Option<Filter>,
+    store: Option<InMemoryStore>,
+    retry: RetryPolicy,
+    max_deliveries: u32,
+    handler_timeout: Duration,
+    concurrency: u32,
+    shutdown_grace: Duration,
+    max_payload_bytes: usize,
+    handle_signals: bool,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> RuntimeBuilder {
+        RuntimeBuilder {
+            registry: None,
+            registrations: Vec::new(),
+            filter: None,
+            store: None,
+            retry: RetryPolicy::default(),
+            max_deliveries: 5,
+            handler_timeout: Duration::from_secs(30),
+            concurrency: 16,
+            shutdown_grace: Duration::from_secs(8),
+            max_payload_bytes: 1024 * 1024,
+            handle_signals: false,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// Applies `MAX_DELIVERIES`, `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS` and
+    /// `SHUTDOWN_GRACE_MS` from the environment where set.
+    pub fn configure_from_env(self) -> Result<RuntimeBuilder, ConfigError> {
+        self.configure_from(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`configure_from_env`](RuntimeBuilder::configure_from_env), reading variables through
+    /// `lookup`.
+    pub fn configure_from(
+        mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<RuntimeBuilder, ConfigError> {
+        let settings = EnvSettings::from_lookup(lookup)?;
+        if let Some(max) = settings.max_deliveries {
+            self.max_deliveries = max.get();
+        }
+        if let Some(delay) = settings.retry_max_delay {
+            self.retry = self.retry.max_delay(delay);
+        }
+        if let Some(timeout) = settings.handler_timeout {
+            self.handler_timeout = timeout;
+        }
+        if let Some(grace) = settings.shutdown_grace {
+            self.shutdown_grace = grace;
+        }
+        Ok(self)
+    }
+
+    /// Uses these handlers instead of every `#[handler]` in the program.
+    pub fn registry(mut self, registry: Registry) -> RuntimeBuilder {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Keeps only the handlers `keep` accepts.
+    pub fn handlers_where(
+        mut self,
+        keep: impl Fn(&HandlerInfo) -> bool + Send + 'static,
+    ) -> RuntimeBuilder {
+        self.filter = Some(Box::new(keep));
+        self
+    }
+
+    /// Adds a handler written as a type; its name is the type's name.
+    pub fn register_handler<M: Message, H: Handler<M>>(self, handler: H) -> RuntimeBuilder {
+        self.register_handler_with::<M, H>(handler, HandlerOptions::new())
+    }
+
+    /// Adds a handler written as a type, with its name, timeout or concurrency.
+    pub fn register_handler_with<M: Message, H: Handler<M>>(
+        mut self,
+        handler: H,
+        options: HandlerOptions,
+    ) -> RuntimeBuilder {
+        self.registrations.push(Box::new(move |registry| {
+            registry.register::<M, H>(handler, options)
+        }));
+        self
+    }
+
+    /// Where messages wait and dead letters are kept (default: [`InMemoryStore::global`], where
+    /// [`hexeract::publish`](crate::publish) publishes).
+    pub fn store(mut self, store: InMemoryStore) -> RuntimeBuilder {
+        self.store = Some(store);
+        self
+    }
+
+    /// Handler calls per message in total, the first included (default 5). Must be at least 1.
+    pub fn max_deliveries(mut self, max_deliveries: u32) -> RuntimeBuilder {
+        self.max_deliveries = max_deliveries;
+        self
+    }
+
+    /// First and longest delay between calls (default 1 s and 300 s).
+    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> RuntimeBuilder {
+        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self
+    }
+
+    /// The whole retry policy; its `max_deliveries` is replaced by
+    /// [`max_deliveries`](RuntimeBuilder::max_deliveries).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> RuntimeBuilder {
+        self.max_deliveries = policy.max_deliveries_value();
+        self.retry = policy;
+        self
+    }
+
+    /// Timeout of a handler call, unless the handler sets its own (default 30 s).
+    pub fn handler_timeout(mut self, timeout: Duration) -> RuntimeBuilder {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// Messages one handler may process at once, unless it sets its own (default 16).
+    pub fn concurrency(mut self, limit: u32) -> RuntimeBuilder {
+        self.concurrency = limit;
+        self
+    }
+
+    /// How long shutdown waits for running handlers (default 8 s). Handlers still running
+    /// then are interrupted, and their messages are put back in the store.
+    pub fn shutdown_grace(mut self, grace: Duration) -> RuntimeBuilder {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Largest payload handled (default 1 MiB); larger messages are dead-lettered as
+    /// `payload_too_large` without being decoded.
+    pub fn max_payload_bytes(mut self, max: usize) -> RuntimeBuilder {
+        self.max_payload_bytes = max;
+        self
+    }
+
+    /// Also stop on SIGTERM and Ctrl-C (default off; on in [`hexeract::run`](crate::run)).
+    pub fn handle_signals(mut self, handle: bool) -> RuntimeBuilder {
+        self.handle_signals = handle;
+        self
+    }
+
+    /// Checks the settings and registers the handlers.
+    pub fn build(self) -> Result<Runtime, Error> {
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, setting: &str, value: String, expected: &str| {
+            if !ok {
+                problems.push(ConfigProblem {
+                    setting: setting.to_owned(),
+                    value,
+                    expected: expected.to_owned(),
+                });
+            }
+        };
+        check(
+            self.max_deliveries >= 1,
+            "max_deliveries",
+            self.max_deliveries.to_string(),
+            "at least 1",
+        );
+        check(
+            !self.handler_timeout.is_zero(),
+            "handler_timeout",
+            format!("{:?}", self.handler_timeout),
+            "longer than zero",
+        );
+        check(
+            self.concurrency >= 1,
+            "concurrency",
+            self.concurrency.to_string(),
+            "at least 1",
+        );
+        check(
+            self.max_payload_bytes >= 1,
+            "max_payload_bytes",
+            self.max_payload_bytes.to_string(),
+            "at least 1",
+        );
+        if !problems.is_empty() {
+            return Err(ConfigError { problems }.into());
+        }
+
+        let mut registry = match self.registry {
+            Some(registry) => registry,
+            None => Registry::from_inventory()?,
+        };
+        if let Some(keep) = &self.filter {
+            registry.retain(|info| keep(info));
+        }
+        let mut duplicates = Vec::new();
+        for registration in self.registrations {
+            if let Err(RegistryError::DuplicateNames(found)) = registration(&mut registry) {
+                duplicates.extend(found);
+            }
+        }
+        if !duplicates.is_empty() {
+            return Err(RegistryError::DuplicateNames(duplicates).into());
+        }
+
+        let store = self
+            .store
+            .unwrap_or_else(|| InMemoryStore::global().clone());
+        let default_concurrency = NonZeroU32::new(self.concurrency).expect("checked above");
+        let slots = registry
+            .handlers()
+            .filter_map(|info| registry.get(&info.name))
+            .map(|handler| {
+                let info = handler.info();
+                let slot = Slot {
+                    handler: handler.clone(),
+                    name: Arc::from(info.name.as_ref()),
+                    permits: Arc::new(Semaphore::new(
+                        info.concurrency.unwrap_or(default_concurrency).get() as usize,
+                    )),
+                    timeout: info.timeout.unwrap_or(self.handler_timeout),
+                    counters: Counters::default(),
+                };
+                (info.name.to_string(), Arc::new(slot))
+            })
+            .collect();
+        Ok(Runtime {
+            shared: Arc::new(Shared {
+                publisher: Arc::new(store.clone()),
+                store,
+                registry,
+                slots,
+                retry: self
+                    .retry
+                    .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
+                shutdown_grace: self.shutdown_grace,
+                max_payload_bytes: self.max_payload_bytes,
+                handle_signals: self.handle_signals,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuntimeBuilder")
+            .field("max_deliveries", &self.max_deliveries)
+            .field("retry", &self.retry)
+            .field("handler_timeout", &self.handler_timeout)
+            .field("concurrency", &self.concurrency)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A configured runtime; [`Runtime::run`] runs it. Clones share everything.
+#[derive(Clone)]
+pub struct Runtime {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    store: InMemoryStore,
+    publisher: Arc<dyn Publish>,
+    registry: Registry,
+    slots: HashMap<String, Arc<Slot>>,
+    retry: RetryPolicy,
+    shutdown_grace: Duration,
+    max_payload_bytes: usize,
+    handle_signals: bool,
+}
+
+/// One handler as the runtime runs it: its concurrency permits, timeout and counters.
+struct Slot {
+    handler: Arc<RegisteredHandler>,
+    name: Arc<str>,
+    permits: Arc<Semaphore>,
+    timeout: Duration,
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    handled: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+}
+
+/// What one handler did since the runtime was built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HandlerStats {
+    /// The handler's name.
+    pub name: String,
+    /// The message type it handles.
+    pub message_type: &'static str,
+    /// Messages it acked.
+    pub handled: u64,
+    /// Failed calls that were retried.
+    pub retried: u64,
+    /// Messages it dead-lettered (its own decision, or retries ran out).
+    pub dead_lettered: u64,
+}
+
+impl Runtime {
+    /// A builder with the library defaults.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The store this runtime takes messages from: publish there, wait for it to be idle, read
+    /// its dead letters.
+    pub fn store(&self) -> &InMemoryStore {
+        &self.shared.store
+    }
+
+    /// The handlers this runtime runs.
+    pub fn registry(&self) -> &Registry {
+        &self.shared.registry
+    }
+
+    /// Counters per handler, sorted by handler name.
+    pub fn stats(&self) -> Vec<HandlerStats> {
+        let mut stats: Vec<HandlerStats> = self
+            .shared
+            .slots
+            .values()
+            .map(|slot| HandlerStats {
+                name: slot.name.to_string(),
+                message_type: slot.handler.info().message_type,
+                handled: slot.counters.handled.load(Ordering::Relaxed),
+                retried: slot.counters.retried.load(Ordering::Relaxed),
+                dead_lettered: slot.counters.dead_lettered.load(Ordering::Relaxed),
+            })
+            .collect();
+        stats.sort_by(|a, b| a.name.cmp(&b.name));
+        stats
+    }
+
+    /// Runs until `cancel` fires, then lets running handlers finish (up to the shutdown grace)
+    /// and returns `Ok(())`. Messages not started, or waiting for a retry, stay in the store.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let stop = cancel.child_token();
+        if self.shared.handle_signals {
+            tokio::spawn(stop_on_signal(stop.clone()));
+        }
+        let abort = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        tracing::info!(
+            handlers = self.shared.registry.len(),
+            "hexeract runtime started (in-process store)"
+        );
+        for info in self.shared.registry.handlers() {
+            tracing::debug!(handler = %info.name, message_type = info.message_type, "handler registered");
+        }
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                pending = self.shared.store.next() => {
+                    self.shared.accept(pending, &tracker, &stop, &abort);
+                }
+            }
+        }
+        tracker.close();
+        if tokio::time::timeout(self.shared.shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace = ?self.shared.shutdown_grace,
+                "handlers still running after the shutdown grace; interrupting them, their messages stay in the store"
+            );
+            abort.cancel();
+            tracker.wait().await;
+        }
+        let left = self.shared.store.pending();
+        if left > 0 {
+            tracing::info!(
+                pending = left,
+                "hexeract runtime stopped; messages left in the store"
+            );
+        } else {
+            tracing::info!("hexeract runtime stopped");
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("handlers", &self.shared.registry)
+            .field("retry", &self.shared.retry)
+            .field("store", &self.shared.store)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a delivery goes: a handler, or nowhere yet (no handler knows its type).
+type Target = Option<Arc<Slot>>;
+
+impl Shared {
+    fn accept(
+        self: &Arc<Self>,
+        pending: Pending,
+        tracker: &TaskTracker,
+        stop: &CancellationToken,
+        abort: &CancellationToken,
+    ) {
+        let Pending { envelope, handler } = pending;
+        if envelope.payload.len() > self.max_payload_bytes {
+            let detail = format!(
+                "payload is {} bytes, more than max_payload_bytes ({}); it was not decoded",
+                envelope.payload.len(),
+                self.max_payload_bytes
+            );
+            self.dead_letter(
+                envelope,
+                handler
+                    .and_then(|name| self.slots.get(&name).cloned())
+                    .as_ref(),
+                Reason::PAYLOAD_TOO_LARGE,
+                &detail,
+            );
+            return;
+        }
+        let targets: Vec<Target> = match &handler {
+            Some(name) => vec![self.slots.get(name).cloned()],
+            None => {
+                let handlers = self.registry.handlers_for(&envelope.message_type);
+                if handlers.is_empty() {
+                    vec![None]
+                } else {
+                    handlers
+                        .iter()
+                        .map(|handler| self.slots.get(handler.info().name.as_ref()).cloned())
+                        .collect()
+                }
+            }
+        };
+        self.store.fan_out(targets.len());
+        for target in targets {
+            let shared = self.clone();
+            let envelope = envelope.clone();
+            let (stop, abort) = (stop.clone(), abort.clone());
+            tracker.spawn(async move { shared.deliver(envelope, target, stop, abort).await });
+        }
+    }
+
+    /// Calls the target handler until the message is acked or dead-lettered, or the runtime
+    /// stops (then the message goes back to the store with the attempts it used).
+    async fn deliver(
+        self: Arc<Self>,
+        mut envelope: Envelope,
+        target: Target,
+        stop: CancellationToken,
+        abort: CancellationToken,
+    ) {
+        loop {
+            let permit = match &target {
+                Some(slot) => match acquire(slot, &stop).await {
+                    Some(permit) => Some(permit),
+                    None => return self.put_back(envelope, &target),
+                },
+                None => None,
+            };
+            envelope.attempt += 1;
+            let outcome = match &target {
+                Some(slot) => {
+                    let ctx = Context::new(
+                        envelope.clone(),
+                        slot.name.clone(),
+                        stop.clone(),
+                        self.publisher.clone(),
+                    );
+                    let span = tracing::info_span!(
+                        "hexeract.handle",
+                        message_id = %envelope.id,
+                        message_type = %envelope.message_type,
+                        handler = %slot.name,
+                        attempt = envelope.attempt,
+                    );
+                    let call = call_handler(slot.handler.handler(), &envelope, &ctx, slot.timeout)
+                        .instrument(span);
+                    tokio::select! {
+                        outcome = call => outcome,
+                        () = abort.cancelled() => return self.put_back(envelope, &target),
+                    }
+                }
+                None => HandlerOutcome::Retry {
+                    reason: Reason::UNKNOWN_MESSAGE_TYPE,
+                    detail: format!(
+                        "no handler is registered for message type {:?}",
+                        envelope.message_type
+                    ),
+                    after: None,
+                },
+            };
+            drop(permit);
+
+            match outcome {
+                HandlerOutcome::Ack => {
+                    if let Some(slot) = &target {
+                        slot.counters.handled.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(message_id = %envelope.id, handler = %slot.name, attempt = envelope.attempt, "handled");
+                    }
+                    self.store.settle();
+                    return;
+                }
+                HandlerOutcome::DeadLetter { reason, detail } => {
+                    return self.dead_letter(envelope, target.as_ref(), reason, &detail);
+                }
+                HandlerOutcome::Retry {
+                    reason,
+                    detail,
+                    after,
+                } => {
+                    if self.retry.is_exhausted(envelope.attempt) {
+                        return self.dead_letter(envelope, target.as_ref(), reason, &detail);
+                    }
+                    let delay = after.unwrap_or_else(|| self.retry.backoff(envelope.attempt));
+                    if let Some(slot) = &target {
+                        slot.counters.retried.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::warn!(
+                        message_id = %envelope.id,
+                        message_type = %envelope.message_type,
+                        handler = target.as_ref().map(|slot| &*slot.name),
+                        attempt = envelope.attempt,
+                        max_deliveries = self.retry.max_deliveries_value(),
+                        retry_in = ?delay,
+                        %reason,
+                        detail,
+                        "handler failed; will retry"
+                    );
+                    tokio::select! {
+                        biased;
+                        () = stop.cancelled() => return self.put_back(envelope, &target),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn dead_letter(
+        &self,
+        envelope: Envelope,
+        target: Option<&Arc<Slot>>,
+        reason: crate::Reason,
+        detail: &str,
+    ) {
+        if let Some(slot) = target {
+            slot.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::error!(
+            message_id = %envelope.id,
+            message_type = %envelope.message_type,
+            handler = target.map(|slot| &*slot.name),
+            attempts = envelope.attempt,
+            %reason,
+            detail,
+            "message dead-lettered"
+        );
+        let handler = target.map(|slot| slot.name.to_string());
+        self.store
+            .record_dead_letter(DeadLetter::new(envelope, handler, reason, detail));
+    }
+
+    fn put_back(&self, envelope: Envelope, target: &Target) {
+        self.store.requeue(Pending {
+            envelope,
+            handler: target.as_ref().map(|slot| slot.name.to_string()),
+        });
+    }
+}
+
+/// A concurrency permit for `slot`, or `None` when the runtime stops first.
+async fn acquire(slot: &Slot, stop: &CancellationToken) -> Option<OwnedSemaphorePermit> {
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => None,
+        permit = slot.permits.clone().acquire_owned() => Some(permit.expect("the semaphore is never closed")),
+    }
+}
+
+async fn stop_on_signal(stop: CancellationToken) {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = stop.cancelled() => return,
+        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C received, shutting down"),
+        () = terminate => tracing::info!("SIGTERM received, shutting down"),
+    }
+    stop.cancel();
+}

@@ -1,0 +1,179 @@
+//! Unit-testing handlers through the real adapter path: decode, call, map the result, catch
+//! panics and timeouts, exactly as the runtime does, without a runtime or a store.
+//!
+//! ```
+//! use hexeract::testing::Harness;
+//! use hexeract::{handler, Context, HandlerOutcome, Message};
+//!
+//! #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+//! #[message(type = "StockReserved")]
+//! struct StockReserved { sku: String, quantity: i32 }
+//!
+//! #[handler(message = "StockReserved", name = "doc.check_quantity")]
+//! async fn check_quantity(event: StockReserved, _ctx: &Context) -> HandlerOutcome {
+//!     if event.quantity > 0 { HandlerOutcome::Ack } else { HandlerOutcome::reject("quantity must be positive") }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let harness = Harness::new()?;
+//! let deliveries = harness.deliver(&StockReserved { sku: "A-1".into(), quantity: 0 }).await?;
+//! assert!(matches!(
+//!     deliveries.outcome("doc.check_quantity"),
+//!     Some(HandlerOutcome::DeadLetter { reason, .. }) if reason == "handler_rejected"
+//! ));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::context::Context;
+use crate::dispatch::call_handler;
+use crate::envelope::{EncodeError, Envelope};
+use crate::message::Message;
+use crate::outcome::HandlerOutcome;
+use crate::publish::{Publish, PublishError};
+use crate::registry::{Registry, RegistryError};
+
+/// Delivers messages to registered handlers in-process and reports each handler's outcome.
+/// What handlers publish through their context is captured, not delivered.
+#[derive(Debug, Clone)]
+pub struct Harness {
+    registry: Registry,
+    published: Arc<Recorder>,
+    attempt: u32,
+    timeout: Duration,
+}
+
+impl Harness {
+    /// A harness over every `#[handler]` in the test binary.
+    pub fn new() -> Result<Harness, RegistryError> {
+        Ok(Harness::with_registry(Registry::from_inventory()?))
+    }
+
+    /// A harness over the given handlers.
+    pub fn with_registry(registry: Registry) -> Harness {
+        Harness {
+            registry,
+            published: Arc::new(Recorder::default()),
+            attempt: 1,
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Delivers as call number `attempt` (default 1), for handlers that behave differently on
+    /// redelivery.
+    pub fn attempt(mut self, attempt: u32) -> Harness {
+        self.attempt = attempt.max(1);
+        self
+    }
+
+    /// Timeout applied to handlers without their own (default 30 s, as in the runtime).
+    pub fn timeout(mut self, timeout: Duration) -> Harness {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Encodes `message` and delivers it to every handler of its type.
+    pub async fn deliver<M: Message>(&self, message: &M) -> Result<Deliveries, EncodeError> {
+        Ok(self.deliver_envelope(Envelope::new(message)?).await)
+    }
+
+    /// Delivers an envelope as it is (for example a payload that does not decode) to every
+    /// handler of its type. An empty result means no handler knows the type.
+    pub async fn deliver_envelope(&self, mut envelope: Envelope) -> Deliveries {
+        envelope.attempt = self.attempt;
+        let mut deliveries = Vec::new();
+        for registered in self.registry.handlers_for(&envelope.message_type) {
+            let info = registered.info();
+            let ctx = self.context(envelope.clone(), &info.name);
+            let timeout = info.timeout.unwrap_or(self.timeout);
+            let outcome = call_handler(registered.handler(), &envelope, &ctx, timeout).await;
+            deliveries.push(Delivered {
+                handler: info.name.to_string(),
+                outcome,
+            });
+        }
+        Deliveries(deliveries)
+    }
+
+    /// A context like the one the runtime would give a handler for `message`, for calling a
+    /// handler function directly. Its publishes are captured by this harness.
+    pub fn context_for<M: Message>(&self, message: &M) -> Result<Context, EncodeError> {
+        let mut envelope = Envelope::new(message)?;
+        envelope.attempt = self.attempt;
+        Ok(self.context(envelope, "test"))
+    }
+
+    /// Everything handlers published through their context, in order.
+    pub fn published(&self) -> Vec<Envelope> {
+        self.published.envelopes.lock().expect("poisoned").clone()
+    }
+
+    fn context(&self, envelope: Envelope, handler: &str) -> Context {
+        Context::new(
+            envelope,
+            handler,
+            CancellationToken::new(),
+            self.published.clone(),
+        )
+    }
+}
+
+/// Each handler's outcome for one delivered message, in handler-name order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deliveries(Vec<Delivered>);
+
+/// One handler's outcome.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Delivered {
+    /// The handler's name.
+    pub handler: String,
+    /// What the call came to (a panic or timeout is a `Retry` with its reason).
+    pub outcome: HandlerOutcome,
+}
+
+impl Deliveries {
+    /// The outcome of the handler with this name, if it was called.
+    pub fn outcome(&self, handler: &str) -> Option<&HandlerOutcome> {
+        self.0
+            .iter()
+            .find(|delivered| delivered.handler == handler)
+            .map(|delivered| &delivered.outcome)
+    }
+
+    /// Every handler's outcome.
+    pub fn iter(&self) -> impl Iterator<Item = &Delivered> {
+        self.0.iter()
+    }
+
+    /// Number of handlers called.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// `true` when no handler knows the message type.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Recorder {
+    envelopes: Mutex<Vec<Envelope>>,
+}
+
+impl Publish for Recorder {
+    fn publish_envelope(&self, envelope: Envelope) -> BoxFuture<'_, Result<Uuid, PublishError>> {
+        let id = envelope.id;
+        self.envelopes.lock().expect("poisoned").push(envelope);
+        Box::pin(async move { Ok(id) })
+    }
+}

@@ -1,0 +1,1 @@
+//! Integration and UI tests of Hexeract live in `tests/`.

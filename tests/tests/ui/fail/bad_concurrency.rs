@@ -1,0 +1,17 @@
+use hexeract::{handler, Context, Message};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "OrderPlaced")]
+pub struct OrderPlaced {}
+
+#[handler(message = "OrderPlaced", concurrency = 0)]
+async fn zero(_event: OrderPlaced, _ctx: &Context) -> Result<(), String> {
+    Ok(())
+}
+
+#[handler(message = "OrderPlaced", concurrency = "4")]
+async fn quoted(_event: OrderPlaced, _ctx: &Context) -> Result<(), String> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use hexeract::{handler, Context, Message};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "OrderPlaced")]
+pub struct OrderPlaced {}
+
+pub struct Opaque;
+
+#[handler(message = "OrderPlaced")]
+async fn reserve_stock(_event: OrderPlaced, _ctx: &Context) -> Result<(), Opaque> {
+    Ok(())
+}
+
+fn main() {}

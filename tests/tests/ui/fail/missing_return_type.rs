@@ -1,0 +1,10 @@
+use hexeract::{handler, Context, Message};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "OrderPlaced")]
+pub struct OrderPlaced {}
+
+#[handler(message = "OrderPlaced")]
+async fn returns_nothing(_event: OrderPlaced, _ctx: &Context) {}
+
+fn main() {}
