@@ -1,1 +1,151 @@
-fn main() {}
+//! Hexeract in one file: two message types, three handlers, no setup.
+//!
+//! `cargo run --example quickstart` publishes a few messages and shows what happens to each:
+//! handled at once, handled after a retry, or dead-lettered with a reason. With no environment
+//! the runtime keeps messages in memory; later versions move them to SQLite, Postgres or
+//! RabbitMQ without changing this code.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use hexeract::{
+    handler, CancellationToken, Context, Envelope, HandlerOutcome, InMemoryStore, Message,
+};
+
+/// A customer placed an order. `type` is the name on the wire, independent of the Rust name.
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "OrderPlaced")]
+pub struct OrderPlaced {
+    pub order_id: u64,
+    pub total_cents: i64,
+}
+
+/// A customer asked for money back.
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "RefundRequested")]
+pub struct RefundRequested {
+    pub order_id: u64,
+    pub amount_cents: i64,
+}
+
+/// Succeeds every time.
+#[handler(message = "OrderPlaced")]
+async fn send_confirmation(order: OrderPlaced, ctx: &Context) -> Result<(), std::io::Error> {
+    println!(
+        "  [send_confirmation] order {} confirmed ({} cents), message {}",
+        order.order_id,
+        order.total_cents,
+        ctx.message_id()
+    );
+    Ok(())
+}
+
+static WAREHOUSE_WAS_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// Fails the first time (the warehouse is "down"), so the runtime retries it after a backoff.
+/// It is its own subscriber: the retry does not run `send_confirmation` again.
+#[handler(message = "OrderPlaced", timeout = "10s")]
+async fn reserve_stock(order: OrderPlaced, ctx: &Context) -> Result<(), String> {
+    if !WAREHOUSE_WAS_DOWN.swap(true, Ordering::SeqCst) {
+        println!(
+            "  [reserve_stock] order {}: warehouse unavailable on attempt {}, will be retried",
+            order.order_id,
+            ctx.attempt()
+        );
+        return Err("warehouse unavailable".into());
+    }
+    println!(
+        "  [reserve_stock] order {}: stock reserved on attempt {}",
+        order.order_id,
+        ctx.attempt()
+    );
+    Ok(())
+}
+
+/// Refuses what can never succeed: it dead-letters at once instead of retrying.
+#[handler(message = "RefundRequested")]
+async fn issue_refund(refund: RefundRequested, _ctx: &Context) -> HandlerOutcome {
+    if refund.amount_cents <= 0 {
+        println!(
+            "  [issue_refund] order {}: refusing a refund of {} cents",
+            refund.order_id, refund.amount_cents
+        );
+        return HandlerOutcome::dead_letter(
+            "invalid_amount",
+            format_args!(
+                "refund amount must be positive, got {}",
+                refund.amount_cents
+            ),
+        );
+    }
+    println!(
+        "  [issue_refund] order {}: refunded {} cents",
+        refund.order_id, refund.amount_cents
+    );
+    HandlerOutcome::Ack
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_target(false)
+        .init();
+
+    // The whole runtime: every #[handler] above, retries, dead letters, graceful shutdown.
+    let cancel = CancellationToken::new();
+    let runtime = tokio::spawn(hexeract::run(cancel.clone()));
+
+    println!("publishing 2 orders, 2 refunds and 1 message that is not valid JSON:");
+    hexeract::publish(&OrderPlaced {
+        order_id: 1,
+        total_cents: 4_990,
+    })
+    .await?;
+    hexeract::publish(&OrderPlaced {
+        order_id: 2,
+        total_cents: 1_250,
+    })
+    .await?;
+    hexeract::publish(&RefundRequested {
+        order_id: 1,
+        amount_cents: 990,
+    })
+    .await?;
+    hexeract::publish(&RefundRequested {
+        order_id: 2,
+        amount_cents: -5,
+    })
+    .await?;
+    // Bytes from a producer that got the contract wrong: no handler ever sees them.
+    let store = InMemoryStore::global();
+    store.publish_envelope(Envelope::from_raw(
+        "RefundRequested",
+        &b"{\"order_id\": \"two\"}"[..],
+    ));
+
+    // Wait until every message is handled or dead-lettered, then shut down.
+    store.wait_idle().await;
+    cancel.cancel();
+    runtime.await??;
+
+    let dead_letters = store.dead_letters();
+    println!("\ndead letters ({}):", dead_letters.len());
+    for dead in &dead_letters {
+        println!(
+            "  {} for {}: {} ({}), after {} attempt(s); payload {}",
+            dead.envelope.message_type,
+            dead.handler.as_deref().unwrap_or("no handler"),
+            dead.reason,
+            dead.detail,
+            dead.attempts,
+            String::from_utf8_lossy(&dead.envelope.payload),
+        );
+    }
+    if dead_letters.len() != 2 {
+        return Err(format!("expected 2 dead letters, found {}", dead_letters.len()).into());
+    }
+    println!("\nall messages settled: 5 handled (1 after a retry), 2 dead-lettered");
+    Ok(())
+}

@@ -1,1 +1,193 @@
-fn main() {}
+//! Benchmarks: each scenario runs Hexeract and a hand-written baseline doing the same work in
+//! the same process, and prints one line per scenario:
+//!
+//! ```text
+//! scenario=<name> hexeract=<msgs/s> baseline=<msgs/s> ratio=<hexeract/baseline>
+//! ```
+//!
+//! `--quick` runs fewer messages (seconds, for CI); without it the runs are ten times longer.
+//! Each figure is the median of five runs.
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hexeract::{
+    handler, CancellationToken, Context, Envelope, InMemoryStore, Message, Registry, Runtime,
+};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "bench.OrderPlaced")]
+struct OrderPlaced {
+    order_id: u64,
+    customer: String,
+    total_cents: i64,
+    lines: Vec<Line>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Line {
+    sku: String,
+    quantity: u32,
+}
+
+fn order(order_id: u64) -> OrderPlaced {
+    OrderPlaced {
+        order_id,
+        customer: "customer-0042".into(),
+        total_cents: 12_990,
+        lines: vec![
+            Line {
+                sku: "SKU-1".into(),
+                quantity: 2,
+            },
+            Line {
+                sku: "SKU-2".into(),
+                quantity: 1,
+            },
+        ],
+    }
+}
+
+/// The handler both sides call: the work a trivial handler does.
+#[handler(message = "bench.OrderPlaced", name = "bench.record")]
+async fn record(order: OrderPlaced, _ctx: &Context) -> Result<(), Infallible> {
+    black_box(&order);
+    Ok(())
+}
+
+fn main() {
+    let quick = std::env::args().any(|arg| arg == "--quick");
+    let scale = if quick { 1 } else { 10 };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        report("dispatch", dispatch(200_000 * scale).await);
+        report("in_process", in_process(20_000 * scale).await);
+    });
+}
+
+/// Median msgs/s of five runs of each side.
+struct Figures {
+    hexeract: f64,
+    baseline: f64,
+}
+
+fn report(scenario: &str, figures: Figures) {
+    println!(
+        "scenario={scenario} hexeract={:.0} baseline={:.0} ratio={:.3}",
+        figures.hexeract,
+        figures.baseline,
+        figures.hexeract / figures.baseline
+    );
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn rate(messages: u64, elapsed: Duration) -> f64 {
+    messages as f64 / elapsed.as_secs_f64()
+}
+
+/// One message through registry lookup, erased dispatch and decode, against
+/// `serde_json::from_slice` and a direct call of the same function.
+async fn dispatch(messages: u64) -> Figures {
+    let registry = Registry::from_inventory().expect("registry");
+    let envelope = Envelope::new(&order(1)).expect("encode");
+    let ctx = Context::new(
+        envelope.clone(),
+        "bench.record",
+        CancellationToken::new(),
+        Arc::new(InMemoryStore::new()),
+    );
+
+    let mut hexeract = Vec::new();
+    let mut baseline = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        for _ in 0..messages {
+            for registered in registry.handlers_for(black_box(&envelope.message_type)) {
+                let outcome = registered
+                    .handler()
+                    .handle(black_box(&envelope), &ctx)
+                    .await;
+                assert!(outcome.is_ack());
+            }
+        }
+        hexeract.push(rate(messages, started.elapsed()));
+
+        let started = Instant::now();
+        for _ in 0..messages {
+            let order: OrderPlaced =
+                serde_json::from_slice(black_box(&envelope.payload)).expect("decode");
+            let result = record(order, &ctx).await;
+            assert!(result.is_ok());
+        }
+        baseline.push(rate(messages, started.elapsed()));
+    }
+    Figures {
+        hexeract: median(hexeract),
+        baseline: median(baseline),
+    }
+}
+
+/// Publish → runtime → handler, until every message is settled, against a hand-rolled loop:
+/// serialize, send over a tokio channel, receive, decode, call.
+async fn in_process(messages: u64) -> Figures {
+    let mut hexeract = Vec::new();
+    let mut baseline = Vec::new();
+    for _ in 0..5 {
+        let runtime = Runtime::builder()
+            .store(InMemoryStore::new())
+            .handlers_where(|info| info.name == "bench.record")
+            .build()
+            .expect("runtime");
+        let store = runtime.store().clone();
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(runtime.run(cancel.clone()));
+        let started = Instant::now();
+        for n in 0..messages {
+            store.publish(&order(n)).await.expect("publish");
+        }
+        store.wait_idle().await;
+        hexeract.push(rate(messages, started.elapsed()));
+        cancel.cancel();
+        running.await.expect("join").expect("run");
+
+        let ctx = Context::new(
+            Envelope::new(&order(0)).expect("encode"),
+            "baseline",
+            CancellationToken::new(),
+            Arc::new(InMemoryStore::new()),
+        );
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let started = Instant::now();
+        let consumer = tokio::spawn(async move {
+            let mut handled = 0u64;
+            while let Some(payload) = receiver.recv().await {
+                let order: OrderPlaced = serde_json::from_slice(&payload).expect("decode");
+                record(order, &ctx).await.expect("infallible");
+                handled += 1;
+            }
+            handled
+        });
+        for n in 0..messages {
+            sender
+                .send(serde_json::to_vec(&order(n)).expect("encode"))
+                .expect("send");
+        }
+        drop(sender);
+        assert_eq!(consumer.await.expect("join"), messages);
+        baseline.push(rate(messages, started.elapsed()));
+    }
+    Figures {
+        hexeract: median(hexeract),
+        baseline: median(baseline),
+    }
+}

@@ -59,7 +59,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut cx = Ctxt::default();
-    let args = parse_args(args, &function, &mut cx);
+    let args = parse_args(args, &mut cx);
     let handler_fn = validate_fn(&function, &mut cx);
     match (args, handler_fn, cx.into_compile_errors()) {
         (Some(args), Some(handler_fn), None) => {
@@ -71,7 +71,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-fn parse_args(tokens: TokenStream, function: &ItemFn, cx: &mut Ctxt) -> Option<HandlerArgs> {
+fn parse_args(tokens: TokenStream, cx: &mut Ctxt) -> Option<HandlerArgs> {
     let missing_span = missing_key_span(&tokens, Span::call_site());
     let args = Args::parse(tokens, &SCHEMA, cx);
 

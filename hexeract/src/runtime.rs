@@ -609,7 +609,6 @@ impl Shared {
                         attempt = envelope.attempt,
                         max_deliveries = self.retry.max_deliveries_value(),
                         retry_in = ?delay,
-                        %reason,
                         detail,
                         "handler failed; will retry"
                     );

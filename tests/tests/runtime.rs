@@ -1,0 +1,535 @@
+//! The in-process runtime end to end: fan-out, retries, dead letters, panics, timeouts,
+//! concurrency limits, publishing from handlers and graceful shutdown.
+//!
+//! Each test runs its own runtime over its own `InMemoryStore`, with only the handlers whose
+//! names start with the test's prefix, so tests run in parallel without seeing each other.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hexeract::{
+    handler, CancellationToken, Context, Envelope, HandlerOutcome, InMemoryStore, Message, Reason,
+    Runtime, RuntimeBuilder,
+};
+use tokio::task::JoinHandle;
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "test.Ping")]
+struct Ping {
+    n: u32,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "test.Pong")]
+struct Pong {
+    n: u32,
+}
+
+/// A runtime over a store of its own, running the handlers named `<prefix>.*`, with retry
+/// delays short enough for tests.
+fn runtime(prefix: &'static str) -> RuntimeBuilder {
+    Runtime::builder()
+        .store(InMemoryStore::new())
+        .handlers_where(move |info| info.name.starts_with(&format!("{prefix}.")))
+        .retry_delays(Duration::from_millis(1), Duration::from_millis(5))
+}
+
+struct Running {
+    store: InMemoryStore,
+    runtime: Runtime,
+    cancel: CancellationToken,
+    task: JoinHandle<Result<(), hexeract::Error>>,
+}
+
+fn start(builder: RuntimeBuilder) -> Running {
+    let runtime = builder.build().expect("runtime builds");
+    let cancel = CancellationToken::new();
+    Running {
+        store: runtime.store().clone(),
+        task: tokio::spawn(runtime.clone().run(cancel.clone())),
+        runtime,
+        cancel,
+    }
+}
+
+impl Running {
+    async fn settle(&self) {
+        tokio::time::timeout(Duration::from_secs(20), self.store.wait_idle())
+            .await
+            .expect("every message should be settled within 20 s");
+    }
+
+    async fn stop(self) -> InMemoryStore {
+        self.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("run returns after cancel")
+            .expect("run task does not panic")
+            .expect("run returns Ok(()) on cancel");
+        self.store
+    }
+
+    fn stats(&self, handler: &str) -> hexeract::HandlerStats {
+        self.runtime
+            .stats()
+            .into_iter()
+            .find(|stats| stats.name == handler)
+            .unwrap_or_else(|| panic!("no handler {handler}"))
+    }
+}
+
+// --- fan-out: every handler of a type gets every message, and retries stay per handler ---
+
+static FAN_OUT_A: AtomicU32 = AtomicU32::new(0);
+static FAN_OUT_B_CALLS: AtomicU32 = AtomicU32::new(0);
+
+#[handler(message = "test.Ping", name = "fan_out.a")]
+async fn fan_out_a(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    FAN_OUT_A.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[handler(message = "test.Ping", name = "fan_out.b")]
+async fn fan_out_b(ping: Ping, ctx: &Context) -> Result<(), String> {
+    FAN_OUT_B_CALLS.fetch_add(1, Ordering::SeqCst);
+    if ping.n == 0 && ctx.attempt() == 1 {
+        return Err("first attempt of message 0 fails".into());
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_handler_gets_every_message_and_retries_only_rerun_the_failed_one() {
+    let running = start(runtime("fan_out"));
+    for n in 0..10 {
+        running.store.publish(&Ping { n }).await.unwrap();
+    }
+    running.settle().await;
+    assert_eq!(
+        FAN_OUT_A.load(Ordering::SeqCst),
+        10,
+        "a ran once per message"
+    );
+    assert_eq!(
+        FAN_OUT_B_CALLS.load(Ordering::SeqCst),
+        11,
+        "b ran once per message plus one retry"
+    );
+    let (a, b) = (running.stats("fan_out.a"), running.stats("fan_out.b"));
+    assert_eq!((a.handled, a.retried, a.dead_lettered), (10, 0, 0));
+    assert_eq!((b.handled, b.retried, b.dead_lettered), (10, 1, 0));
+    assert!(running.stop().await.dead_letters().is_empty());
+}
+
+// --- retries run out: the MAX_DELIVERIES-th failure dead-letters, with everything kept ---
+
+static ALWAYS_FAILS_CALLS: AtomicU32 = AtomicU32::new(0);
+
+#[handler(message = "test.Ping", name = "exhaust.always_fails")]
+async fn always_fails(_ping: Ping, _ctx: &Context) -> Result<(), std::io::Error> {
+    ALWAYS_FAILS_CALLS.fetch_add(1, Ordering::SeqCst);
+    Err(std::io::Error::other("inventory service unavailable"))
+}
+
+#[tokio::test]
+async fn a_handler_that_keeps_failing_is_called_max_deliveries_times_then_dead_lettered() {
+    let running = start(runtime("exhaust").max_deliveries(3));
+    let id = running.store.publish(&Ping { n: 7 }).await.unwrap();
+    running.settle().await;
+    assert_eq!(ALWAYS_FAILS_CALLS.load(Ordering::SeqCst), 3);
+    let stats = running.stats("exhaust.always_fails");
+    assert_eq!(
+        (stats.handled, stats.retried, stats.dead_lettered),
+        (0, 2, 1)
+    );
+
+    let dead = running.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    let dead = &dead[0];
+    assert_eq!(dead.reason, Reason::MAX_DELIVERIES_EXCEEDED);
+    assert_eq!(dead.detail, "inventory service unavailable");
+    assert_eq!(dead.attempts, 3);
+    assert_eq!(dead.handler.as_deref(), Some("exhaust.always_fails"));
+    assert_eq!(dead.envelope.id, id);
+    assert_eq!(&dead.envelope.payload[..], br#"{"n":7}"#);
+}
+
+// --- bad input never disappears ---
+
+static STRICT_CALLS: AtomicU32 = AtomicU32::new(0);
+
+#[handler(message = "test.Ping", name = "bad_input.strict")]
+async fn strict(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    STRICT_CALLS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_undecodable_payload_is_dead_lettered_at_once_with_its_bytes() {
+    let running = start(runtime("bad_input"));
+    let garbage = Envelope::from_raw("test.Ping", &b"{\"n\": \"not a number\"}"[..]);
+    let id = running.store.publish_envelope(garbage);
+    running.settle().await;
+    assert_eq!(
+        STRICT_CALLS.load(Ordering::SeqCst),
+        0,
+        "the handler never sees bad input"
+    );
+
+    let dead = running.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::PAYLOAD_INVALID);
+    assert_eq!(dead[0].attempts, 1, "invalid payloads are not retried");
+    assert_eq!(dead[0].envelope.id, id);
+    assert_eq!(&dead[0].envelope.payload[..], b"{\"n\": \"not a number\"}");
+    assert!(
+        dead[0].detail.contains("invalid type"),
+        "detail: {}",
+        dead[0].detail
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_message_type_follows_the_retry_policy_then_is_dead_lettered() {
+    let running = start(runtime("nobody").max_deliveries(4));
+    let id = running
+        .store
+        .publish_envelope(Envelope::from_raw("test.NobodyHandlesThis", &b"{}"[..]));
+    running.settle().await;
+    let dead = running.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::UNKNOWN_MESSAGE_TYPE);
+    assert_eq!(dead[0].attempts, 4);
+    assert_eq!(dead[0].handler, None);
+    assert_eq!(dead[0].envelope.id, id);
+    assert!(dead[0].detail.contains("test.NobodyHandlesThis"));
+}
+
+#[tokio::test]
+async fn an_oversize_payload_is_dead_lettered_without_being_decoded() {
+    let running = start(runtime("bad_input_size").max_payload_bytes(16));
+    running
+        .store
+        .publish_envelope(Envelope::from_raw("test.Ping", vec![b' '; 17]));
+    running.settle().await;
+    let dead = running.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::PAYLOAD_TOO_LARGE);
+    assert_eq!(dead[0].attempts, 0, "no handler was called");
+    assert_eq!(dead[0].envelope.payload.len(), 17);
+}
+
+// --- a handler's own verdict ---
+
+#[handler(message = "test.Ping", name = "verdict.rejects")]
+async fn rejects(ping: Ping, _ctx: &Context) -> HandlerOutcome {
+    HandlerOutcome::dead_letter(
+        "ping_refused",
+        format_args!("ping {} is not welcome", ping.n),
+    )
+}
+
+#[tokio::test]
+async fn a_handler_can_dead_letter_at_once_with_its_own_reason() {
+    let running = start(runtime("verdict"));
+    running.store.publish(&Ping { n: 3 }).await.unwrap();
+    running.settle().await;
+    let dead = running.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, "ping_refused");
+    assert_eq!(dead[0].detail, "ping 3 is not welcome");
+    assert_eq!(dead[0].attempts, 1);
+}
+
+// --- panics and timeouts are failed attempts; the runtime keeps going ---
+
+static PANICS_LEFT: AtomicU32 = AtomicU32::new(1);
+static AFTER_PANIC_HANDLED: AtomicU32 = AtomicU32::new(0);
+
+#[handler(message = "test.Ping", name = "panics.sometimes")]
+async fn panics_sometimes(ping: Ping, _ctx: &Context) -> Result<(), String> {
+    if ping.n == 666 {
+        panic!("ping 666 is cursed");
+    }
+    if ping.n == 1 && PANICS_LEFT.fetch_sub(1, Ordering::SeqCst) == 1 {
+        panic!("first call for ping 1 panics");
+    }
+    AFTER_PANIC_HANDLED.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_panic_is_a_failed_attempt_and_the_last_one_is_recorded_as_handler_panicked() {
+    let running = start(runtime("panics").max_deliveries(2));
+    running.store.publish(&Ping { n: 666 }).await.unwrap();
+    running.store.publish(&Ping { n: 1 }).await.unwrap();
+    running.store.publish(&Ping { n: 2 }).await.unwrap();
+    running.settle().await;
+    assert_eq!(
+        AFTER_PANIC_HANDLED.load(Ordering::SeqCst),
+        2,
+        "ping 1 on its retry, and ping 2"
+    );
+    let dead = running.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::HANDLER_PANICKED);
+    assert_eq!(dead[0].attempts, 2);
+    assert!(
+        dead[0].detail.contains("ping 666 is cursed"),
+        "detail: {}",
+        dead[0].detail
+    );
+}
+
+#[handler(message = "test.Ping", name = "slow.sleeper", timeout = "50ms")]
+async fn sleeper(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_handler_slower_than_its_timeout_fails_the_attempt() {
+    let running = start(runtime("slow").max_deliveries(2));
+    running.store.publish(&Ping { n: 1 }).await.unwrap();
+    running.settle().await;
+    let dead = running.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::HANDLER_TIMEOUT);
+    assert_eq!(dead[0].attempts, 2);
+    assert!(
+        dead[0].detail.contains("50ms"),
+        "detail: {}",
+        dead[0].detail
+    );
+}
+
+// --- concurrency limits ---
+
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+static MOST_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+#[handler(message = "test.Ping", name = "limited.two_at_a_time", concurrency = 2)]
+async fn two_at_a_time(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    let now = IN_FLIGHT.fetch_add(1, Ordering::SeqCst) + 1;
+    MOST_IN_FLIGHT.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_never_runs_more_calls_at_once_than_its_concurrency() {
+    let running = start(runtime("limited"));
+    for n in 0..12 {
+        running.store.publish(&Ping { n }).await.unwrap();
+    }
+    running.settle().await;
+    assert_eq!(running.stats("limited.two_at_a_time").handled, 12);
+    assert_eq!(
+        MOST_IN_FLIGHT.load(Ordering::SeqCst),
+        2,
+        "the limit is reached, never passed"
+    );
+    running.stop().await;
+}
+
+// --- publishing from a handler keeps the conversation ---
+
+/// Each pong seen: its number, correlation id and causation id.
+type PongRecord = (u32, Option<String>, Option<String>);
+
+static PONGS: Mutex<Vec<PongRecord>> = Mutex::new(Vec::new());
+
+#[handler(message = "test.Ping", name = "conversation.answer")]
+async fn answer(ping: Ping, ctx: &Context) -> Result<(), hexeract::PublishError> {
+    ctx.publish(&Pong { n: ping.n + 1 }).await?;
+    Ok(())
+}
+
+#[handler(message = "test.Pong", name = "conversation.record")]
+async fn record(pong: Pong, ctx: &Context) -> Result<(), String> {
+    PONGS.lock().unwrap().push((
+        pong.n,
+        ctx.correlation_id().map(|id| id.to_string()),
+        ctx.causation_id().map(|id| id.to_string()),
+    ));
+    Ok(())
+}
+
+#[tokio::test]
+async fn messages_published_by_a_handler_carry_correlation_and_causation() {
+    let running = start(runtime("conversation"));
+    let ping_id = running.store.publish(&Ping { n: 41 }).await.unwrap();
+    running.settle().await;
+    running.stop().await;
+    let pongs = PONGS.lock().unwrap().clone();
+    let expected = Some(ping_id.to_string());
+    assert_eq!(pongs, [(42, expected.clone(), expected)]);
+}
+
+// --- replay ---
+
+static REPLAY_ACCEPTS: AtomicBool = AtomicBool::new(false);
+
+#[handler(message = "test.Ping", name = "replay.picky")]
+async fn picky(_ping: Ping, _ctx: &Context) -> HandlerOutcome {
+    if REPLAY_ACCEPTS.load(Ordering::SeqCst) {
+        HandlerOutcome::Ack
+    } else {
+        HandlerOutcome::reject("not today")
+    }
+}
+
+#[tokio::test]
+async fn a_replayed_dead_letter_goes_back_to_its_handler() {
+    let running = start(runtime("replay"));
+    running.store.publish(&Ping { n: 5 }).await.unwrap();
+    running.settle().await;
+    let dead = running.store.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::HANDLER_REJECTED);
+
+    REPLAY_ACCEPTS.store(true, Ordering::SeqCst);
+    assert!(running.store.replay_dead_letter(dead[0].id));
+    assert!(
+        !running.store.replay_dead_letter(dead[0].id),
+        "a dead letter replays once"
+    );
+    running.settle().await;
+    assert_eq!(running.stats("replay.picky").handled, 1);
+    assert!(running.stop().await.dead_letters().is_empty());
+}
+
+// --- shutdown ---
+
+static SLOW_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static SLOW_FINISHED: AtomicBool = AtomicBool::new(false);
+
+#[handler(message = "test.Ping", name = "shutdown.slow")]
+async fn slow(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    SLOW_STARTED.notify_one();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    SLOW_FINISHED.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn cancel_lets_the_running_handler_finish_and_returns_ok() {
+    let running = start(runtime("shutdown"));
+    running.store.publish(&Ping { n: 1 }).await.unwrap();
+    SLOW_STARTED.notified().await;
+    let runtime = running.runtime.clone();
+    let store = running.stop().await;
+    assert!(
+        SLOW_FINISHED.load(Ordering::SeqCst),
+        "run returned before the handler finished"
+    );
+    assert_eq!(runtime.stats()[0].handled, 1);
+    assert!(store.is_idle());
+}
+
+static STUCK_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[handler(message = "test.Ping", name = "grace.stuck")]
+async fn stuck(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    STUCK_STARTED.notify_one();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_handler_still_running_after_the_grace_is_interrupted_and_its_message_kept() {
+    let running = start(runtime("grace").shutdown_grace(Duration::from_millis(100)));
+    let id = running.store.publish(&Ping { n: 1 }).await.unwrap();
+    running.store.publish(&Ping { n: 2 }).await.unwrap();
+    STUCK_STARTED.notified().await;
+    let store = running.stop().await;
+    assert!(!store.is_idle(), "the interrupted messages are still owed");
+    assert_eq!(store.pending(), 2, "both messages are back in the store");
+    assert!(store.dead_letters().is_empty());
+
+    // A new runtime on the same store picks them up, with the attempts already used.
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    struct Recorder(std::sync::Arc<Mutex<Vec<(String, u32)>>>);
+    impl hexeract::Handler<Ping> for Recorder {
+        type Output = Result<(), String>;
+        async fn handle(&self, _ping: Ping, ctx: &Context) -> Self::Output {
+            self.0
+                .lock()
+                .unwrap()
+                .push((ctx.message_id().to_string(), ctx.attempt()));
+            Ok(())
+        }
+    }
+    let resumed = start(
+        Runtime::builder()
+            .store(store)
+            .registry(hexeract::Registry::new())
+            .register_handler_with::<Ping, _>(
+                Recorder(seen.clone()),
+                hexeract::HandlerOptions::new().name("grace.stuck"),
+            ),
+    );
+    resumed.settle().await;
+    resumed.stop().await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen.contains(&(id.to_string(), 2)),
+        "the interrupted call counted: {seen:?}"
+    );
+}
+
+// --- the zero-config entry point ---
+
+static GLOBAL_HANDLED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "test.GlobalOnly")]
+struct GlobalOnly {}
+
+#[handler(message = "test.GlobalOnly", name = "global.receive")]
+async fn receive_global(_message: GlobalOnly, _ctx: &Context) -> Result<(), String> {
+    GLOBAL_HANDLED.notify_one();
+    Ok(())
+}
+
+#[tokio::test]
+async fn run_delivers_what_publish_sent_even_before_it_started() {
+    hexeract::publish(&GlobalOnly {}).await.unwrap();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(hexeract::run(cancel.clone()));
+    tokio::time::timeout(Duration::from_secs(20), GLOBAL_HANDLED.notified())
+        .await
+        .expect("the handler ran");
+    cancel.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[test]
+fn invalid_settings_are_all_reported_and_nothing_starts() {
+    let error = Runtime::builder()
+        .configure_from(|name| match name {
+            "MAX_DELIVERIES" => Some("zero".into()),
+            "HANDLER_TIMEOUT_MS" => Some("-5".into()),
+            _ => None,
+        })
+        .expect_err("invalid settings accepted");
+    let text = error.to_string();
+    assert!(text.contains("MAX_DELIVERIES = \"zero\""), "{text}");
+    assert!(text.contains("HANDLER_TIMEOUT_MS = \"-5\""), "{text}");
+
+    let error = Runtime::builder()
+        .store(InMemoryStore::new())
+        .max_deliveries(0)
+        .concurrency(0)
+        .build()
+        .expect_err("invalid knobs accepted");
+    let text = error.to_string();
+    assert!(
+        text.contains("max_deliveries = \"0\": at least 1"),
+        "{text}"
+    );
+    assert!(text.contains("concurrency = \"0\": at least 1"), "{text}");
+}
