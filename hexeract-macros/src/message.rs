@@ -104,8 +104,24 @@ pub(crate) fn check_wire_name(name: &str) -> Result<(), String> {
 
 fn implement(input: &DeriveInput, wire_name: &syn::LitStr) -> TokenStream {
     let ident = &input.ident;
-    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     let private = quote!(::hexeract::__private);
+    let mut generics = input.generics.clone();
+    if !generics.params.is_empty() {
+        // A generic message is a message for every instantiation that can travel: say so, rather
+        // than asking the user to repeat serde's bounds on the impl.
+        let (_, ty_generics, _) = input.generics.split_for_impl();
+        generics
+            .make_where_clause()
+            .predicates
+            .push(syn::parse_quote! {
+                #ident #ty_generics: #private::serde::Serialize
+                    + #private::serde::de::DeserializeOwned
+                    + ::core::marker::Send
+                    + ::core::marker::Sync
+                    + 'static
+            });
+    }
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     quote! {
         #[automatically_derived]
         impl #impl_generics #private::Message for #ident #ty_generics #where_clause {

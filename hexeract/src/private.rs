@@ -5,6 +5,7 @@ pub use crate::handler::{ErasedHandler, Handler};
 pub use crate::message::Message;
 pub use crate::registry::HandlerRegistration;
 pub use inventory;
+pub use serde;
 pub use std::sync::Arc;
 
 /// What `#[handler]` needs from the argument type, in one call: its `MESSAGE_TYPE` (checked

@@ -476,8 +476,30 @@ impl fmt::Debug for Runtime {
     }
 }
 
-/// Where a delivery goes: a handler, or nowhere yet (no handler knows its type).
-type Target = Option<Arc<Slot>>;
+/// Where a delivery goes.
+enum Target {
+    /// A handler this runtime runs.
+    Handler(Arc<Slot>),
+    /// No handler to call: none knows the message type, or the handler the message is meant
+    /// for (a put-back retry, a replayed dead letter) is not registered here.
+    Missing { handler: Option<String> },
+}
+
+impl Target {
+    fn slot(&self) -> Option<&Arc<Slot>> {
+        match self {
+            Target::Handler(slot) => Some(slot),
+            Target::Missing { .. } => None,
+        }
+    }
+
+    fn handler_name(&self) -> Option<&str> {
+        match self {
+            Target::Handler(slot) => Some(&slot.name),
+            Target::Missing { handler } => handler.as_deref(),
+        }
+    }
+}
 
 impl Shared {
     fn accept(
@@ -494,26 +516,23 @@ impl Shared {
                 envelope.payload.len(),
                 self.max_payload_bytes
             );
-            self.dead_letter(
-                envelope,
-                handler
-                    .and_then(|name| self.slots.get(&name).cloned())
-                    .as_ref(),
-                Reason::PAYLOAD_TOO_LARGE,
-                &detail,
-            );
+            let target = match handler {
+                Some(name) => self.named_target(name),
+                None => Target::Missing { handler: None },
+            };
+            self.dead_letter(envelope, &target, Reason::PAYLOAD_TOO_LARGE, &detail);
             return;
         }
-        let targets: Vec<Target> = match &handler {
-            Some(name) => vec![self.slots.get(name).cloned()],
+        let targets: Vec<Target> = match handler {
+            Some(name) => vec![self.named_target(name)],
             None => {
                 let handlers = self.registry.handlers_for(&envelope.message_type);
                 if handlers.is_empty() {
-                    vec![None]
+                    vec![Target::Missing { handler: None }]
                 } else {
                     handlers
                         .iter()
-                        .map(|handler| self.slots.get(handler.info().name.as_ref()).cloned())
+                        .map(|handler| self.named_target(handler.info().name.to_string()))
                         .collect()
                 }
             }
@@ -524,6 +543,15 @@ impl Shared {
             let envelope = envelope.clone();
             let (stop, abort) = (stop.clone(), abort.clone());
             tracker.spawn(async move { shared.deliver(envelope, target, stop, abort).await });
+        }
+    }
+
+    fn named_target(&self, name: String) -> Target {
+        match self.slots.get(&name) {
+            Some(slot) => Target::Handler(slot.clone()),
+            None => Target::Missing {
+                handler: Some(name),
+            },
         }
     }
 
@@ -538,15 +566,15 @@ impl Shared {
     ) {
         loop {
             let permit = match &target {
-                Some(slot) => match acquire(slot, &stop).await {
+                Target::Handler(slot) => match acquire(slot, &stop).await {
                     Some(permit) => Some(permit),
                     None => return self.put_back(envelope, &target),
                 },
-                None => None,
+                Target::Missing { .. } => None,
             };
             envelope.attempt += 1;
             let outcome = match &target {
-                Some(slot) => {
+                Target::Handler(slot) => {
                     let ctx = Context::new(
                         envelope.clone(),
                         slot.name.clone(),
@@ -567,11 +595,21 @@ impl Shared {
                         () = abort.cancelled() => return self.put_back(envelope, &target),
                     }
                 }
-                None => HandlerOutcome::Retry {
+                Target::Missing { handler: None } => HandlerOutcome::Retry {
                     reason: Reason::UNKNOWN_MESSAGE_TYPE,
                     detail: format!(
                         "no handler is registered for message type {:?}",
                         envelope.message_type
+                    ),
+                    after: None,
+                },
+                Target::Missing {
+                    handler: Some(name),
+                } => HandlerOutcome::Retry {
+                    reason: Reason::UNKNOWN_MESSAGE_TYPE,
+                    detail: format!(
+                        "the message is meant for handler `{name}`, which is not registered \
+                         (renamed or removed?)"
                     ),
                     after: None,
                 },
@@ -580,7 +618,7 @@ impl Shared {
 
             match outcome {
                 HandlerOutcome::Ack => {
-                    if let Some(slot) = &target {
+                    if let Some(slot) = target.slot() {
                         slot.counters.handled.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(message_id = %envelope.id, handler = %slot.name, attempt = envelope.attempt, "handled");
                     }
@@ -588,7 +626,7 @@ impl Shared {
                     return;
                 }
                 HandlerOutcome::DeadLetter { reason, detail } => {
-                    return self.dead_letter(envelope, target.as_ref(), reason, &detail);
+                    return self.dead_letter(envelope, &target, reason, &detail);
                 }
                 HandlerOutcome::Retry {
                     reason,
@@ -596,16 +634,16 @@ impl Shared {
                     after,
                 } => {
                     if self.retry.is_exhausted(envelope.attempt) {
-                        return self.dead_letter(envelope, target.as_ref(), reason, &detail);
+                        return self.dead_letter(envelope, &target, reason, &detail);
                     }
                     let delay = after.unwrap_or_else(|| self.retry.backoff(envelope.attempt));
-                    if let Some(slot) = &target {
+                    if let Some(slot) = target.slot() {
                         slot.counters.retried.fetch_add(1, Ordering::Relaxed);
                     }
                     tracing::warn!(
                         message_id = %envelope.id,
                         message_type = %envelope.message_type,
-                        handler = target.as_ref().map(|slot| &*slot.name),
+                        handler = target.handler_name(),
                         attempt = envelope.attempt,
                         max_deliveries = self.retry.max_deliveries_value(),
                         retry_in = ?delay,
@@ -622,26 +660,20 @@ impl Shared {
         }
     }
 
-    fn dead_letter(
-        &self,
-        envelope: Envelope,
-        target: Option<&Arc<Slot>>,
-        reason: crate::Reason,
-        detail: &str,
-    ) {
-        if let Some(slot) = target {
+    fn dead_letter(&self, envelope: Envelope, target: &Target, reason: Reason, detail: &str) {
+        if let Some(slot) = target.slot() {
             slot.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
         }
         tracing::error!(
             message_id = %envelope.id,
             message_type = %envelope.message_type,
-            handler = target.map(|slot| &*slot.name),
+            handler = target.handler_name(),
             attempts = envelope.attempt,
             %reason,
             detail,
             "message dead-lettered"
         );
-        let handler = target.map(|slot| slot.name.to_string());
+        let handler = target.handler_name().map(str::to_owned);
         self.store
             .record_dead_letter(DeadLetter::new(envelope, handler, reason, detail));
     }
@@ -649,7 +681,7 @@ impl Shared {
     fn put_back(&self, envelope: Envelope, target: &Target) {
         self.store.requeue(Pending {
             envelope,
-            handler: target.as_ref().map(|slot| slot.name.to_string()),
+            handler: target.handler_name().map(str::to_owned),
         });
     }
 }

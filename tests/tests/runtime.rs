@@ -533,3 +533,41 @@ fn invalid_settings_are_all_reported_and_nothing_starts() {
     );
     assert!(text.contains("concurrency = \"0\": at least 1"), "{text}");
 }
+
+// --- a message meant for a handler that no longer exists ---
+
+#[handler(message = "test.Ping", name = "renamed.old")]
+async fn old_name(_ping: Ping, _ctx: &Context) -> HandlerOutcome {
+    HandlerOutcome::reject("always")
+}
+
+#[tokio::test]
+async fn a_message_for_a_handler_that_is_gone_is_dead_lettered_naming_it() {
+    let first = start(runtime("renamed"));
+    first.store.publish(&Ping { n: 1 }).await.unwrap();
+    first.settle().await;
+    let store = first.stop().await;
+    let dead = store.dead_letters();
+    assert_eq!(dead.len(), 1);
+
+    // The next deployment renamed the handler; replaying the old dead letter must not lose it.
+    let second = start(
+        Runtime::builder()
+            .store(store)
+            .registry(hexeract::Registry::new())
+            .max_deliveries(2)
+            .retry_delays(Duration::from_millis(1), Duration::from_millis(5)),
+    );
+    assert!(second.store.replay_dead_letter(dead[0].id));
+    second.settle().await;
+    let dead = second.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::UNKNOWN_MESSAGE_TYPE);
+    assert_eq!(dead[0].handler.as_deref(), Some("renamed.old"));
+    assert_eq!(dead[0].attempts, 2);
+    assert!(
+        dead[0].detail.contains("`renamed.old`"),
+        "detail: {}",
+        dead[0].detail
+    );
+}
