@@ -103,7 +103,7 @@ impl fmt::Display for HandlerOutcome {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a handler return type",
     label = "unsupported return type",
-    note = "a handler returns `Result<(), E>` where E implements Display (std::error::Error, anyhow::Error, String; `Err` retries), or `hexeract::HandlerOutcome`"
+    note = "a handler returns `Result<(), E>` where E implements Display + Send (std::error::Error types, anyhow::Error, String, Box<dyn Error + Send + Sync>; `Err` retries), or `hexeract::HandlerOutcome`"
 )]
 pub trait IntoOutcome: Send {
     /// The outcome this value stands for.
