@@ -102,9 +102,10 @@ impl Context {
         &self.handler
     }
 
-    /// Cancelled when the runtime shuts down. A long handler may watch it to stop early (and
-    /// return `Err` so the message is retried later); the runtime waits up to its shutdown grace
-    /// for handlers either way.
+    /// Cancelled when the runtime shuts down. A long handler may watch it to stop early and
+    /// return `Err`: a call that fails after the shutdown began does not count against
+    /// `MAX_DELIVERIES`, and the message stays in the store for the next run. The runtime waits
+    /// up to its shutdown grace for handlers either way.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancellation
     }

@@ -15,6 +15,14 @@ pub enum Error {
     /// The handlers cannot be registered together; nothing was started.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// Another runtime is already running on this store. A runtime fans messages out to the
+    /// handlers it knows, so two runtimes with different handlers on one store would each
+    /// deliver only part of the messages.
+    #[error(
+        "another runtime is already running on this store: run one runtime per store, or give \
+         each runtime a store of its own"
+    )]
+    StoreBusy,
 }
 
 /// One or more settings are invalid. Every problem is listed, not only the first.

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::future::BoxFuture;
@@ -50,6 +50,19 @@ struct Inner {
     /// per handler until that handler acks or dead-letters it.
     outstanding: AtomicUsize,
     idle: Notify,
+    /// A runtime is taking messages from this store.
+    consumed: AtomicBool,
+}
+
+/// Marks a store as taken by one runtime until dropped.
+pub(crate) struct Consumer {
+    store: InMemoryStore,
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.store.inner.consumed.store(false, Ordering::SeqCst);
+    }
 }
 
 /// A message waiting for a runtime: for every handler of its type, or for one handler (a retry
@@ -89,7 +102,9 @@ impl InMemoryStore {
         id
     }
 
-    /// Messages waiting for a runtime to take them.
+    /// Messages waiting for a runtime to take them. A message a runtime has taken is not
+    /// counted, even while its handler waits for a concurrency permit or a retry:
+    /// [`is_idle`](InMemoryStore::is_idle) tells whether everything is settled.
     pub fn pending(&self) -> usize {
         self.lock_queue().len()
     }
@@ -141,6 +156,22 @@ impl InMemoryStore {
     /// Removes every dead letter; returns how many there were.
     pub fn purge_dead_letters(&self) -> usize {
         std::mem::take(&mut *self.lock_dead_letters()).len()
+    }
+
+    /// `true` when both handles are the same store.
+    pub(crate) fn same_as(&self, other: &InMemoryStore) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Takes the store for one runtime, or `None` when another runtime has it.
+    pub(crate) fn claim_consumer(&self) -> Option<Consumer> {
+        self.inner
+            .consumed
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()
+            .map(|_| Consumer {
+                store: self.clone(),
+            })
     }
 
     /// Takes the next pending message, waiting for one. Cancel-safe: dropping the future loses

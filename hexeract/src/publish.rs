@@ -27,7 +27,9 @@ pub enum PublishError {
 /// delivers it to every handler of its type. Returns the message id.
 ///
 /// Without configuration that store is in memory: messages published before `run` starts wait
-/// for it; they do not survive the process.
+/// for it; they do not survive the process. A [`Runtime`](crate::Runtime) built with a store of
+/// its own ([`RuntimeBuilder::store`](crate::RuntimeBuilder::store)) does not see them: publish
+/// to that store instead.
 ///
 /// ```
 /// # use hexeract::Message;

@@ -201,7 +201,9 @@ impl Registry {
         }
     }
 
-    /// Adds a handler written as a type implementing [`Handler<M>`].
+    /// Adds a handler written as a type implementing [`Handler<M>`]. Without a name in
+    /// `options`, its name is the type's path (`my_app::billing::Charge`); a generic type must
+    /// be given a name.
     pub fn register<M: Message, H: Handler<M>>(
         &mut self,
         handler: H,
@@ -216,6 +218,12 @@ impl Registry {
             timeout: options.timeout,
             concurrency: options.concurrency,
         };
+        if let Err(problem) = check_name(&info.name) {
+            return Err(RegistryError::InvalidName {
+                name: info.name.to_string(),
+                problem,
+            });
+        }
         let handler: Arc<dyn ErasedHandler> = Arc::new(TypedHandler::<M, H>::new(handler));
         self.insert(info, handler)
             .map_err(|duplicate| RegistryError::DuplicateNames(vec![duplicate]))
@@ -301,6 +309,36 @@ pub enum RegistryError {
     /// Handler names must be unique: they name queues and consumer groups.
     #[error("{}", DuplicateName::describe(.0))]
     DuplicateNames(Vec<DuplicateName>),
+    /// A handler registered in code has a name that cannot name a queue.
+    #[error(
+        "handler name {name:?} {problem}; give the handler a name with `HandlerOptions::new().name(\"…\")`"
+    )]
+    InvalidName {
+        /// The name as given (or derived from the handler's type).
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// The rule `#[handler(name = "…")]` enforces at compile time, for names given at run time:
+/// names become queue and consumer-group names.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("is empty".to_owned());
+    }
+    if name.len() > 200 {
+        return Err(format!("is {} bytes long; keep it under 200", name.len()));
+    }
+    match name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
+    {
+        Some(bad) => Err(format!(
+            "contains {bad:?}: use letters, digits, `_`, `-`, `.` and `::` (it becomes a queue name)"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Two handlers share a name.
@@ -406,6 +444,36 @@ mod tests {
                 .contains("`x`: registered in code and registered in code"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn code_registration_checks_names() {
+        struct Generic<T>(std::marker::PhantomData<fn() -> T>);
+        impl<T: 'static> Handler<Ping> for Generic<T> {
+            type Output = Result<(), String>;
+            async fn handle(&self, _: Ping, _: &Context) -> Self::Output {
+                Ok(())
+            }
+        }
+        let mut registry = Registry::new();
+        let error = registry
+            .register::<Ping, _>(
+                Generic::<u8>(std::marker::PhantomData),
+                HandlerOptions::new(),
+            )
+            .expect_err("a type path with generics is not a queue name");
+        assert!(error.to_string().contains("contains '<'"), "{error}");
+        let error = registry
+            .register::<Ping, _>(Noop, HandlerOptions::new().name("has space"))
+            .expect_err("a space is not allowed");
+        assert!(
+            error.to_string().contains("HandlerOptions::new().name"),
+            "{error}"
+        );
+        registry
+            .register::<Ping, _>(Noop, HandlerOptions::new())
+            .expect("a plain type path is a valid name");
+        assert!(registry.get("hexeract::registry::tests::Noop").is_some());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use crate::config::EnvSettings;
 use crate::context::Context;
 use crate::dead_letter::DeadLetter;
-use crate::dispatch::call_handler;
+use crate::dispatch::{call_handler, Call};
 use crate::envelope::Envelope;
 use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::handler::Handler;
@@ -273,8 +273,10 @@ impl RuntimeBuilder {
         }
         let mut duplicates = Vec::new();
         for registration in self.registrations {
-            if let Err(RegistryError::DuplicateNames(found)) = registration(&mut registry) {
-                duplicates.extend(found);
+            match registration(&mut registry) {
+                Ok(()) => {}
+                Err(RegistryError::DuplicateNames(found)) => duplicates.extend(found),
+                Err(other) => return Err(other.into()),
             }
         }
         if !duplicates.is_empty() {
@@ -418,7 +420,19 @@ impl Runtime {
 
     /// Runs until `cancel` fires, then lets running handlers finish (up to the shutdown grace)
     /// and returns `Ok(())`. Messages not started, or waiting for a retry, stay in the store.
+    ///
+    /// One runtime runs on a store at a time (it fans messages out to its own handlers): a
+    /// second `run` on the same store returns [`Error::StoreBusy`].
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let _consumer = self.shared.store.claim_consumer().ok_or(Error::StoreBusy)?;
+        let global = InMemoryStore::global();
+        if !self.shared.store.same_as(global) && global.pending() > 0 {
+            tracing::warn!(
+                pending = global.pending(),
+                "messages published with hexeract::publish wait in the process's default store, \
+                 but this runtime runs on a store of its own and will not deliver them"
+            );
+        }
         let stop = cancel.child_token();
         if self.shared.handle_signals {
             tokio::spawn(stop_on_signal(stop.clone()));
@@ -440,6 +454,9 @@ impl Runtime {
                     self.shared.accept(pending, &tracker, &stop, &abort);
                 }
             }
+            // A backlog is always ready: let the spawned handlers run on a single-threaded
+            // executor too.
+            tokio::task::consume_budget().await;
         }
         tracker.close();
         if tokio::time::timeout(self.shared.shutdown_grace, tracker.wait())
@@ -572,7 +589,20 @@ impl Shared {
                 },
                 Target::Missing { .. } => None,
             };
+            // Attempts are counted when a call starts, so a call that never finished (its
+            // runtime was stopped past the grace) still uses one up.
             envelope.attempt += 1;
+            if envelope.attempt > self.retry.max_deliveries_value() {
+                envelope.attempt -= 1;
+                let detail = "the last allowed call never finished: it was interrupted when a \
+                              runtime stopped past its shutdown grace";
+                return self.dead_letter(
+                    envelope,
+                    &target,
+                    Reason::MAX_DELIVERIES_EXCEEDED,
+                    detail,
+                );
+            }
             let outcome = match &target {
                 Target::Handler(slot) => {
                     let ctx = Context::new(
@@ -588,11 +618,16 @@ impl Shared {
                         handler = %slot.name,
                         attempt = envelope.attempt,
                     );
-                    let call = call_handler(slot.handler.handler(), &envelope, &ctx, slot.timeout)
-                        .instrument(span);
-                    tokio::select! {
-                        outcome = call => outcome,
-                        () = abort.cancelled() => return self.put_back(envelope, &target),
+                    let call = call_handler(
+                        slot.handler.handler(),
+                        &envelope,
+                        &ctx,
+                        slot.timeout,
+                        &abort,
+                    );
+                    match call.instrument(span).await {
+                        Call::Finished(outcome) => outcome,
+                        Call::Interrupted => return self.put_back(envelope, &target),
                     }
                 }
                 Target::Missing { handler: None } => HandlerOutcome::Retry {
@@ -633,6 +668,12 @@ impl Shared {
                     detail,
                     after,
                 } => {
+                    if stop.is_cancelled() && target.slot().is_some() {
+                        // The runtime is stopping, and a handler that watches
+                        // `Context::cancellation` fails on purpose: that call does not count.
+                        envelope.attempt -= 1;
+                        return self.put_back(envelope, &target);
+                    }
                     if self.retry.is_exhausted(envelope.attempt) {
                         return self.dead_letter(envelope, &target, reason, &detail);
                     }
@@ -710,9 +751,18 @@ async fn stop_on_signal(stop: CancellationToken) {
     };
     #[cfg(not(unix))]
     let terminate = std::future::pending::<()>();
+    let interrupt = async {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => {}
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for Ctrl-C");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
     tokio::select! {
         () = stop.cancelled() => return,
-        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C received, shutting down"),
+        () = interrupt => tracing::info!("Ctrl-C received, shutting down"),
         () = terminate => tracing::info!("SIGTERM received, shutting down"),
     }
     stop.cancel();

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::context::Context;
-use crate::dispatch::call_handler;
+use crate::dispatch::{call_handler, Call};
 use crate::envelope::{EncodeError, Envelope};
 use crate::message::Message;
 use crate::outcome::HandlerOutcome;
@@ -94,7 +94,12 @@ impl Harness {
             let info = registered.info();
             let ctx = self.context(envelope.clone(), &info.name);
             let timeout = info.timeout.unwrap_or(self.timeout);
-            let outcome = call_handler(registered.handler(), &envelope, &ctx, timeout).await;
+            let never = CancellationToken::new();
+            let outcome =
+                match call_handler(registered.handler(), &envelope, &ctx, timeout, &never).await {
+                    Call::Finished(outcome) => outcome,
+                    Call::Interrupted => unreachable!("the harness never interrupts a call"),
+                };
             deliveries.push(Delivered {
                 handler: info.name.to_string(),
                 outcome,

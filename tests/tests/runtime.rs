@@ -206,6 +206,14 @@ async fn an_unknown_message_type_follows_the_retry_policy_then_is_dead_lettered(
     assert!(dead[0].detail.contains("test.NobodyHandlesThis"));
 }
 
+static SIZE_CALLS: AtomicU32 = AtomicU32::new(0);
+
+#[handler(message = "test.Ping", name = "bad_input_size.count")]
+async fn count_size(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    SIZE_CALLS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
 #[tokio::test]
 async fn an_oversize_payload_is_dead_lettered_without_being_decoded() {
     let running = start(runtime("bad_input_size").max_payload_bytes(16));
@@ -217,6 +225,7 @@ async fn an_oversize_payload_is_dead_lettered_without_being_decoded() {
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].reason, Reason::PAYLOAD_TOO_LARGE);
     assert_eq!(dead[0].attempts, 0, "no handler was called");
+    assert_eq!(SIZE_CALLS.load(Ordering::SeqCst), 0);
     assert_eq!(dead[0].envelope.payload.len(), 17);
 }
 
@@ -481,32 +490,6 @@ async fn a_handler_still_running_after_the_grace_is_interrupted_and_its_message_
     );
 }
 
-// --- the zero-config entry point ---
-
-static GLOBAL_HANDLED: tokio::sync::Notify = tokio::sync::Notify::const_new();
-
-#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
-#[message(type = "test.GlobalOnly")]
-struct GlobalOnly {}
-
-#[handler(message = "test.GlobalOnly", name = "global.receive")]
-async fn receive_global(_message: GlobalOnly, _ctx: &Context) -> Result<(), String> {
-    GLOBAL_HANDLED.notify_one();
-    Ok(())
-}
-
-#[tokio::test]
-async fn run_delivers_what_publish_sent_even_before_it_started() {
-    hexeract::publish(&GlobalOnly {}).await.unwrap();
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(hexeract::run(cancel.clone()));
-    tokio::time::timeout(Duration::from_secs(20), GLOBAL_HANDLED.notified())
-        .await
-        .expect("the handler ran");
-    cancel.cancel();
-    task.await.unwrap().unwrap();
-}
-
 #[test]
 fn invalid_settings_are_all_reported_and_nothing_starts() {
     let error = Runtime::builder()
@@ -570,4 +553,212 @@ async fn a_message_for_a_handler_that_is_gone_is_dead_lettered_naming_it() {
         "detail: {}",
         dead[0].detail
     );
+}
+
+// --- attempts are counted when a call starts: interrupted calls use them up ---
+
+static HANGS_CALLS: AtomicU32 = AtomicU32::new(0);
+static HANGS_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[handler(message = "test.Ping", name = "hangs.forever")]
+async fn hangs_forever(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    HANGS_CALLS.fetch_add(1, Ordering::SeqCst);
+    HANGS_STARTED.notify_one();
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_message_whose_calls_never_finish_still_runs_out_of_attempts() {
+    let store = InMemoryStore::new();
+    let builder = || {
+        runtime("hangs")
+            .store(store.clone())
+            .max_deliveries(2)
+            .shutdown_grace(Duration::from_millis(20))
+    };
+    for run in 1..=2 {
+        let running = start(builder());
+        if run == 1 {
+            running.store.publish(&Ping { n: 1 }).await.unwrap();
+        }
+        HANGS_STARTED.notified().await;
+        running.stop().await;
+        assert_eq!(
+            store.pending(),
+            1,
+            "run {run}: the interrupted message is kept"
+        );
+    }
+    let last = start(builder());
+    last.settle().await;
+    last.stop().await;
+    assert_eq!(HANGS_CALLS.load(Ordering::SeqCst), 2, "no third call");
+    let dead = store.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::MAX_DELIVERIES_EXCEEDED);
+    assert_eq!(dead[0].attempts, 2);
+    assert!(
+        dead[0].detail.contains("interrupted"),
+        "detail: {}",
+        dead[0].detail
+    );
+}
+
+// --- one runtime per store ---
+
+#[tokio::test]
+async fn a_second_runtime_on_the_same_store_is_refused() {
+    let first = start(runtime("busy"));
+    // Give the first runtime the moment it needs to take the store.
+    tokio::task::yield_now().await;
+    let second = runtime("busy").store(first.store.clone()).build().unwrap();
+    let error = tokio::time::timeout(Duration::from_secs(5), second.run(CancellationToken::new()))
+        .await
+        .expect("a refused run returns at once")
+        .expect_err("two runtimes on one store");
+    assert!(matches!(error, hexeract::Error::StoreBusy), "{error}");
+    let store = first.stop().await;
+
+    // Once the first has stopped, the store can be run again.
+    let again = start(runtime("busy").store(store));
+    again.stop().await;
+}
+
+// --- a handler that stops on shutdown does not lose attempts ---
+
+static COOPERATIVE_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[handler(message = "test.Ping", name = "cooperative.stops")]
+async fn cooperative(_ping: Ping, ctx: &Context) -> Result<(), String> {
+    COOPERATIVE_STARTED.notify_one();
+    ctx.cancellation().cancelled().await;
+    Err("shutting down, try later".into())
+}
+
+#[tokio::test]
+async fn a_call_that_fails_because_of_shutdown_is_not_counted() {
+    let running = start(runtime("cooperative").max_deliveries(1));
+    let id = running.store.publish(&Ping { n: 1 }).await.unwrap();
+    COOPERATIVE_STARTED.notified().await;
+    let store = running.stop().await;
+    assert!(
+        store.dead_letters().is_empty(),
+        "the only allowed call was not used up"
+    );
+    assert_eq!(store.pending(), 1);
+
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    struct Recorder(std::sync::Arc<Mutex<Vec<(String, u32)>>>);
+    impl hexeract::Handler<Ping> for Recorder {
+        type Output = Result<(), String>;
+        async fn handle(&self, _ping: Ping, ctx: &Context) -> Self::Output {
+            self.0
+                .lock()
+                .unwrap()
+                .push((ctx.message_id().to_string(), ctx.attempt()));
+            Ok(())
+        }
+    }
+    let resumed = start(
+        Runtime::builder()
+            .store(store)
+            .registry(hexeract::Registry::new())
+            .max_deliveries(1)
+            .register_handler_with::<Ping, _>(
+                Recorder(seen.clone()),
+                hexeract::HandlerOptions::new().name("cooperative.stops"),
+            ),
+    );
+    resumed.settle().await;
+    resumed.stop().await;
+    assert_eq!(*seen.lock().unwrap(), [(id.to_string(), 1)]);
+}
+
+// --- a future that panics while being dropped on timeout ---
+
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("guard dropped mid-call");
+    }
+}
+
+#[handler(message = "test.Ping", name = "drop_panic.guarded", timeout = "20ms")]
+async fn guarded(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    let _guard = PanicsOnDrop;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_panic_while_dropping_a_timed_out_call_is_a_failed_attempt() {
+    let running = start(runtime("drop_panic").max_deliveries(1));
+    running.store.publish(&Ping { n: 1 }).await.unwrap();
+    running.settle().await;
+    let dead = running.stop().await.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, Reason::HANDLER_PANICKED);
+    assert!(
+        dead[0].detail.contains("guard dropped mid-call"),
+        "detail: {}",
+        dead[0].detail
+    );
+}
+
+// --- retry_after and messages waiting at shutdown ---
+
+static DEFERRED_CALLS: Mutex<Vec<std::time::Instant>> = Mutex::new(Vec::new());
+
+#[handler(message = "test.Ping", name = "deferred.later")]
+async fn later(_ping: Ping, ctx: &Context) -> HandlerOutcome {
+    DEFERRED_CALLS
+        .lock()
+        .unwrap()
+        .push(std::time::Instant::now());
+    if ctx.attempt() == 1 {
+        HandlerOutcome::retry_after(Duration::from_millis(200), "not yet")
+    } else {
+        HandlerOutcome::Ack
+    }
+}
+
+#[tokio::test]
+async fn retry_after_replaces_the_policy_delay() {
+    // The policy's delays are 1-5 ms: only retry_after can make the second call wait 200 ms.
+    let running = start(runtime("deferred"));
+    running.store.publish(&Ping { n: 1 }).await.unwrap();
+    running.settle().await;
+    running.stop().await;
+    let calls = DEFERRED_CALLS.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2);
+    assert!(
+        calls[1] - calls[0] >= Duration::from_millis(200),
+        "{:?}",
+        calls[1] - calls[0]
+    );
+}
+
+static ONE_AT_A_TIME_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[handler(message = "test.Ping", name = "queued.one_at_a_time", concurrency = 1)]
+async fn one_at_a_time(_ping: Ping, _ctx: &Context) -> Result<(), String> {
+    ONE_AT_A_TIME_STARTED.notify_one();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn messages_waiting_for_a_permit_at_shutdown_stay_in_the_store_unused() {
+    let running = start(runtime("queued"));
+    for n in 0..3 {
+        running.store.publish(&Ping { n }).await.unwrap();
+    }
+    ONE_AT_A_TIME_STARTED.notified().await;
+    let runtime = running.runtime.clone();
+    let store = running.stop().await;
+    assert_eq!(runtime.stats()[0].handled, 1, "the running call finished");
+    assert_eq!(store.pending(), 2, "the two waiting messages are back");
+    assert!(store.dead_letters().is_empty());
 }
