@@ -6,7 +6,7 @@
 use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
-use syn::{Expr, ExprLit, Ident, Lit, LitInt, LitStr, Token};
+use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitInt, LitStr, Token, UnOp};
 
 use crate::ctxt::Ctxt;
 
@@ -108,7 +108,7 @@ impl Args {
     /// The string value of `key`, reporting a value of another kind.
     pub(crate) fn string(&self, key: &str, example: &str, cx: &mut Ctxt) -> Option<LitStr> {
         let arg = self.get(key)?;
-        match &arg.value {
+        match peel(&arg.value) {
             Expr::Lit(ExprLit {
                 lit: Lit::Str(lit), ..
             }) => Some(lit.clone()),
@@ -122,20 +122,54 @@ impl Args {
         }
     }
 
-    /// The integer value of `key`, reporting a value of another kind.
-    pub(crate) fn integer(&self, key: &str, example: &str, cx: &mut Ctxt) -> Option<LitInt> {
+    /// The integer value of `key`, reporting a value of another kind. A negative literal is
+    /// returned as such, for the caller to say which range it accepts.
+    pub(crate) fn integer(&self, key: &str, example: &str, cx: &mut Ctxt) -> Option<Integer> {
         let arg = self.get(key)?;
-        match &arg.value {
+        let value = peel(&arg.value);
+        let (negative, literal) = match value {
+            Expr::Unary(ExprUnary {
+                op: UnOp::Neg(_),
+                expr,
+                ..
+            }) => (true, peel(expr)),
+            other => (false, other),
+        };
+        match literal {
             Expr::Lit(ExprLit {
                 lit: Lit::Int(lit), ..
-            }) => Some(lit.clone()),
-            other => {
+            }) => Some(Integer {
+                negative,
+                lit: lit.clone(),
+                written: value.clone(),
+            }),
+            _ => {
                 cx.error_spanned_by(
-                    other,
+                    value,
                     format!("`{key}` takes an integer literal, e.g. `{key} = {example}`"),
                 );
                 None
             }
+        }
+    }
+}
+
+/// An integer value as written, maybe negated.
+pub(crate) struct Integer {
+    pub(crate) negative: bool,
+    pub(crate) lit: LitInt,
+    /// The whole value, sign included, to point errors at.
+    pub(crate) written: Expr,
+}
+
+/// The expression inside any parentheses and invisible groups: a `$v:literal` or `$v:expr`
+/// passed through `macro_rules!` arrives as `Expr::Group`.
+fn peel(mut expr: &Expr) -> &Expr {
+    loop {
+        match expr {
+            Expr::Group(group) => expr = &group.expr,
+            Expr::Paren(paren) => expr = &paren.expr,
+            _ => return expr,
         }
     }
 }
@@ -167,8 +201,22 @@ impl RawArg {
                 expected(),
             ));
         }
-        input.parse::<Token![=]>()?;
-        let value: Expr = input.parse()?;
+        let eq = input.parse::<Token![=]>()?;
+        let value: Expr = input.parse().map_err(|error| {
+            let name = key.unraw().to_string();
+            let example = schema
+                .keys
+                .iter()
+                .find(|(valid, _)| *valid == name)
+                .map(|(_, example)| format!(", e.g. `{name} = {example}`"))
+                .unwrap_or_default();
+            let span = if input.is_empty() || input.peek(Token![,]) {
+                eq.span
+            } else {
+                error.span()
+            };
+            syn::Error::new(span, format!("expected a value after `{name} =`{example}"))
+        })?;
         Ok(RawArg { key, value })
     }
 }

@@ -7,14 +7,16 @@
 //! tokens, so those errors point at what the user wrote.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned, ToTokens};
+use quote::{format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{FnArg, GenericParam, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
+use syn::{FnArg, GenericParam, Ident, ItemFn, LitStr, Pat, ReturnType, Type, TypePath};
 
 use crate::args::{missing_key_span, Args, Schema};
 use crate::ctxt::Ctxt;
 use crate::duration::parse_millis;
 use crate::message::check_wire_name;
+use crate::types::{self, Unowned};
 
 const SCHEMA: Schema = Schema {
     attribute: "#[handler]",
@@ -59,7 +61,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut cx = Ctxt::default();
-    let args = parse_args(args, &mut cx);
+    let args = parse_args(args, &function.sig.ident, &mut cx);
     let handler_fn = validate_fn(&function, &mut cx);
     match (args, handler_fn, cx.into_compile_errors()) {
         (Some(args), Some(handler_fn), None) => {
@@ -71,7 +73,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-fn parse_args(tokens: TokenStream, cx: &mut Ctxt) -> Option<HandlerArgs> {
+fn parse_args(tokens: TokenStream, fn_ident: &Ident, cx: &mut Ctxt) -> Option<HandlerArgs> {
     let missing_span = missing_key_span(&tokens, Span::call_site());
     let args = Args::parse(tokens, &SCHEMA, cx);
 
@@ -95,6 +97,19 @@ fn parse_args(tokens: TokenStream, cx: &mut Ctxt) -> Option<HandlerArgs> {
             cx.error_spanned_by(name, format!("`name` {problem}"));
         }
     }
+    if args.is_missing("name") {
+        let fn_name = fn_ident.unraw().to_string();
+        if let Some(bad) = invalid_name_char(&fn_name) {
+            cx.error_spanned_by(
+                fn_ident,
+                format!(
+                    "handler `{fn_name}` needs `name = \"…\"` in `#[handler]`: its default name, the module path \
+                     followed by `::{fn_name}`, contains {bad:?}, but handler names use only ASCII letters, \
+                     digits, `_`, `-`, `.` and `:` (they become queue names)"
+                ),
+            );
+        }
+    }
 
     let timeout_millis =
         args.string("timeout", "\"30s\"", cx)
@@ -113,21 +128,21 @@ fn parse_args(tokens: TokenStream, cx: &mut Ctxt) -> Option<HandlerArgs> {
                 }
             });
 
-    let concurrency =
-        args.integer("concurrency", "4", cx)
-            .and_then(|lit| match lit.base10_parse::<u64>() {
-                Ok(value @ 1..=MAX_CONCURRENCY) => Some(value as u32),
-                Ok(_) | Err(_) => {
-                    cx.error_spanned_by(
-                        &lit,
-                        format!(
-                            "`concurrency` is how many messages this handler may process at once: \
+    let concurrency = args.integer("concurrency", "4", cx).and_then(|integer| {
+        match (integer.negative, integer.lit.base10_parse::<u64>()) {
+            (false, Ok(value @ 1..=MAX_CONCURRENCY)) => Some(value as u32),
+            _ => {
+                cx.error_spanned_by(
+                    &integer.written,
+                    format!(
+                        "`concurrency` is how many messages this handler may process at once: \
                          a whole number from 1 to {MAX_CONCURRENCY}, e.g. `concurrency = 4`"
-                        ),
-                    );
-                    None
-                }
-            });
+                    ),
+                );
+                None
+            }
+        }
+    });
 
     Some(HandlerArgs {
         message: message?,
@@ -213,38 +228,88 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>>
         }
     }
 
+    // `_` in a type is reported by the compiler on the function itself; the registration would
+    // only repeat it.
+    let mut placeholder = false;
+
     let message_ty = &*typed[0].ty;
-    if let Type::Reference(reference) = message_ty {
+    if let Type::Reference(reference) = types::peel(message_ty) {
         cx.error_spanned_by(
             reference,
             format!(
                 "take the message by value, `{}: {}`: the runtime decodes a fresh value for each call and hands it over",
                 pat_name(&typed[0].pat),
-                reference.elem.to_token_stream()
+                types::display(&reference.elem)
             ),
         );
+    } else {
+        match types::find_unowned(message_ty) {
+            Some(Unowned::ImplTrait(impl_trait)) => cx.error_spanned_by(
+                impl_trait,
+                format!(
+                    "the message parameter needs a concrete type, e.g. `{}: OrderPlaced`, not `{}`: \
+                     a handler handles one message type; for several, write a handler for each",
+                    pat_name(&typed[0].pat),
+                    types::display(message_ty)
+                ),
+            ),
+            Some(Unowned::Borrow { tokens, written }) => cx.error_spanned_by(
+                tokens,
+                format!(
+                    "the message type cannot borrow (`{written}`): the runtime decodes a fresh value \
+                     for each call and hands it over; use a type without lifetimes, with owned fields \
+                     (`String`, not `&str`)"
+                ),
+            ),
+            Some(Unowned::Placeholder) => placeholder = true,
+            None => {}
+        }
     }
 
     let context_ty = typed.get(1).map(|arg| &*arg.ty);
     if let Some(context_ty) = context_ty {
-        match context_ty {
+        match types::peel(context_ty) {
             Type::Reference(reference) if reference.mutability.is_some() => cx.error_spanned_by(
                 reference,
                 "the context is shared: take `&Context`, not `&mut Context`",
             ),
             Type::Reference(_) => {}
+            // Any other named type may be an alias of `&Context`: the generated code has the
+            // compiler check it (`context_arg`), except `Context` by value, a common slip.
+            Type::Path(path) if !is_context_by_value(path) => {}
             other => cx.error_spanned_by(
                 other,
                 format!(
                     "the second parameter must be `&Context` (a reference), found `{}`",
-                    other.to_token_stream()
+                    types::display(other)
                 ),
             ),
         }
     }
 
     let output_ty = match &sig.output {
-        ReturnType::Type(_, ty) => Some(&**ty),
+        ReturnType::Type(_, ty) => {
+            match types::find_unowned(ty) {
+                Some(Unowned::ImplTrait(impl_trait)) => cx.error_spanned_by(
+                    impl_trait,
+                    format!(
+                        "a handler's return type must be named, not `{}`: \
+                         `Result<(), E>`, `Result<HandlerOutcome, E>` or `HandlerOutcome`",
+                        types::display(impl_trait)
+                    ),
+                ),
+                Some(Unowned::Borrow { tokens, written }) => cx.error_spanned_by(
+                    tokens,
+                    format!(
+                        "the return type cannot borrow (`{written}`): the result is used after the call \
+                         has ended; use `&'static str` or an owned type such as `String`"
+                    ),
+                ),
+                Some(Unowned::Placeholder) => placeholder = true,
+                None => {}
+            }
+            Some(&**ty)
+        }
         ReturnType::Default => {
             cx.error_at(
                 sig.paren_token.span.close(),
@@ -255,7 +320,7 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>>
         }
     };
 
-    if cx.has_errors() {
+    if cx.has_errors() || placeholder {
         return None;
     }
     Some(HandlerFn {
@@ -264,6 +329,15 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>>
         context_ty: context_ty?,
         output_ty: output_ty?,
     })
+}
+
+fn is_context_by_value(path: &TypePath) -> bool {
+    path.qself.is_none()
+        && path
+            .path
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "Context" && segment.arguments.is_empty())
 }
 
 fn pat_name(pat: &Pat) -> String {
@@ -282,15 +356,17 @@ pub(crate) fn check_handler_name(name: &str) -> Result<(), String> {
     if name.len() > 200 {
         return Err(format!("is {} bytes long; keep it under 200", name.len()));
     }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
-    {
+    if let Some(bad) = invalid_name_char(name) {
         return Err(format!(
             "contains {bad:?}: use letters, digits, `_`, `-`, `.` and `::` (it becomes a queue name)"
         ));
     }
     Ok(())
+}
+
+fn invalid_name_char(name: &str) -> Option<char> {
+    name.chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
 }
 
 fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
@@ -306,11 +382,11 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
 
     let name = match &args.name {
         Some(name) => quote!(#name),
-        None => quote!(::core::concat!(
-            ::core::module_path!(),
-            "::",
-            ::core::stringify!(#ident)
-        )),
+        None => {
+            // `r#match` is named `…::match`.
+            let fn_name = ident.unraw().to_string();
+            quote!(::core::concat!(::core::module_path!(), "::", #fn_name))
+        }
     };
     let timeout = match args.timeout_millis {
         Some(millis) => {
@@ -323,35 +399,43 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
         None => quote!(::core::option::Option::None),
     };
 
+    // Every local and parameter the expansion introduces resolves at `mixed_site`, so that
+    // neither a `const message` or `struct ctx` in the user's scope nor the hygiene of a
+    // `macro_rules!` the handler is declared in can capture it.
+    let typed = Ident::new("__hexeract_typed", Span::mixed_site());
+    let text = Ident::new("__hexeract_text", Span::mixed_site());
+    let message = Ident::new("__hexeract_message", Span::mixed_site());
+    let ctx = Ident::new("__hexeract_ctx", Span::mixed_site());
+
     // Spanned at the user's tokens, so a failed check points at what they wrote. Paths are
     // written out inside `quote_spanned!` so that they carry the user's span too.
     let mismatch_head = format!(
         "handler `{ident}` declares message {:?} but its argument type `{}` has MESSAGE_TYPE ",
         declared.value(),
-        message_ty.to_token_stream().to_string().replace(' ', ""),
+        types::display(message_ty),
     );
     let mismatch_tail =
         "; make them agree: change the argument type, or `message = ...` in `#[handler]`";
     let constructor = quote_spanned! {message_ty.span()=>
         {
-            let typed = ::hexeract::__private::typed::<#message_ty, #adapter>();
-            if !::hexeract::__private::str_eq(typed.message_type, #declared) {
-                let message = ::hexeract::__private::ConstMessage::new()
+            let #typed = ::hexeract::__private::typed::<#message_ty, #adapter>();
+            if !::hexeract::__private::str_eq(#typed.message_type, #declared) {
+                let #text = ::hexeract::__private::ConstMessage::new()
                     .push(#mismatch_head)
-                    .push_quoted(typed.message_type)
+                    .push_quoted(#typed.message_type)
                     .push(#mismatch_tail);
-                ::core::panic!("{}", message.as_str());
+                ::core::panic!("{}", #text.as_str());
             }
-            typed.constructor
+            #typed.constructor
         }
     };
-    let context_span = match context_ty {
+    let context_span = match types::peel(context_ty) {
         Type::Reference(reference) => reference.elem.span(),
         other => other.span(),
     };
-    let call_context = quote_spanned! {context_span=> ::hexeract::__private::context_arg(ctx) };
+    let call_context = quote_spanned! {context_span=> ::hexeract::__private::context_arg(#ctx) };
     let output = quote_spanned! {output_ty.span()=> #output_ty };
-    let call = quote_spanned! {ident.span()=> #ident(message, #call_context) };
+    let call = quote_spanned! {ident.span()=> #ident(#message, #call_context) };
     let location = quote_spanned! {ident.span()=>
         file: ::core::file!(),
         line: ::core::line!(),
@@ -360,9 +444,9 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
 
     quote! {
         #[doc(hidden)]
-        #[allow(non_camel_case_types, unreachable_pub)]
+        #[allow(non_camel_case_types, unreachable_pub, deprecated)]
         const _: () = {
-            #[derive(Default)]
+            #[derive(::core::default::Default)]
             struct #adapter;
 
             impl #private::Handler<#message_ty> for #adapter {
@@ -370,8 +454,8 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
 
                 fn handle(
                     &self,
-                    message: #message_ty,
-                    ctx: &#private::Context,
+                    #message: #message_ty,
+                    #ctx: &#private::Context,
                 ) -> impl ::core::future::Future<Output = Self::Output> + ::core::marker::Send {
                     #call
                 }

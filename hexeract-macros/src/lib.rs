@@ -9,6 +9,7 @@ mod ctxt;
 mod duration;
 mod handler;
 mod message;
+mod types;
 
 use proc_macro::TokenStream;
 

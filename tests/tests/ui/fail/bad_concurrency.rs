@@ -14,4 +14,9 @@ async fn quoted(_event: OrderPlaced, _ctx: &Context) -> Result<(), String> {
     Ok(())
 }
 
+#[handler(message = "OrderPlaced", concurrency = -1)]
+async fn negative(_event: OrderPlaced, _ctx: &Context) -> Result<(), String> {
+    Ok(())
+}
+
 fn main() {}

@@ -9,4 +9,9 @@ async fn positional(_event: OrderPlaced, _ctx: &Context) -> Result<(), String> {
     Ok(())
 }
 
+#[handler(message = )]
+async fn no_value(_event: OrderPlaced, _ctx: &Context) -> Result<(), String> {
+    Ok(())
+}
+
 fn main() {}

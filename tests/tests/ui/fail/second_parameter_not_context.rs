@@ -9,4 +9,9 @@ async fn reserve_stock(_event: OrderPlaced, _ctx: &String) -> Result<(), String>
     Ok(())
 }
 
+#[handler(message = "OrderPlaced")]
+async fn by_value(_event: OrderPlaced, _ctx: String) -> Result<(), String> {
+    Ok(())
+}
+
 fn main() {}

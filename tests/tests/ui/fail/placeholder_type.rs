@@ -1,0 +1,12 @@
+use hexeract::{handler, Context, Message};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "OrderPlaced")]
+pub struct OrderPlaced {}
+
+#[handler(message = "OrderPlaced")]
+async fn inferred_message(_event: _, _ctx: &Context) -> Result<(), String> {
+    Ok(())
+}
+
+fn main() {}
