@@ -103,9 +103,9 @@ impl fmt::Display for HandlerOutcome {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a handler return type",
     label = "unsupported return type",
-    note = "a handler returns `Result<(), E>` where E implements Display + Send (std::error::Error types, anyhow::Error, String, Box<dyn Error + Send + Sync>; `Err` retries), or `hexeract::HandlerOutcome`"
+    note = "a handler returns `Result<(), E>` where E implements Display (std::error::Error types, anyhow::Error, Box<dyn Error>, String; `Err` retries), or `hexeract::HandlerOutcome`"
 )]
-pub trait IntoOutcome: Send {
+pub trait IntoOutcome {
     /// The outcome this value stands for.
     fn into_outcome(self) -> HandlerOutcome;
 }
@@ -116,7 +116,7 @@ impl IntoOutcome for HandlerOutcome {
     }
 }
 
-impl<E: Display + Send> IntoOutcome for Result<(), E> {
+impl<E: Display> IntoOutcome for Result<(), E> {
     fn into_outcome(self) -> HandlerOutcome {
         match self {
             Ok(()) => HandlerOutcome::Ack,
@@ -125,7 +125,7 @@ impl<E: Display + Send> IntoOutcome for Result<(), E> {
     }
 }
 
-impl<E: Display + Send> IntoOutcome for Result<HandlerOutcome, E> {
+impl<E: Display> IntoOutcome for Result<HandlerOutcome, E> {
     fn into_outcome(self) -> HandlerOutcome {
         match self {
             Ok(outcome) => outcome,

@@ -84,6 +84,7 @@ async fn main() {
         names,
         [
             "billing.charge",
+            "boxed.error",
             "crate::nested::in_a_module",
             "crate::with_lifetime",
             "crate::with_outcome",
@@ -96,4 +97,13 @@ async fn main() {
     assert_eq!(charge.concurrency.map(|c| c.get()), Some(4));
     assert_eq!(charge.location.unwrap().line, 34);
     assert_eq!(registry.handlers_for("shipping.OrderShipped.v2").len(), 1);
+}
+
+/// A boxed error that is not `Send` is fine: it is not held across an await.
+#[handler(message = "OrderPlaced", name = "boxed.error")]
+async fn with_boxed_error(event: OrderPlaced, _ctx: &Context) -> Result<(), Box<dyn std::error::Error>> {
+    if event.order_id == 0 {
+        return Err("order 0".into());
+    }
+    Ok(())
 }
