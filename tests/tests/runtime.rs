@@ -79,6 +79,41 @@ impl Running {
     }
 }
 
+/// Runs a new runtime on `store` with one handler named `name` that records the id and attempt
+/// of every call, until the store is idle; returns what it recorded.
+async fn resume_as(
+    name: &'static str,
+    store: InMemoryStore,
+    max_deliveries: u32,
+) -> Vec<(String, u32)> {
+    struct Recorder(std::sync::Arc<Mutex<Vec<(String, u32)>>>);
+    impl hexeract::Handler<Ping> for Recorder {
+        type Output = Result<(), String>;
+        async fn handle(&self, _ping: Ping, ctx: &Context) -> Self::Output {
+            self.0
+                .lock()
+                .unwrap()
+                .push((ctx.message_id().to_string(), ctx.attempt()));
+            Ok(())
+        }
+    }
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let resumed = start(
+        Runtime::builder()
+            .store(store)
+            .registry(hexeract::Registry::new())
+            .max_deliveries(max_deliveries)
+            .register_handler_with::<Ping, _>(
+                Recorder(seen.clone()),
+                hexeract::HandlerOptions::new().name(name),
+            ),
+    );
+    resumed.settle().await;
+    resumed.stop().await;
+    let seen = seen.lock().unwrap().clone();
+    seen
+}
+
 // --- fan-out: every handler of a type gets every message, and retries stay per handler ---
 
 static FAN_OUT_A: AtomicU32 = AtomicU32::new(0);
@@ -459,30 +494,7 @@ async fn a_handler_still_running_after_the_grace_is_interrupted_and_its_message_
     assert!(store.dead_letters().is_empty());
 
     // A new runtime on the same store picks them up, with the attempts already used.
-    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
-    struct Recorder(std::sync::Arc<Mutex<Vec<(String, u32)>>>);
-    impl hexeract::Handler<Ping> for Recorder {
-        type Output = Result<(), String>;
-        async fn handle(&self, _ping: Ping, ctx: &Context) -> Self::Output {
-            self.0
-                .lock()
-                .unwrap()
-                .push((ctx.message_id().to_string(), ctx.attempt()));
-            Ok(())
-        }
-    }
-    let resumed = start(
-        Runtime::builder()
-            .store(store)
-            .registry(hexeract::Registry::new())
-            .register_handler_with::<Ping, _>(
-                Recorder(seen.clone()),
-                hexeract::HandlerOptions::new().name("grace.stuck"),
-            ),
-    );
-    resumed.settle().await;
-    resumed.stop().await;
-    let seen = seen.lock().unwrap().clone();
+    let seen = resume_as("grace.stuck", store, 5).await;
     assert_eq!(seen.len(), 2);
     assert!(
         seen.contains(&(id.to_string(), 2)),
@@ -648,31 +660,8 @@ async fn a_call_that_fails_because_of_shutdown_is_not_counted() {
     );
     assert_eq!(store.pending(), 1);
 
-    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
-    struct Recorder(std::sync::Arc<Mutex<Vec<(String, u32)>>>);
-    impl hexeract::Handler<Ping> for Recorder {
-        type Output = Result<(), String>;
-        async fn handle(&self, _ping: Ping, ctx: &Context) -> Self::Output {
-            self.0
-                .lock()
-                .unwrap()
-                .push((ctx.message_id().to_string(), ctx.attempt()));
-            Ok(())
-        }
-    }
-    let resumed = start(
-        Runtime::builder()
-            .store(store)
-            .registry(hexeract::Registry::new())
-            .max_deliveries(1)
-            .register_handler_with::<Ping, _>(
-                Recorder(seen.clone()),
-                hexeract::HandlerOptions::new().name("cooperative.stops"),
-            ),
-    );
-    resumed.settle().await;
-    resumed.stop().await;
-    assert_eq!(*seen.lock().unwrap(), [(id.to_string(), 1)]);
+    let seen = resume_as("cooperative.stops", store, 1).await;
+    assert_eq!(seen, [(id.to_string(), 1)]);
 }
 
 // --- a future that panics while being dropped on timeout ---
