@@ -51,6 +51,12 @@ impl DeadLetter {
     }
 }
 
+/// `detail` cut to [`MAX_DETAIL_BYTES`], as every store keeps it.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn truncate_detail(detail: &str) -> String {
+    truncate(detail, MAX_DETAIL_BYTES)
+}
+
 fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();

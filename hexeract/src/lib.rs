@@ -66,12 +66,14 @@ mod error;
 mod handler;
 mod memory;
 mod message;
+pub mod outbox;
 mod outcome;
 mod publish;
 mod reason;
 mod registry;
 mod retry;
 mod runtime;
+pub mod store;
 pub mod testing;
 
 #[doc(hidden)]

@@ -21,6 +21,9 @@ pub enum PublishError {
     /// The message could not be serialized.
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// The store could not take the message.
+    #[error("the outbox could not take the message: {0}")]
+    Store(String),
 }
 
 /// Publishes `message` to the process's default store, where [`hexeract::run`](crate::run)

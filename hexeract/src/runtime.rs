@@ -53,7 +53,8 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         .await
 }
 
-type Registration = Box<dyn FnOnce(&mut Registry) -> Result<(), RegistryError> + Send>;
+/// A handler registered in code, applied to the registry at `build()`.
+pub(crate) type Registration = Box<dyn FnOnce(&mut Registry) -> Result<(), RegistryError> + Send>;
 type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 
 /// Builds a [`Runtime`] with explicit settings; [`hexeract::run`](crate::run) is this with the

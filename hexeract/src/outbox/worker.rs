@@ -1,0 +1,496 @@
+//! [`OutboxWorker`]: the poll loop that expands outbox rows into deliveries, claims due
+//! deliveries under a lease, calls their handlers outside any transaction and settles them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::context::Context;
+use crate::dispatch::{call_handler, Call};
+use crate::error::{ConfigError, ConfigProblem, Error};
+use crate::handler::Handler;
+use crate::message::Message;
+use crate::outcome::HandlerOutcome;
+use crate::publish::{Publish, PublishError};
+use crate::reason::Reason;
+use crate::registry::{HandlerOptions, RegisteredHandler, Registry};
+use crate::retry::RetryPolicy;
+use crate::runtime::Registration;
+use crate::store::{Claimed, DeliveryStore, Routes, NO_HANDLER};
+
+/// Builds an [`OutboxWorker`]. The defaults are the library's: `poll_interval` 100 ms,
+/// `batch_size` 10, `lease` 30 s, 5 deliveries, handler timeout 30 s.
+#[must_use]
+pub struct OutboxWorkerBuilder {
+    store: Arc<dyn DeliveryStore>,
+    registry: Option<Registry>,
+    registrations: Vec<Registration>,
+    poll_interval: Duration,
+    batch_size: u32,
+    lease: Duration,
+    retry: RetryPolicy,
+    max_deliveries: u32,
+    handler_timeout: Duration,
+    shutdown_grace: Duration,
+    wake: Option<Arc<Notify>>,
+}
+
+impl OutboxWorkerBuilder {
+    /// A worker over `store`, with no handlers yet.
+    pub fn new(store: impl DeliveryStore) -> OutboxWorkerBuilder {
+        OutboxWorkerBuilder {
+            store: Arc::new(store),
+            registry: Some(Registry::new()),
+            registrations: Vec::new(),
+            poll_interval: Duration::from_millis(100),
+            batch_size: 10,
+            lease: Duration::from_secs(30),
+            retry: RetryPolicy::default(),
+            max_deliveries: 5,
+            handler_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(8),
+            wake: None,
+        }
+    }
+
+    /// Every `#[handler]` in the program (plus those registered with
+    /// [`register_handler`](OutboxWorkerBuilder::register_handler)).
+    pub fn from_registry(mut self) -> OutboxWorkerBuilder {
+        self.registry = None;
+        self
+    }
+
+    /// These handlers (plus those registered with `register_handler`).
+    pub fn registry(mut self, registry: Registry) -> OutboxWorkerBuilder {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Adds a handler written as a type; its name is the type's path.
+    pub fn register_handler<M: Message, H: Handler<M>>(self, handler: H) -> OutboxWorkerBuilder {
+        self.register_handler_with::<M, H>(handler, HandlerOptions::new())
+    }
+
+    /// Adds a handler written as a type, with its name, timeout or concurrency.
+    pub fn register_handler_with<M: Message, H: Handler<M>>(
+        mut self,
+        handler: H,
+        options: HandlerOptions,
+    ) -> OutboxWorkerBuilder {
+        self.registrations.push(Box::new(move |registry| {
+            registry.register::<M, H>(handler, options)
+        }));
+        self
+    }
+
+    /// How long to sleep after a poll that found nothing (default 100 ms). A publish in this
+    /// process wakes the worker sooner.
+    pub fn poll_interval(mut self, interval: Duration) -> OutboxWorkerBuilder {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Deliveries claimed per poll (default 10).
+    pub fn batch_size(mut self, batch_size: u32) -> OutboxWorkerBuilder {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// How long a claim lasts (default 30 s): a worker that dies holding deliveries releases
+    /// them when it ends. Keep it above the handler timeout.
+    pub fn lease(mut self, lease: Duration) -> OutboxWorkerBuilder {
+        self.lease = lease;
+        self
+    }
+
+    /// Handler calls per delivery in total (default 5).
+    pub fn max_deliveries(mut self, max_deliveries: u32) -> OutboxWorkerBuilder {
+        self.max_deliveries = max_deliveries;
+        self
+    }
+
+    /// First and longest delay between calls (default 1 s and 300 s).
+    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> OutboxWorkerBuilder {
+        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self
+    }
+
+    /// Timeout of a handler call unless the handler sets its own (default 30 s).
+    pub fn handler_timeout(mut self, timeout: Duration) -> OutboxWorkerBuilder {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// How long a cancelled worker lets running handlers finish (default 8 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> OutboxWorkerBuilder {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Wakes the worker from its poll sleep when notified (a publish in the same process).
+    pub fn wake_on(mut self, wake: Arc<Notify>) -> OutboxWorkerBuilder {
+        self.wake = Some(wake);
+        self
+    }
+
+    /// Checks the knobs and registers the handlers.
+    pub fn build(self) -> Result<OutboxWorker, Error> {
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, setting: &str, value: String, expected: &str| {
+            if !ok {
+                problems.push(ConfigProblem {
+                    setting: setting.to_owned(),
+                    value,
+                    expected: expected.to_owned(),
+                });
+            }
+        };
+        check(
+            self.batch_size >= 1,
+            "batch_size",
+            self.batch_size.to_string(),
+            "at least 1",
+        );
+        check(
+            !self.lease.is_zero(),
+            "lease",
+            format!("{:?}", self.lease),
+            "longer than zero",
+        );
+        check(
+            self.max_deliveries >= 1,
+            "max_deliveries",
+            self.max_deliveries.to_string(),
+            "at least 1",
+        );
+        check(
+            !self.handler_timeout.is_zero(),
+            "handler_timeout",
+            format!("{:?}", self.handler_timeout),
+            "longer than zero",
+        );
+        if !problems.is_empty() {
+            return Err(ConfigError { problems }.into());
+        }
+        if self.lease <= self.handler_timeout {
+            tracing::warn!(
+                lease = ?self.lease,
+                handler_timeout = ?self.handler_timeout,
+                "the lease does not exceed the handler timeout: a slow handler's delivery may be \
+                 claimed by another worker while it still runs"
+            );
+        }
+        let mut registry = match self.registry {
+            Some(registry) => registry,
+            None => Registry::from_inventory()?,
+        };
+        for registration in self.registrations {
+            registration(&mut registry)?;
+        }
+        let handlers = registry
+            .handlers()
+            .filter_map(|info| registry.get(&info.name))
+            .map(|handler| (handler.info().name.to_string(), handler.clone()))
+            .collect();
+        Ok(OutboxWorker {
+            routes: Routes::from_registry(&registry),
+            handlers,
+            store: self.store,
+            poll_interval: self.poll_interval,
+            batch_size: self.batch_size,
+            lease: self.lease,
+            retry: self
+                .retry
+                .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
+            handler_timeout: self.handler_timeout,
+            shutdown_grace: self.shutdown_grace,
+            wake: self.wake.unwrap_or_default(),
+        })
+    }
+}
+
+impl fmt::Debug for OutboxWorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxWorkerBuilder")
+            .field("poll_interval", &self.poll_interval)
+            .field("batch_size", &self.batch_size)
+            .field("lease", &self.lease)
+            .field("max_deliveries", &self.max_deliveries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Delivers the outbox to handlers: expand, claim, call, settle, in a loop, until cancelled.
+///
+/// Several workers (tasks or processes) may share one store: claims skip each other's rows.
+/// Each cycle's handlers run outside any transaction; the database is only touched by short
+/// statements that are never interrupted, so cancellation waits for the end of the cycle.
+pub struct OutboxWorker {
+    store: Arc<dyn DeliveryStore>,
+    routes: Routes,
+    handlers: HashMap<String, Arc<RegisteredHandler>>,
+    poll_interval: Duration,
+    batch_size: u32,
+    lease: Duration,
+    retry: RetryPolicy,
+    handler_timeout: Duration,
+    shutdown_grace: Duration,
+    wake: Arc<Notify>,
+}
+
+impl fmt::Debug for OutboxWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxWorker")
+            .field("handlers", &self.handlers.keys().collect::<Vec<_>>())
+            .field("batch_size", &self.batch_size)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How one claimed delivery is to be settled.
+enum Settlement {
+    Ack(i64),
+    Retry {
+        id: i64,
+        delay: Duration,
+        detail: String,
+    },
+    DeadLetter {
+        id: i64,
+        reason: Reason,
+        detail: String,
+    },
+    /// Interrupted by a shutdown past the grace: left claimed; its lease ends and the attempt
+    /// stays counted.
+    Leave,
+}
+
+impl OutboxWorker {
+    /// A builder over `store`.
+    pub fn builder(store: impl DeliveryStore) -> OutboxWorkerBuilder {
+        OutboxWorkerBuilder::new(store)
+    }
+
+    /// Runs until `cancel` fires, then finishes the cycle in progress (handlers get the shutdown
+    /// grace) and returns `Ok(())`. Store errors are logged and retried after `poll_interval`.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let interrupt = CancellationToken::new();
+        let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), self.shutdown_grace);
+        let publisher: Arc<dyn Publish> = Arc::new(StorePublisher {
+            store: self.store.clone(),
+            wake: self.wake.clone(),
+        });
+        tracing::info!(handlers = self.handlers.len(), "outbox worker started");
+        while !cancel.is_cancelled() {
+            match self.cycle(&cancel, &interrupt, &publisher).await {
+                Ok(0) => self.idle(&cancel).await,
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "outbox worker cycle failed; retrying after the poll interval");
+                    self.idle(&cancel).await;
+                }
+            }
+        }
+        tracing::info!("outbox worker stopped");
+        Ok(())
+    }
+
+    async fn idle(&self, cancel: &CancellationToken) {
+        tokio::select! {
+            () = cancel.cancelled() => {}
+            () = self.wake.notified() => {}
+            () = tokio::time::sleep(self.poll_interval) => {}
+        }
+    }
+
+    /// One expand-claim-call-settle pass; returns how many deliveries it handled.
+    async fn cycle(
+        &self,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+        publisher: &Arc<dyn Publish>,
+    ) -> Result<usize, crate::store::StoreError> {
+        self.store.expand(&self.routes, self.batch_size).await?;
+        let token = Uuid::now_v7();
+        let claimed = self.store.claim(token, self.batch_size, self.lease).await?;
+        let count = claimed.len();
+        if count == 0 {
+            return Ok(0);
+        }
+        let settlements = join_all(
+            claimed
+                .into_iter()
+                .map(|delivery| self.handle(delivery, cancel, interrupt, publisher)),
+        )
+        .await;
+
+        let acks: Vec<i64> = settlements
+            .iter()
+            .filter_map(|settlement| match settlement {
+                Settlement::Ack(id) => Some(*id),
+                _ => None,
+            })
+            .collect();
+        let acked = self.store.ack(token, &acks).await?;
+        if acked != acks.len() as u64 {
+            tracing::warn!(
+                acked,
+                expected = acks.len(),
+                "some acked deliveries were no longer ours (their lease ended): they will run again"
+            );
+        }
+        for settlement in settlements {
+            let kept = match settlement {
+                Settlement::Ack(_) | Settlement::Leave => true,
+                Settlement::Retry { id, delay, detail } => {
+                    self.store.retry(token, id, delay, &detail).await?
+                }
+                Settlement::DeadLetter { id, reason, detail } => {
+                    self.store.dead_letter(token, id, &reason, &detail).await?
+                }
+            };
+            if !kept {
+                tracing::warn!("a delivery's lease ended before it was settled: it will run again");
+            }
+        }
+        Ok(count)
+    }
+
+    /// Calls the delivery's handler once and decides how to settle it.
+    async fn handle(
+        &self,
+        delivery: Claimed,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+        publisher: &Arc<dyn Publish>,
+    ) -> Settlement {
+        let Claimed {
+            id,
+            handler,
+            envelope,
+        } = delivery;
+        let max = self.retry.max_deliveries_value();
+        if envelope.attempt > max {
+            // Attempts are counted at claim: the previous claims never settled (a crash, or a
+            // shutdown past its grace), and the budget is spent.
+            return Settlement::DeadLetter {
+                id,
+                reason: Reason::MAX_DELIVERIES_EXCEEDED,
+                detail: format!(
+                    "claimed {} times without being settled: the worker died or was stopped during the call",
+                    envelope.attempt - 1
+                ),
+            };
+        }
+        let outcome = match self.handlers.get(&handler) {
+            Some(registered) => {
+                let info = registered.info();
+                let ctx = Context::new(
+                    envelope.clone(),
+                    handler.as_str(),
+                    cancel.clone(),
+                    publisher.clone(),
+                );
+                let span = tracing::info_span!(
+                    "hexeract.handle",
+                    message_id = %envelope.id,
+                    message_type = %envelope.message_type,
+                    handler = %handler,
+                    attempt = envelope.attempt,
+                );
+                let timeout = info.timeout.unwrap_or(self.handler_timeout);
+                let call = call_handler(registered.handler(), &envelope, &ctx, timeout, interrupt);
+                match call.instrument(span).await {
+                    Call::Finished(outcome) => outcome,
+                    Call::Interrupted => return Settlement::Leave,
+                }
+            }
+            None if handler == NO_HANDLER => HandlerOutcome::Retry {
+                reason: Reason::UNKNOWN_MESSAGE_TYPE,
+                detail: format!(
+                    "no handler is registered for message type {:?}",
+                    envelope.message_type
+                ),
+                after: None,
+            },
+            None => HandlerOutcome::Retry {
+                reason: Reason::UNKNOWN_MESSAGE_TYPE,
+                detail: format!(
+                    "the delivery is for handler `{handler}`, which this worker does not have \
+                     (renamed or removed?)"
+                ),
+                after: None,
+            },
+        };
+        match outcome {
+            HandlerOutcome::Ack => Settlement::Ack(id),
+            HandlerOutcome::DeadLetter { reason, detail } => {
+                tracing::error!(message_id = %envelope.id, %handler, %reason, detail, "message dead-lettered");
+                Settlement::DeadLetter { id, reason, detail }
+            }
+            HandlerOutcome::Retry {
+                reason,
+                detail,
+                after,
+            } => {
+                if self.retry.is_exhausted(envelope.attempt) {
+                    tracing::error!(message_id = %envelope.id, %handler, %reason, detail, attempts = envelope.attempt, "message dead-lettered");
+                    return Settlement::DeadLetter { id, reason, detail };
+                }
+                let delay = after.unwrap_or_else(|| self.retry.backoff(envelope.attempt));
+                tracing::warn!(message_id = %envelope.id, %handler, attempt = envelope.attempt, retry_in = ?delay, detail, "handler failed; will retry");
+                Settlement::Retry { id, delay, detail }
+            }
+        }
+    }
+}
+
+/// Fires `interrupt` once `grace` has passed after `cancel`.
+fn spawn_grace_timer(
+    cancel: CancellationToken,
+    interrupt: CancellationToken,
+    grace: Duration,
+) -> tokio_util::sync::DropGuard {
+    let stop_timer = CancellationToken::new();
+    let guard = stop_timer.clone().drop_guard();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = stop_timer.cancelled() => {}
+            () = async { cancel.cancelled().await; tokio::time::sleep(grace).await } => interrupt.cancel(),
+        }
+    });
+    guard
+}
+
+/// What `ctx.publish` writes to in a worker: the store's outbox, in a transaction of its own,
+/// waking the worker.
+struct StorePublisher {
+    store: Arc<dyn DeliveryStore>,
+    wake: Arc<Notify>,
+}
+
+impl Publish for StorePublisher {
+    fn publish_envelope(
+        &self,
+        envelope: crate::Envelope,
+    ) -> futures_util::future::BoxFuture<'_, Result<Uuid, PublishError>> {
+        Box::pin(async move {
+            let id = envelope.id;
+            self.store
+                .publish(vec![envelope])
+                .await
+                .map_err(|error| PublishError::Store(error.to_string()))?;
+            self.wake.notify_one();
+            Ok(id)
+        })
+    }
+}

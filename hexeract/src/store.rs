@@ -1,0 +1,228 @@
+//! Durable stores for the transactional outbox: where published messages wait, where each
+//! handler's delivery is claimed and settled, and where dead letters are kept.
+//!
+//! One trait, [`DeliveryStore`], with a PostgreSQL and a SQLite implementation. Workers use the
+//! trait only; `outbox::enqueue` writes into the caller's own transaction with the backend's
+//! connection type.
+//!
+//! The model: `enqueue` writes one `outbox` row. A worker that knows the handlers *expands* it:
+//! the row moves into `deliveries`, one row per (message, handler), each with its own attempts
+//! and due time, so each handler is its own subscriber and retries independently. Claiming a
+//! delivery counts the attempt and pushes its due time to the end of a lease (on the database
+//! clock), under a claim token; a crashed worker's deliveries come due again when the lease
+//! ends. Settling (ack = delete, retry = new due time, dead letter = move to `dead_letters`)
+//! only touches rows still holding the settling worker's token.
+
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::dead_letter::DeadLetter;
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+
+/// The handler name a delivery gets when no handler knows its message type: it follows the
+/// retry policy and is then dead-lettered as `unknown_message_type`.
+pub const NO_HANDLER: &str = "";
+
+/// Which handlers exist for which message types: what expansion needs from the registry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routes {
+    /// `(message_type, handler)` pairs.
+    pub pairs: Vec<(String, String)>,
+}
+
+impl Routes {
+    /// The routes of every handler in `registry`.
+    pub fn from_registry(registry: &crate::Registry) -> Routes {
+        Routes {
+            pairs: registry
+                .handlers()
+                .map(|info| (info.message_type.to_owned(), info.name.to_string()))
+                .collect(),
+        }
+    }
+}
+
+/// A delivery claimed by a worker: the message as published, with `attempt` set to the call
+/// this claim is for, and the handler it goes to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claimed {
+    /// The delivery's row id, used to settle it.
+    pub id: i64,
+    /// The handler's name; [`NO_HANDLER`] when no handler knew the type at expansion.
+    pub handler: String,
+    /// The message, `attempt` counted.
+    pub envelope: Envelope,
+}
+
+/// A store of outbox rows, deliveries and dead letters.
+pub trait DeliveryStore: Send + Sync + 'static {
+    /// Creates or upgrades the schema. Idempotent; safe to run from several processes at once.
+    fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Writes `envelopes` to the outbox in a transaction of its own.
+    fn publish(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Moves up to `limit` new outbox rows into deliveries, one per handler `routes` knows for
+    /// their type (one with [`NO_HANDLER`] when none does). Returns how many rows moved.
+    fn expand<'a>(
+        &'a self,
+        routes: &'a Routes,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Claims up to `limit` due deliveries under `token`: counts the attempt and makes them due
+    /// again only when `lease` has passed.
+    fn claim(
+        &self,
+        token: Uuid,
+        limit: u32,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<Claimed>, StoreError>>;
+
+    /// Deletes the acked deliveries still claimed under `token`. Returns how many it deleted.
+    fn ack<'a>(&'a self, token: Uuid, ids: &'a [i64]) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Makes a delivery claimed under `token` due again after `delay`. `false` when the claim
+    /// was lost (the lease ended and another worker claimed it).
+    fn retry<'a>(
+        &'a self,
+        token: Uuid,
+        id: i64,
+        delay: Duration,
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Moves a delivery claimed under `token` to the dead letters. `false` when the claim was
+    /// lost.
+    fn dead_letter<'a>(
+        &'a self,
+        token: Uuid,
+        id: i64,
+        reason: &'a Reason,
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Dead letters, oldest first, at most `limit`.
+    fn dead_letters(&self, limit: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>>;
+
+    /// Sends a dead letter back to its handler with attempts reset (to every handler of its
+    /// type when it had none). `false` when there is no dead letter with this id.
+    fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Deletes every dead letter; returns how many there were.
+    fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+}
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database reported an error or could not be reached.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A schema or table name is not a plain SQL identifier.
+    #[error(transparent)]
+    Identifier(#[from] IdentifierError),
+    /// A row could not be turned back into a message (corrupt headers).
+    #[error("stored row {id} is unreadable: {problem}")]
+    Corrupt {
+        /// Which row.
+        id: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// A schema name, checked to be a plain SQL identifier and always used quoted: names are never
+/// spliced into SQL unchecked.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Identifier(String);
+
+/// A name that is not a plain SQL identifier.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{name:?} is not a valid schema or table name: use 1 to 63 ASCII letters, digits and `_`, \
+     not starting with a digit"
+)]
+pub struct IdentifierError {
+    /// The name given.
+    pub name: String,
+}
+
+impl Identifier {
+    /// Checks `name` against `^[A-Za-z_][A-Za-z0-9_]*$`, at most 63 bytes.
+    pub fn new(name: impl Into<String>) -> Result<Identifier, IdentifierError> {
+        let name = name.into();
+        let mut chars = name.chars();
+        let valid_start = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        let valid_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if valid_start && valid_rest && name.len() <= 63 {
+            Ok(Identifier(name))
+        } else {
+            Err(IdentifierError { name })
+        }
+    }
+
+    /// The name as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name quoted for SQL (`"name"`); the check above leaves nothing to escape.
+    pub fn quoted(&self) -> String {
+        format!("\"{}\"", self.0)
+    }
+}
+
+impl fmt::Debug for Identifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for Identifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A duration as whole milliseconds for SQL, saturating.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Identifier;
+
+    #[test]
+    fn identifiers_are_plain_names_only() {
+        for good in ["hexeract", "_x", "Orders_2", &"a".repeat(63)] {
+            assert!(Identifier::new(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "2x",
+            "a-b",
+            "a b",
+            "a\"b",
+            "a;drop",
+            "ß",
+            &"a".repeat(64),
+        ] {
+            assert!(Identifier::new(bad).is_err(), "{bad}");
+        }
+        assert_eq!(Identifier::new("outbox").unwrap().quoted(), "\"outbox\"");
+    }
+}

@@ -1,0 +1,522 @@
+//! [`PgStore`]: the outbox on PostgreSQL.
+//!
+//! Claims use `id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED))`, which keeps its index plan
+//! where `IN (SELECT …)` flips to a sequential scan after an ANALYZE of an empty table. Finished
+//! rows are deleted, not marked, and `deliveries` leaves room on each page for the updates a
+//! claim makes (fillfactor 70).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::types::Json;
+use sqlx::{ConnectOptions, Row};
+use uuid::Uuid;
+
+use crate::dead_letter::DeadLetter;
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+use crate::store::{millis, Claimed, DeliveryStore, Identifier, Routes, StoreError};
+
+/// The schema Hexeract's tables live in unless another is given.
+pub const DEFAULT_SCHEMA: &str = "hexeract";
+
+/// The outbox, deliveries and dead letters in one PostgreSQL schema.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), hexeract::store::StoreError> {
+/// use hexeract::store::{postgres::PgStore, DeliveryStore};
+///
+/// let store = PgStore::connect("postgres://app@127.0.0.1/app").await?;
+/// store.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    schema: Identifier,
+    sql: Arc<Statements>,
+}
+
+impl PgStore {
+    /// Connects to `url` (a `postgres://` URL; TLS through `sslmode`) with a pool of 10
+    /// connections named `hexeract`, using the default schema.
+    pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let options = options
+            .application_name("hexeract")
+            .log_statements(tracing::log::LevelFilter::Trace);
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .connect_with(options)
+            .await?;
+        PgStore::new(pool, DEFAULT_SCHEMA)
+    }
+
+    /// Uses `pool`, with the tables in `schema` (created by [`migrate`](DeliveryStore::migrate)).
+    pub fn new(pool: PgPool, schema: &str) -> Result<PgStore, StoreError> {
+        let schema = Identifier::new(schema)?;
+        Ok(PgStore {
+            sql: Arc::new(Statements::new(&schema)),
+            pool,
+            schema,
+        })
+    }
+
+    /// The connection pool, for the application's own queries and transactions.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The schema the tables live in.
+    pub fn schema(&self) -> &Identifier {
+        &self.schema
+    }
+}
+
+impl fmt::Debug for PgStore {
+    // The pool's options hold the password: never print them.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Writes `envelopes` to the outbox of `schema` on `conn`, inside whatever transaction `conn`
+/// is in. What [`outbox::enqueue`](crate::outbox::enqueue) does on PostgreSQL.
+pub async fn insert_outbox(
+    conn: &mut PgConnection,
+    schema: &Identifier,
+    envelopes: &[Envelope],
+) -> Result<(), StoreError> {
+    if envelopes.is_empty() {
+        return Ok(());
+    }
+    let columns = OutboxColumns::from(envelopes);
+    sqlx::query(&Statements::insert_outbox(schema))
+        .bind(columns.ids)
+        .bind(columns.types)
+        .bind(columns.payloads)
+        .bind(columns.headers)
+        .bind(columns.correlation_ids)
+        .bind(columns.causation_ids)
+        .bind(columns.created_at)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Envelopes as column arrays, for one `INSERT … SELECT FROM UNNEST(…)`.
+struct OutboxColumns {
+    ids: Vec<Uuid>,
+    types: Vec<String>,
+    payloads: Vec<Vec<u8>>,
+    headers: Vec<Json<BTreeMap<String, String>>>,
+    correlation_ids: Vec<Option<Uuid>>,
+    causation_ids: Vec<Option<Uuid>>,
+    created_at: Vec<DateTime<Utc>>,
+}
+
+impl From<&[Envelope]> for OutboxColumns {
+    fn from(envelopes: &[Envelope]) -> OutboxColumns {
+        OutboxColumns {
+            ids: envelopes.iter().map(|e| e.id).collect(),
+            types: envelopes.iter().map(|e| e.message_type.clone()).collect(),
+            payloads: envelopes.iter().map(|e| e.payload.to_vec()).collect(),
+            headers: envelopes.iter().map(|e| Json(e.headers.clone())).collect(),
+            correlation_ids: envelopes.iter().map(|e| e.correlation_id).collect(),
+            causation_ids: envelopes.iter().map(|e| e.causation_id).collect(),
+            created_at: envelopes.iter().map(|e| e.created_at).collect(),
+        }
+    }
+}
+
+/// Every statement, with the schema name quoted in once.
+struct Statements {
+    expand: String,
+    claim: String,
+    ack: String,
+    retry: String,
+    dead_letter: String,
+    dead_letters: String,
+    replay: String,
+    purge: String,
+}
+
+/// The columns a delivery and a dead letter share with the outbox row they come from.
+const MESSAGE_COLUMNS: &str = "message_type, payload, headers, correlation_id, causation_id, \
+                               aggregate, aggregate_key, created_at";
+
+impl Statements {
+    fn new(schema: &Identifier) -> Statements {
+        let s = schema.quoted();
+        let m = MESSAGE_COLUMNS;
+        Statements {
+            expand: format!(
+                "WITH fresh AS (
+                     DELETE FROM {s}.outbox
+                     WHERE id = ANY(ARRAY(
+                         SELECT id FROM {s}.outbox ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED))
+                     RETURNING *
+                 ), routed AS (
+                     SELECT f.*, r.handler
+                     FROM fresh f
+                     JOIN UNNEST($1::text[], $2::text[]) AS r(message_type, handler)
+                       ON r.message_type = f.message_type
+                     UNION ALL
+                     SELECT f.*, '' FROM fresh f WHERE f.message_type <> ALL($1::text[])
+                 )
+                 INSERT INTO {s}.deliveries (message_id, handler, {m})
+                 SELECT id, handler, {m} FROM routed
+                 ON CONFLICT (message_id, handler) DO NOTHING"
+            ),
+            claim: format!(
+                "UPDATE {s}.deliveries
+                 SET attempts = attempts + 1,
+                     lease_owner = $1,
+                     available_at = now() + $2::bigint * interval '1 millisecond'
+                 WHERE id = ANY(ARRAY(
+                     SELECT id FROM {s}.deliveries
+                     WHERE available_at <= now()
+                     ORDER BY available_at
+                     LIMIT $3
+                     FOR UPDATE SKIP LOCKED))
+                 RETURNING id, message_id, handler, attempts, {m}"
+            ),
+            ack: format!("DELETE FROM {s}.deliveries WHERE id = ANY($1) AND lease_owner = $2"),
+            retry: format!(
+                "UPDATE {s}.deliveries
+                 SET available_at = now() + $3::bigint * interval '1 millisecond',
+                     lease_owner = NULL,
+                     last_error = $4
+                 WHERE id = $1 AND lease_owner = $2"
+            ),
+            dead_letter: format!(
+                "WITH gone AS (
+                     DELETE FROM {s}.deliveries WHERE id = $1 AND lease_owner = $2 RETURNING *
+                 )
+                 INSERT INTO {s}.dead_letters
+                     (id, message_id, handler, reason, detail, attempts, {m})
+                 SELECT $3, message_id, NULLIF(handler, ''), $4, $5, attempts, {m} FROM gone"
+            ),
+            dead_letters: format!(
+                "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
+                 FROM {s}.dead_letters
+                 ORDER BY dead_lettered_at, id
+                 LIMIT $1"
+            ),
+            replay: format!(
+                "WITH gone AS (
+                     DELETE FROM {s}.dead_letters WHERE id = $1 RETURNING *
+                 ), to_handler AS (
+                     INSERT INTO {s}.deliveries (message_id, handler, {m})
+                     SELECT message_id, handler, {m} FROM gone WHERE handler IS NOT NULL
+                     ON CONFLICT (message_id, handler) DO NOTHING
+                 ), to_outbox AS (
+                     INSERT INTO {s}.outbox (id, {m})
+                     SELECT message_id, {m} FROM gone WHERE handler IS NULL
+                     ON CONFLICT (id) DO NOTHING
+                 )
+                 SELECT count(*) FROM gone"
+            ),
+            purge: format!("DELETE FROM {s}.dead_letters"),
+        }
+    }
+
+    fn insert_outbox(schema: &Identifier) -> String {
+        let s = schema.quoted();
+        format!(
+            "INSERT INTO {s}.outbox
+                 (id, message_type, payload, headers, correlation_id, causation_id, created_at)
+             SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[],
+                                  $6::uuid[], $7::timestamptz[])"
+        )
+    }
+
+    /// Version 1 of the schema.
+    fn schema_v1(schema: &Identifier) -> String {
+        let s = schema.quoted();
+        format!(
+            "CREATE TABLE {s}.outbox (
+                 id uuid PRIMARY KEY,
+                 message_type text NOT NULL,
+                 payload bytea NOT NULL,
+                 headers jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+                 correlation_id uuid,
+                 causation_id uuid,
+                 -- For an ordered relay (Kafka): the aggregate and its id, when the message has one.
+                 aggregate text,
+                 aggregate_key text,
+                 created_at timestamptz NOT NULL DEFAULT now()
+             ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+
+             CREATE TABLE {s}.deliveries (
+                 id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                 message_id uuid NOT NULL,
+                 -- '' when no handler knew the message type at expansion.
+                 handler text NOT NULL,
+                 attempts integer NOT NULL DEFAULT 0,
+                 -- Due time; a claim moves it to the end of the lease.
+                 available_at timestamptz NOT NULL DEFAULT now(),
+                 -- The claim token of the worker holding it, if any.
+                 lease_owner uuid,
+                 last_error text,
+                 message_type text NOT NULL,
+                 payload bytea NOT NULL,
+                 headers jsonb NOT NULL,
+                 correlation_id uuid,
+                 causation_id uuid,
+                 aggregate text,
+                 aggregate_key text,
+                 created_at timestamptz NOT NULL,
+                 UNIQUE (message_id, handler)
+             ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01,
+                     autovacuum_vacuum_threshold = 1000);
+             CREATE INDEX deliveries_due ON {s}.deliveries (available_at);
+
+             CREATE TABLE {s}.dead_letters (
+                 id uuid PRIMARY KEY,
+                 message_id uuid NOT NULL,
+                 handler text,
+                 reason text NOT NULL,
+                 detail text NOT NULL,
+                 attempts integer NOT NULL,
+                 dead_lettered_at timestamptz NOT NULL DEFAULT now(),
+                 message_type text NOT NULL,
+                 payload bytea NOT NULL,
+                 headers jsonb NOT NULL,
+                 correlation_id uuid,
+                 causation_id uuid,
+                 aggregate text,
+                 aggregate_key text,
+                 -- When the message was published: its first sight.
+                 created_at timestamptz NOT NULL
+             );
+             CREATE INDEX dead_letters_by_time ON {s}.dead_letters (dead_lettered_at, id);
+
+             CREATE TABLE {s}.inbox (
+                 handler text NOT NULL,
+                 message_id uuid NOT NULL,
+                 processed_at timestamptz NOT NULL DEFAULT now(),
+                 PRIMARY KEY (handler, message_id)
+             );"
+        )
+    }
+}
+
+/// Creates or upgrades the schema on `conn`, which is in a transaction.
+async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), StoreError> {
+    let s = schema.quoted();
+    let lock_key = format!("hexeract.migrate.{schema}");
+    let bootstrap = format!(
+        "CREATE SCHEMA IF NOT EXISTS {s};
+         CREATE TABLE IF NOT EXISTS {s}.schema_versions (
+             version integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );"
+    );
+    let current_version = format!("SELECT max(version) FROM {s}.schema_versions");
+    let v1 = Statements::schema_v1(schema);
+    let record_v1 = format!("INSERT INTO {s}.schema_versions (version) VALUES (1)");
+
+    // Several processes may start at once: one migrates, the others wait for its transaction
+    // and then find the new version.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(lock_key)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&bootstrap)).await?;
+    let current: Option<i32> = sqlx::query_scalar(&current_version)
+        .fetch_one(&mut *conn)
+        .await?;
+    if current.unwrap_or(0) < 1 {
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v1)).await?;
+        sqlx::query(&record_v1).execute(&mut *conn).await?;
+        tracing::info!(%schema, "outbox schema created (version 1)");
+    }
+    Ok(())
+}
+
+/// Reads a message out of a `deliveries` or `dead_letters` row.
+fn envelope_from_row(row: &PgRow, attempts: i32) -> Result<Envelope, StoreError> {
+    let headers: Json<BTreeMap<String, String>> = row.try_get("headers")?;
+    let mut envelope = Envelope::from_raw(
+        row.try_get::<String, _>("message_type")?,
+        Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
+    );
+    envelope.id = row.try_get("message_id")?;
+    envelope.headers = headers.0;
+    envelope.correlation_id = row.try_get("correlation_id")?;
+    envelope.causation_id = row.try_get("causation_id")?;
+    envelope.created_at = row.try_get("created_at")?;
+    envelope.attempt = u32::try_from(attempts).unwrap_or(0);
+    Ok(envelope)
+}
+
+fn limit(value: u32) -> i64 {
+    i64::from(value)
+}
+
+impl DeliveryStore for PgStore {
+    fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.pool.begin().await?;
+            migrate_in(&mut tx, &self.schema).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn publish(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            insert_outbox(&mut conn, &self.schema, &envelopes).await
+        })
+    }
+
+    fn expand<'a>(
+        &'a self,
+        routes: &'a Routes,
+        limit_rows: u32,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (types, handlers): (Vec<&str>, Vec<&str>) = routes
+                .pairs
+                .iter()
+                .map(|(message_type, handler)| (message_type.as_str(), handler.as_str()))
+                .unzip();
+            let done = sqlx::query(&self.sql.expand)
+                .bind(types)
+                .bind(handlers)
+                .bind(limit(limit_rows))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn claim(
+        &self,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<Claimed>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql.claim)
+                .bind(token)
+                .bind(millis(lease))
+                .bind(limit(limit_rows))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(Claimed {
+                        id: row.try_get("id")?,
+                        handler: row.try_get("handler")?,
+                        envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn ack<'a>(&'a self, token: Uuid, ids: &'a [i64]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let done = sqlx::query(&self.sql.ack)
+                .bind(ids)
+                .bind(token)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn retry<'a>(
+        &'a self,
+        token: Uuid,
+        id: i64,
+        delay: Duration,
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.sql.retry)
+                .bind(id)
+                .bind(token)
+                .bind(millis(delay))
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn dead_letter<'a>(
+        &'a self,
+        token: Uuid,
+        id: i64,
+        reason: &'a Reason,
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.sql.dead_letter)
+                .bind(id)
+                .bind(token)
+                .bind(Uuid::now_v7())
+                .bind(reason.as_str())
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn dead_letters(&self, limit_rows: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql.dead_letters)
+                .bind(limit(limit_rows))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let attempts: i32 = row.try_get("attempts")?;
+                    Ok(DeadLetter {
+                        id: row.try_get("id")?,
+                        envelope: envelope_from_row(row, attempts)?,
+                        handler: row.try_get("handler")?,
+                        reason: Reason::from(row.try_get::<String, _>("reason")?),
+                        detail: row.try_get("detail")?,
+                        attempts: u32::try_from(attempts).unwrap_or(0),
+                        dead_lettered_at: row.try_get("dead_lettered_at")?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let replayed: i64 = sqlx::query_scalar(&self.sql.replay)
+                .bind(id)
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(replayed == 1)
+        })
+    }
+
+    fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;
+            Ok(done.rows_affected())
+        })
+    }
+}
