@@ -1,0 +1,516 @@
+//! The outbox on a real PostgreSQL: migrations, enqueue in the caller's transaction, claims
+//! under a lease, settling, dead letters, and workers end to end.
+//!
+//! Needs PostgreSQL at `TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
+//! Each test works in a schema of its own, dropped at the end, so tests run in parallel.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hexeract::outbox::OutboxWorker;
+use hexeract::store::postgres::PgStore;
+use hexeract::store::{DeliveryStore, Routes, NO_HANDLER};
+use hexeract::{
+    CancellationToken, Context, Envelope, Handler, HandlerOptions, HandlerOutcome, Message, Reason,
+    Registry,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+use uuid::Uuid;
+
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// A pool on the test database and a fresh schema name; the schema is dropped on drop.
+struct TestDb {
+    pool: PgPool,
+    schema: String,
+}
+
+impl TestDb {
+    async fn new() -> TestDb {
+        let url = std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let options: PgConnectOptions =
+            url.parse().expect("TEST_DATABASE_URL is a postgres:// URL");
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(
+                options
+                    .application_name("hexeract-tests")
+                    .disable_statement_logging(),
+            )
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot reach PostgreSQL ({error}); start it, or set TEST_DATABASE_URL to a \
+                     database these tests may create schemas in"
+                )
+            });
+        let schema = format!("t_{}", Uuid::now_v7().simple());
+        TestDb { pool, schema }
+    }
+
+    async fn store(&self) -> PgStore {
+        let store = PgStore::new(self.pool.clone(), &self.schema).expect("valid schema name");
+        store.migrate().await.expect("migrate");
+        store
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM \"{}\".{table}", self.schema))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn drop_schema(self) {
+        sqlx::query(&format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.schema
+        ))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "test.OrderPlaced")]
+struct OrderPlaced {
+    order_id: u32,
+}
+
+fn routes(pairs: &[(&str, &str)]) -> Routes {
+    Routes {
+        pairs: pairs
+            .iter()
+            .map(|(t, h)| ((*t).to_owned(), (*h).to_owned()))
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn migrating_twice_and_concurrently_is_harmless() {
+    let db = TestDb::new().await;
+    let store = PgStore::new(db.pool.clone(), &db.schema).unwrap();
+    let (a, b, c) = tokio::join!(store.migrate(), store.migrate(), store.migrate());
+    a.unwrap();
+    b.unwrap();
+    c.unwrap();
+    store.migrate().await.unwrap();
+    assert_eq!(db.count("schema_versions").await, 1);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn enqueue_joins_the_callers_transaction() {
+    let db = TestDb::new().await;
+    db.store().await;
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let envelope = Envelope::new(&OrderPlaced { order_id: 1 }).unwrap();
+    hexeract::outbox::enqueue_envelopes(&mut tx, &db.schema, &[envelope])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        db.count("outbox").await,
+        0,
+        "a rollback leaves nothing behind"
+    );
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let batch: Vec<Envelope> = (0..3)
+        .map(|n| {
+            Envelope::new(&OrderPlaced { order_id: n })
+                .unwrap()
+                .with_header("traceparent", "00-abc-def-01")
+        })
+        .collect();
+    hexeract::outbox::enqueue_envelopes(&mut tx, &db.schema, &batch)
+        .await
+        .unwrap();
+    assert_eq!(db.count("outbox").await, 0, "not visible before commit");
+    tx.commit().await.unwrap();
+    assert_eq!(db.count("outbox").await, 3);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let known = Envelope::new(&OrderPlaced { order_id: 1 }).unwrap();
+    let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
+    store
+        .publish(vec![known.clone(), unknown.clone()])
+        .await
+        .unwrap();
+
+    let created = store
+        .expand(
+            &routes(&[("test.OrderPlaced", "a"), ("test.OrderPlaced", "b")]),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(created, 3);
+    assert_eq!(
+        db.count("outbox").await,
+        0,
+        "expanded rows leave the outbox"
+    );
+
+    let claimed = store
+        .claim(Uuid::now_v7(), 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut seen: Vec<(String, Uuid)> = claimed
+        .iter()
+        .map(|c| (c.handler.clone(), c.envelope.id))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (NO_HANDLER.to_owned(), unknown.id),
+            ("a".to_owned(), known.id),
+            ("b".to_owned(), known.id)
+        ]
+    );
+    assert!(claimed.iter().all(|c| c.envelope.attempt == 1));
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_claim_hides_rows_until_its_lease_ends_and_settling_needs_the_claim() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let envelope = Envelope::new(&OrderPlaced { order_id: 9 })
+        .unwrap()
+        .with_header("k", "v");
+    store.publish(vec![envelope.clone()]).await.unwrap();
+    store
+        .expand(&routes(&[("test.OrderPlaced", "h")]), 10)
+        .await
+        .unwrap();
+
+    let first = Uuid::now_v7();
+    let claimed = store
+        .claim(first, 10, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let delivery = &claimed[0];
+    assert_eq!(delivery.envelope.attempt, 1);
+    assert_eq!(delivery.envelope.payload, envelope.payload);
+    assert_eq!(delivery.envelope.header("k"), Some("v"));
+
+    let second = Uuid::now_v7();
+    assert!(store
+        .claim(second, 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.ack(second, &[delivery.id]).await.unwrap(),
+        0,
+        "not second's claim"
+    );
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let reclaimed = store
+        .claim(second, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        reclaimed.len(),
+        1,
+        "the lease ended: the delivery is due again"
+    );
+    assert_eq!(
+        reclaimed[0].envelope.attempt, 2,
+        "attempts are counted at claim"
+    );
+
+    // The first worker comes back too late: none of its settlements land.
+    assert_eq!(store.ack(first, &[delivery.id]).await.unwrap(), 0);
+    assert!(!store
+        .retry(first, delivery.id, Duration::ZERO, "late")
+        .await
+        .unwrap());
+    assert!(!store
+        .dead_letter(first, delivery.id, &Reason::HANDLER_REJECTED, "late")
+        .await
+        .unwrap());
+    assert_eq!(store.ack(second, &[delivery.id]).await.unwrap(), 1);
+    assert_eq!(db.count("deliveries").await, 0);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let envelope = Envelope::from_raw("test.OrderPlaced", &b"not json"[..]).with_header("k", "v");
+    let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
+    store
+        .publish(vec![envelope.clone(), unknown.clone()])
+        .await
+        .unwrap();
+    store
+        .expand(&routes(&[("test.OrderPlaced", "h")]), 10)
+        .await
+        .unwrap();
+    let token = Uuid::now_v7();
+    let claimed = store
+        .claim(token, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    for delivery in &claimed {
+        assert!(store
+            .dead_letter(
+                token,
+                delivery.id,
+                &Reason::PAYLOAD_INVALID,
+                &"x".repeat(10_000)
+            )
+            .await
+            .unwrap());
+    }
+    let dead = store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 2);
+    let letter = dead.iter().find(|d| d.envelope.id == envelope.id).unwrap();
+    assert_eq!(letter.reason, Reason::PAYLOAD_INVALID);
+    assert_eq!(letter.handler.as_deref(), Some("h"));
+    assert_eq!(letter.attempts, 1);
+    assert_eq!(&letter.envelope.payload[..], b"not json");
+    assert_eq!(letter.envelope.header("k"), Some("v"));
+    assert!(letter.detail.len() < 5_000, "detail is truncated");
+    let orphan = dead.iter().find(|d| d.envelope.id == unknown.id).unwrap();
+    assert_eq!(orphan.handler, None);
+
+    assert!(store.replay_dead_letter(letter.id).await.unwrap());
+    assert!(
+        !store.replay_dead_letter(letter.id).await.unwrap(),
+        "replays once"
+    );
+    assert!(store.replay_dead_letter(orphan.id).await.unwrap());
+    assert_eq!(db.count("deliveries").await, 1, "back to its handler");
+    assert_eq!(
+        db.count("outbox").await,
+        1,
+        "no handler: back to the outbox to be routed again"
+    );
+    let again = store
+        .claim(token, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again[0].envelope.attempt, 1, "attempts start over");
+
+    store
+        .publish(vec![Envelope::from_raw("x", &b"{}"[..])])
+        .await
+        .unwrap();
+    assert_eq!(store.purge_dead_letters().await.unwrap(), 0);
+    db.drop_schema().await;
+}
+
+// --- workers end to end ---
+
+/// Records every call: (order id, handler, attempt).
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<(u32, &'static str, u32)>>>);
+
+struct Confirm(Calls);
+
+impl Handler<OrderPlaced> for Confirm {
+    type Output = Result<(), String>;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push((order.order_id, "confirm", ctx.attempt()));
+        Ok(())
+    }
+}
+
+/// Fails the first call of every even order.
+struct Reserve(Calls);
+
+impl Handler<OrderPlaced> for Reserve {
+    type Output = Result<(), String>;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push((order.order_id, "reserve", ctx.attempt()));
+        if order.order_id % 2 == 0 && ctx.attempt() == 1 {
+            return Err("warehouse unavailable".into());
+        }
+        Ok(())
+    }
+}
+
+fn worker(store: PgStore, calls: &Calls, max_deliveries: u32) -> OutboxWorker {
+    OutboxWorker::builder(store)
+        .registry(Registry::new())
+        .register_handler_with::<OrderPlaced, _>(
+            Confirm(calls.clone()),
+            HandlerOptions::new().name("confirm"),
+        )
+        .register_handler_with::<OrderPlaced, _>(
+            Reserve(calls.clone()),
+            HandlerOptions::new().name("reserve"),
+        )
+        .retry_delays(Duration::from_millis(10), Duration::from_millis(50))
+        .poll_interval(Duration::from_millis(20))
+        .max_deliveries(max_deliveries)
+        .batch_size(50)
+        .build()
+        .expect("worker builds")
+}
+
+/// Polls until the schema holds no delivery and no outbox row, or fails after 60 s.
+async fn drained(db: &TestDb) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if db.count("outbox").await == 0 && db.count("deliveries").await == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the outbox did not drain within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_deliver_every_message_to_every_handler_with_independent_retries() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let events = 2_000u32;
+    for chunk in (0..events).collect::<Vec<_>>().chunks(500) {
+        let batch = chunk
+            .iter()
+            .map(|n| Envelope::new(&OrderPlaced { order_id: *n }).unwrap())
+            .collect();
+        store.publish(batch).await.unwrap();
+    }
+
+    let calls = Calls::default();
+    let cancel = CancellationToken::new();
+    let workers: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(worker(store.clone(), &calls, 5).run(cancel.clone())))
+        .collect();
+    drained(&db).await;
+    cancel.cancel();
+    for worker in workers {
+        worker.await.unwrap().expect("run returns Ok(()) on cancel");
+    }
+
+    let calls = calls.0.lock().unwrap().clone();
+    let mut per_pair: HashMap<(u32, &str), Vec<u32>> = HashMap::new();
+    for (order, handler, attempt) in &calls {
+        per_pair
+            .entry((*order, *handler))
+            .or_default()
+            .push(*attempt);
+    }
+    assert_eq!(
+        per_pair.len(),
+        2 * events as usize,
+        "every (event, handler) handled, none lost"
+    );
+    for order in 0..events {
+        let confirm = &per_pair[&(order, "confirm")];
+        assert_eq!(confirm[0], 1);
+        let reserve = &per_pair[&(order, "reserve")];
+        if order % 2 == 0 {
+            assert!(
+                reserve.contains(&2),
+                "order {order}: reserve retried: {reserve:?}"
+            );
+            assert_eq!(
+                confirm.len(),
+                1,
+                "order {order}: a retry of reserve must not re-run confirm"
+            );
+        }
+    }
+    let duplicates = calls.len() - (2 * events as usize + events as usize / 2);
+    println!("calls={} duplicates={duplicates}", calls.len());
+    assert_eq!(db.count("dead_letters").await, 0);
+    db.drop_schema().await;
+}
+
+struct AlwaysFails(Arc<AtomicU32>);
+
+impl Handler<OrderPlaced> for AlwaysFails {
+    type Output = HandlerOutcome;
+    async fn handle(&self, order: OrderPlaced, _ctx: &Context) -> Self::Output {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        if order.order_id == 666 {
+            panic!("cursed order");
+        }
+        HandlerOutcome::retry("still failing")
+    }
+}
+
+#[tokio::test]
+async fn bad_input_and_failing_handlers_end_in_dead_letters_with_their_reasons() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    store
+        .publish(vec![
+            Envelope::new(&OrderPlaced { order_id: 1 }).unwrap(),
+            Envelope::new(&OrderPlaced { order_id: 666 }).unwrap(),
+            Envelope::from_raw("test.OrderPlaced", &b"{broken"[..]),
+            Envelope::from_raw("test.Nobody", &b"{}"[..]),
+        ])
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let worker = OutboxWorker::builder(store.clone())
+        .registry(Registry::new())
+        .register_handler_with::<OrderPlaced, _>(
+            AlwaysFails(calls.clone()),
+            HandlerOptions::new().name("fails"),
+        )
+        .retry_delays(Duration::from_millis(5), Duration::from_millis(20))
+        .poll_interval(Duration::from_millis(10))
+        .max_deliveries(3)
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    drained(&db).await;
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        6,
+        "3 calls each for the two decodable orders"
+    );
+    let dead = store.dead_letters(10).await.unwrap();
+    let mut reasons: Vec<(String, u32)> = dead
+        .iter()
+        .map(|d| (d.reason.to_string(), d.attempts))
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            ("handler_panicked".to_owned(), 3),
+            ("max_deliveries_exceeded".to_owned(), 3),
+            ("payload_invalid".to_owned(), 1),
+            ("unknown_message_type".to_owned(), 3),
+        ]
+    );
+    db.drop_schema().await;
+}
