@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 
+mod outbox;
+
 use hexeract::{
     handler, CancellationToken, Context, Envelope, InMemoryStore, Message, Registry, Runtime,
 };
@@ -78,13 +80,16 @@ fn main() {
     if wanted("dispatch") {
         report("dispatch", dispatch(400_000 * scale));
     }
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     if wanted("in_process") {
-        let multi = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
         report("in_process", multi.block_on(in_process(20_000 * scale)));
+    }
+    if wanted("outbox_drain") {
+        multi.block_on(outbox::drain(10_000 * scale));
     }
 }
 

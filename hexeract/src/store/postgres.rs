@@ -78,6 +78,13 @@ impl PgStore {
     pub fn schema(&self) -> &Identifier {
         &self.schema
     }
+
+    /// The expand, claim and ack statements, so that a benchmark's raw-sqlx baseline runs
+    /// exactly the SQL the worker runs. Not a stable interface.
+    #[doc(hidden)]
+    pub fn statements_for_benchmarks(&self) -> [&str; 3] {
+        [&self.sql.expand, &self.sql.claim, &self.sql.ack]
+    }
 }
 
 impl fmt::Debug for PgStore {

@@ -1,0 +1,232 @@
+//! Outbox drain on PostgreSQL: the worker against a raw sqlx loop running the same statements
+//! with the same batch size, in alternating pairs, beside the single-statement drain rate that
+//! bounds both.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hexeract::outbox::OutboxWorker;
+use hexeract::store::postgres::PgStore;
+use hexeract::store::DeliveryStore;
+use hexeract::{CancellationToken, Context, Envelope, Handler, HandlerOptions, Message, Registry};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool, Row};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const BATCH: u32 = 100;
+const PAIRS: usize = 3;
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "bench.ItemShipped")]
+struct ItemShipped {
+    order_id: u64,
+    sku: String,
+    quantity: u32,
+}
+
+/// The no-op handler: counts, and says when the last expected message arrived.
+struct Count {
+    seen: Arc<AtomicU64>,
+    expected: u64,
+    done: Arc<Notify>,
+}
+
+impl Handler<ItemShipped> for Count {
+    type Output = Result<(), std::convert::Infallible>;
+    async fn handle(&self, item: ItemShipped, _ctx: &Context) -> Self::Output {
+        black_box(&item);
+        if self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.expected {
+            self.done.notify_one();
+        }
+        Ok(())
+    }
+}
+
+pub(crate) async fn connect() -> PgPool {
+    let url = std::env::var("BENCH_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+    let options: PgConnectOptions = url
+        .parse()
+        .expect("BENCH_DATABASE_URL is a postgres:// URL");
+    PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(
+            options
+                .application_name("hexeract-bench")
+                .disable_statement_logging(),
+        )
+        .await
+        .unwrap_or_else(|error| {
+            panic!("cannot reach PostgreSQL ({error}); start it or set BENCH_DATABASE_URL")
+        })
+}
+
+/// A migrated schema of its own holding `events` outbox rows.
+async fn filled(pool: &PgPool, events: u64) -> PgStore {
+    let schema = format!("bench_{}", Uuid::now_v7().simple());
+    let store = PgStore::new(pool.clone(), &schema).expect("schema name");
+    store.migrate().await.expect("migrate");
+    let mut next = 0;
+    while next < events {
+        let batch: Vec<Envelope> = (next..events.min(next + 1_000))
+            .map(|order_id| {
+                Envelope::new(&ItemShipped {
+                    order_id,
+                    sku: "SKU-0042".into(),
+                    quantity: 3,
+                })
+                .expect("encode")
+            })
+            .collect();
+        next += batch.len() as u64;
+        store.publish(batch).await.expect("fill");
+    }
+    // Fresh statistics, as a table that has been in use would have.
+    sqlx::query(&format!("ANALYZE \"{schema}\".outbox"))
+        .execute(pool)
+        .await
+        .expect("analyze");
+    store
+}
+
+async fn drop_schema(pool: &PgPool, store: &PgStore) {
+    sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", store.schema()))
+        .execute(pool)
+        .await
+        .expect("drop schema");
+}
+
+async fn run_worker(store: PgStore, events: u64) -> Duration {
+    let seen = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(Notify::new());
+    let worker = OutboxWorker::builder(store)
+        .registry(Registry::new())
+        .register_handler_with::<ItemShipped, _>(
+            Count {
+                seen: seen.clone(),
+                expected: events,
+                done: done.clone(),
+            },
+            HandlerOptions::new().name("bench.count"),
+        )
+        .batch_size(BATCH)
+        .build()
+        .expect("worker");
+    let cancel = CancellationToken::new();
+    let started = Instant::now();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    done.notified().await;
+    let elapsed = started.elapsed();
+    cancel.cancel();
+    running.await.expect("join").expect("run");
+    elapsed
+}
+
+/// The worker's cycle by hand: expand, claim, decode and call, ack: same statements, same batch.
+async fn run_baseline(pool: &PgPool, store: &PgStore, events: u64) -> Duration {
+    let [expand, claim, ack] = store.statements_for_benchmarks();
+    let (types, handlers) = (vec!["bench.ItemShipped"], vec!["bench.count"]);
+    let mut handled = 0u64;
+    let started = Instant::now();
+    while handled < events {
+        sqlx::query(expand)
+            .bind(&types)
+            .bind(&handlers)
+            .bind(i64::from(BATCH))
+            .execute(pool)
+            .await
+            .expect("expand");
+        let token = Uuid::now_v7();
+        let rows = sqlx::query(claim)
+            .bind(token)
+            .bind(30_000_i64)
+            .bind(i64::from(BATCH))
+            .fetch_all(pool)
+            .await
+            .expect("claim");
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows {
+            let payload: Vec<u8> = row.get("payload");
+            let item: ItemShipped = serde_json::from_slice(&payload).expect("decode");
+            black_box(item);
+            ids.push(row.get::<i64, _>("id"));
+        }
+        handled += ids.len() as u64;
+        sqlx::query(ack)
+            .bind(&ids)
+            .bind(token)
+            .execute(pool)
+            .await
+            .expect("ack");
+    }
+    started.elapsed()
+}
+
+/// The fastest a queue table drains: one `DELETE … SKIP LOCKED … RETURNING` per batch.
+async fn run_physical_limit(pool: &PgPool, store: &PgStore, events: u64) -> Duration {
+    let sql = format!(
+        "DELETE FROM {s}.outbox WHERE id = ANY(ARRAY(
+             SELECT id FROM {s}.outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED))
+         RETURNING payload",
+        s = store.schema().quoted()
+    );
+    let mut handled = 0u64;
+    let started = Instant::now();
+    while handled < events {
+        let rows = sqlx::query(&sql)
+            .bind(i64::from(BATCH))
+            .fetch_all(pool)
+            .await
+            .expect("drain");
+        for row in &rows {
+            let payload: Vec<u8> = row.get("payload");
+            black_box(serde_json::from_slice::<ItemShipped>(&payload).expect("decode"));
+        }
+        handled += rows.len() as u64;
+    }
+    started.elapsed()
+}
+
+fn rate(events: u64, elapsed: Duration) -> f64 {
+    events as f64 / elapsed.as_secs_f64()
+}
+
+/// Prints the `outbox_drain` lines.
+pub(crate) async fn drain(events: u64) {
+    let pool = connect().await;
+    let mut hexeract = Vec::new();
+    let mut baseline = Vec::new();
+    for _ in 0..PAIRS {
+        let store = filled(&pool, events).await;
+        hexeract.push(rate(events, run_worker(store.clone(), events).await));
+        drop_schema(&pool, &store).await;
+
+        let store = filled(&pool, events).await;
+        baseline.push(rate(events, run_baseline(&pool, &store, events).await));
+        drop_schema(&pool, &store).await;
+    }
+    let store = filled(&pool, events).await;
+    let limit = rate(events, run_physical_limit(&pool, &store, events).await);
+    drop_schema(&pool, &store).await;
+
+    let mut ratios: Vec<f64> = hexeract.iter().zip(&baseline).map(|(h, b)| h / b).collect();
+    ratios.sort_by(f64::total_cmp);
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    println!(
+        "scenario=outbox_drain hexeract={:.0} baseline={:.0} ratio={:.3}",
+        median(hexeract),
+        median(baseline),
+        ratios[ratios.len() / 2]
+    );
+    println!(
+        "scenario=outbox_drain ratio_min={:.3} ratio_max={:.3} pairs={PAIRS} events={events} batch={BATCH} physical_limit={limit:.0}",
+        ratios[0],
+        ratios[ratios.len() - 1],
+    );
+}
