@@ -68,6 +68,19 @@ impl OutboxTransaction for sqlx::Transaction<'_, sqlx::Postgres> {
     }
 }
 
+#[cfg(feature = "sqlite")]
+impl OutboxTransaction for sqlx::Transaction<'_, sqlx::Sqlite> {
+    fn insert_envelopes<'a>(
+        &'a mut self,
+        namespace: &'a Identifier,
+        envelopes: &'a [Envelope],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(crate::store::sqlite::insert_outbox(
+            self, namespace, envelopes,
+        ))
+    }
+}
+
 /// Writes `message` to the outbox inside the caller's transaction (PostgreSQL or SQLite).
 /// Nothing is visible to workers until the transaction commits; a rollback leaves nothing
 /// behind. Returns the message id.

@@ -25,6 +25,8 @@ use crate::reason::Reason;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 /// The handler name a delivery gets when no handler knows its message type: it follows the
 /// retry policy and is then dead-lettered as `unknown_message_type`.

@@ -1,0 +1,639 @@
+//! [`SqliteStore`]: the outbox in a SQLite file, the embedded default.
+//!
+//! SQLite has one writer at a time and no `SKIP LOCKED`: this store is for one process (any
+//! number of workers in it). Every claim and settlement is a single statement or one
+//! `BEGIN IMMEDIATE` transaction, so each is atomic and takes the write lock before it reads;
+//! other writers wait for it (the busy timeout, 5 s) instead of failing with `SQLITE_BUSY`.
+//!
+//! The tables are those of the PostgreSQL store with a name prefix instead of a schema
+//! (`hexeract_outbox`, `hexeract_deliveries`, …), as `STRICT` tables. Ids are hyphenated UUID
+//! text. Due times and record times (`available_at`, `dead_lettered_at`) are INTEGER
+//! milliseconds since the epoch on the application's clock, so comparisons and `now + lease`
+//! are exact; a message's own `created_at` is RFC 3339 text, kept as published.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
+};
+use sqlx::types::Json;
+use sqlx::{ConnectOptions, Connection, Row};
+use uuid::fmt::Hyphenated;
+use uuid::Uuid;
+
+use crate::dead_letter::DeadLetter;
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+use crate::store::{millis, Claimed, DeliveryStore, Identifier, Routes, StoreError};
+
+/// The prefix of Hexeract's table names unless another is given.
+pub const DEFAULT_PREFIX: &str = "hexeract";
+
+/// The outbox, deliveries and dead letters in one SQLite database, in tables named
+/// `<prefix>_outbox`, `<prefix>_deliveries`, `<prefix>_dead_letters`, ….
+///
+/// ```no_run
+/// # async fn example() -> Result<(), hexeract::store::StoreError> {
+/// use hexeract::store::{sqlite::SqliteStore, DeliveryStore};
+///
+/// let store = SqliteStore::open("hexeract.db").await?;
+/// store.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    prefix: Identifier,
+    sql: Arc<Statements>,
+    /// For an in-memory database: a connection outside the pool that keeps the database alive
+    /// however the pool opens and closes its own.
+    keep_alive: Option<Arc<SqliteConnection>>,
+}
+
+impl SqliteStore {
+    /// Opens the database file at `path`, creating it if missing, with a pool of 10
+    /// connections: WAL journal, `synchronous = NORMAL`, busy timeout 5 s. Tables get the
+    /// default prefix.
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5))
+            .log_statements(tracing::log::LevelFilter::Trace);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(10)
+            .connect_with(options)
+            .await?;
+        SqliteStore::new(pool, DEFAULT_PREFIX)
+    }
+
+    /// A private in-memory database, gone when the store and its pool are dropped: for tests
+    /// and examples.
+    ///
+    /// Its pool has a single connection, so a caller holding a transaction from
+    /// [`pool`](SqliteStore::pool) must not wait for the store (or `hexeract::publish`) before
+    /// it commits.
+    pub async fn in_memory() -> Result<SqliteStore, StoreError> {
+        let options = SqliteConnectOptions::new()
+            .filename(format!("hexeract-{}", Uuid::now_v7().simple()))
+            .in_memory(true)
+            .shared_cache(true)
+            .busy_timeout(Duration::from_secs(5))
+            .log_statements(tracing::log::LevelFilter::Trace);
+        let keep_alive = options.connect().await?;
+        // One connection: shared-cache connections lock whole tables, and two transactions
+        // waiting for each other's tables fail with SQLITE_LOCKED instead of waiting.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await?;
+        let mut store = SqliteStore::new(pool, DEFAULT_PREFIX)?;
+        store.keep_alive = Some(Arc::new(keep_alive));
+        Ok(store)
+    }
+
+    /// Uses `pool`, with table names starting with `prefix` and `_` (created by
+    /// [`migrate`](DeliveryStore::migrate)).
+    pub fn new(pool: SqlitePool, prefix: &str) -> Result<SqliteStore, StoreError> {
+        let prefix = Identifier::new(prefix)?;
+        Ok(SqliteStore {
+            sql: Arc::new(Statements::new(&prefix)),
+            pool,
+            prefix,
+            keep_alive: None,
+        })
+    }
+
+    /// The connection pool, for the application's own queries and transactions.
+    ///
+    /// A transaction that reads before it writes should start with
+    /// `pool.begin_with("BEGIN IMMEDIATE")`: in WAL mode a deferred one fails with
+    /// `SQLITE_BUSY` at its first write if another connection wrote since its first read.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The prefix of the table names.
+    pub fn prefix(&self) -> &Identifier {
+        &self.prefix
+    }
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("prefix", &self.prefix)
+            .field("in_memory", &self.keep_alive.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Writes `envelopes` to the outbox of `prefix` on `conn`, inside whatever transaction `conn`
+/// is in (several envelopes in a savepoint of their own, so all or none are written). What
+/// [`outbox::enqueue`](crate::outbox::enqueue) does on SQLite.
+pub async fn insert_outbox(
+    conn: &mut SqliteConnection,
+    prefix: &Identifier,
+    envelopes: &[Envelope],
+) -> Result<(), StoreError> {
+    let sql = Statements::insert_outbox(prefix);
+    if envelopes.len() <= 1 {
+        return insert_rows(conn, &sql, envelopes).await;
+    }
+    let mut savepoint = conn.begin().await?;
+    insert_rows(&mut savepoint, &sql, envelopes).await?;
+    savepoint.commit().await?;
+    Ok(())
+}
+
+/// One prepared insert per envelope: SQLite runs in-process, so rows are cheap and a batch
+/// never meets the limit on bound parameters.
+async fn insert_rows(
+    conn: &mut SqliteConnection,
+    sql: &str,
+    envelopes: &[Envelope],
+) -> Result<(), StoreError> {
+    for envelope in envelopes {
+        sqlx::query(sql)
+            .bind(envelope.id.hyphenated())
+            .bind(envelope.message_type.as_str())
+            .bind(&envelope.payload[..])
+            .bind(Json(&envelope.headers))
+            .bind(envelope.correlation_id.map(Uuid::hyphenated))
+            .bind(envelope.causation_id.map(Uuid::hyphenated))
+            .bind(envelope.created_at)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Every statement, with the table names quoted in once.
+struct Statements {
+    insert_outbox: String,
+    expand_to_deliveries: String,
+    expand_from_outbox: String,
+    claim: String,
+    ack: String,
+    retry: String,
+    dead_letter_copy: String,
+    dead_letter_delete: String,
+    dead_letters: String,
+    replay_to_handler: String,
+    replay_to_outbox: String,
+    replay_delete: String,
+    purge: String,
+}
+
+/// The columns a delivery and a dead letter share with the outbox row they come from.
+const MESSAGE_COLUMNS: &str = "message_type, payload, headers, correlation_id, causation_id, \
+                               aggregate, aggregate_key, created_at";
+
+/// Now on SQLite's clock as INTEGER milliseconds, for column defaults.
+const NOW_MILLIS_SQL: &str = "(CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER))";
+
+/// `"<prefix>_<name>"`: the prefix is a checked identifier, so there is nothing to escape.
+fn table(prefix: &Identifier, name: &str) -> String {
+    format!("\"{prefix}_{name}\"")
+}
+
+impl Statements {
+    fn new(prefix: &Identifier) -> Statements {
+        let o = table(prefix, "outbox");
+        let d = table(prefix, "deliveries");
+        let dl = table(prefix, "dead_letters");
+        let m = MESSAGE_COLUMNS;
+        Statements {
+            insert_outbox: Statements::insert_outbox(prefix),
+            // With `expand_from_outbox`, in one `BEGIN IMMEDIATE` transaction: both see the
+            // same first rows. `?1` is the routes as a JSON array of [type, handler] pairs.
+            expand_to_deliveries: format!(
+                "INSERT INTO {d} (message_id, handler, available_at, {m})
+                 SELECT id, coalesce(route_handler, ''), ?2, {m}
+                 FROM (SELECT * FROM {o} ORDER BY id LIMIT ?3)
+                 LEFT JOIN (SELECT json_extract(value, '$[0]') AS route_type,
+                                   json_extract(value, '$[1]') AS route_handler
+                            FROM json_each(?1))
+                   ON route_type = message_type
+                 WHERE true
+                 ON CONFLICT (message_id, handler) DO NOTHING"
+            ),
+            expand_from_outbox: format!(
+                "DELETE FROM {o} WHERE id IN (SELECT id FROM {o} ORDER BY id LIMIT ?1)"
+            ),
+            // One statement, so SQLite runs it atomically under its write lock.
+            claim: format!(
+                "UPDATE {d}
+                 SET attempts = attempts + 1,
+                     lease_owner = ?1,
+                     available_at = ?3
+                 WHERE id IN (
+                     SELECT id FROM {d}
+                     WHERE available_at <= ?2
+                     ORDER BY available_at
+                     LIMIT ?4)
+                 RETURNING id, message_id, handler, attempts, {m}"
+            ),
+            ack: format!(
+                "DELETE FROM {d}
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
+            ),
+            retry: format!(
+                "UPDATE {d}
+                 SET available_at = ?3, lease_owner = NULL, last_error = ?4
+                 WHERE id = ?1 AND lease_owner = ?2"
+            ),
+            dead_letter_copy: format!(
+                "INSERT INTO {dl}
+                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
+                 SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, attempts, ?6, {m}
+                 FROM {d} WHERE id = ?1 AND lease_owner = ?2"
+            ),
+            dead_letter_delete: format!("DELETE FROM {d} WHERE id = ?1 AND lease_owner = ?2"),
+            dead_letters: format!(
+                "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
+                 FROM {dl}
+                 ORDER BY dead_lettered_at, id
+                 LIMIT ?1"
+            ),
+            replay_to_handler: format!(
+                "INSERT INTO {d} (message_id, handler, available_at, {m})
+                 SELECT message_id, handler, ?2, {m} FROM {dl}
+                 WHERE id = ?1 AND handler IS NOT NULL
+                 ON CONFLICT (message_id, handler) DO NOTHING"
+            ),
+            replay_to_outbox: format!(
+                "INSERT INTO {o} (id, {m})
+                 SELECT message_id, {m} FROM {dl}
+                 WHERE id = ?1 AND handler IS NULL
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+            replay_delete: format!("DELETE FROM {dl} WHERE id = ?1"),
+            purge: format!("DELETE FROM {dl}"),
+        }
+    }
+
+    fn insert_outbox(prefix: &Identifier) -> String {
+        let o = table(prefix, "outbox");
+        format!(
+            "INSERT INTO {o}
+                 (id, message_type, payload, headers, correlation_id, causation_id, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+        )
+    }
+
+    /// Version 1 of the schema.
+    fn schema_v1(prefix: &Identifier) -> String {
+        let o = table(prefix, "outbox");
+        let d = table(prefix, "deliveries");
+        let dl = table(prefix, "dead_letters");
+        let inbox = table(prefix, "inbox");
+        let deliveries_due = table(prefix, "deliveries_due");
+        let dead_letters_by_time = table(prefix, "dead_letters_by_time");
+        let now = NOW_MILLIS_SQL;
+        format!(
+            "CREATE TABLE {o} (
+                 id TEXT NOT NULL PRIMARY KEY,
+                 message_type TEXT NOT NULL,
+                 payload BLOB NOT NULL,
+                 headers TEXT NOT NULL DEFAULT '{{}}',
+                 correlation_id TEXT,
+                 causation_id TEXT,
+                 -- For an ordered relay (Kafka): the aggregate and its id, when the message has one.
+                 aggregate TEXT,
+                 aggregate_key TEXT,
+                 created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+             ) STRICT;
+
+             CREATE TABLE {d} (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 message_id TEXT NOT NULL,
+                 -- '' when no handler knew the message type at expansion.
+                 handler TEXT NOT NULL,
+                 attempts INTEGER NOT NULL DEFAULT 0,
+                 -- Due time in ms since the epoch; a claim moves it to the end of the lease.
+                 available_at INTEGER NOT NULL,
+                 -- The claim token of the worker holding it, if any.
+                 lease_owner TEXT,
+                 last_error TEXT,
+                 message_type TEXT NOT NULL,
+                 payload BLOB NOT NULL,
+                 headers TEXT NOT NULL,
+                 correlation_id TEXT,
+                 causation_id TEXT,
+                 aggregate TEXT,
+                 aggregate_key TEXT,
+                 created_at TEXT NOT NULL,
+                 UNIQUE (message_id, handler)
+             ) STRICT;
+             CREATE INDEX {deliveries_due} ON {d} (available_at);
+
+             CREATE TABLE {dl} (
+                 id TEXT NOT NULL PRIMARY KEY,
+                 message_id TEXT NOT NULL,
+                 handler TEXT,
+                 reason TEXT NOT NULL,
+                 detail TEXT NOT NULL,
+                 attempts INTEGER NOT NULL,
+                 dead_lettered_at INTEGER NOT NULL DEFAULT {now},
+                 message_type TEXT NOT NULL,
+                 payload BLOB NOT NULL,
+                 headers TEXT NOT NULL,
+                 correlation_id TEXT,
+                 causation_id TEXT,
+                 aggregate TEXT,
+                 aggregate_key TEXT,
+                 -- When the message was published: its first sight.
+                 created_at TEXT NOT NULL
+             ) STRICT;
+             CREATE INDEX {dead_letters_by_time} ON {dl} (dead_lettered_at, id);
+
+             CREATE TABLE {inbox} (
+                 handler TEXT NOT NULL,
+                 message_id TEXT NOT NULL,
+                 processed_at INTEGER NOT NULL DEFAULT {now},
+                 PRIMARY KEY (handler, message_id)
+             ) STRICT, WITHOUT ROWID;"
+        )
+    }
+}
+
+/// Creates or upgrades the schema on `conn`, which is in a `BEGIN IMMEDIATE` transaction:
+/// holding the write lock, it is the only migration running, in any process.
+async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<(), StoreError> {
+    let versions = table(prefix, "schema_versions");
+    let bootstrap = format!(
+        "CREATE TABLE IF NOT EXISTS {versions} (
+             version INTEGER PRIMARY KEY,
+             applied_at INTEGER NOT NULL DEFAULT {NOW_MILLIS_SQL}
+         ) STRICT"
+    );
+    let current_version = format!("SELECT max(version) FROM {versions}");
+    let v1 = Statements::schema_v1(prefix);
+    let record_v1 = format!("INSERT INTO {versions} (version, applied_at) VALUES (1, ?1)");
+
+    sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&bootstrap)).await?;
+    let current: Option<i64> = sqlx::query_scalar(&current_version)
+        .fetch_one(&mut *conn)
+        .await?;
+    if current.unwrap_or(0) < 1 {
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v1)).await?;
+        sqlx::query(&record_v1)
+            .bind(now_millis())
+            .execute(&mut *conn)
+            .await?;
+        tracing::info!(%prefix, "outbox tables created (version 1)");
+    }
+    Ok(())
+}
+
+/// The application's clock in milliseconds since the epoch: the one clock of every due time,
+/// since the database runs in this process.
+fn now_millis() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// `delay` after now, in milliseconds since the epoch, saturating (SQLite would turn an
+/// overflowing integer into a float).
+fn due_in(delay: Duration) -> i64 {
+    now_millis().saturating_add(millis(delay))
+}
+
+fn uuid(row: &SqliteRow, column: &str) -> Result<Uuid, StoreError> {
+    Ok(row.try_get::<Hyphenated, _>(column)?.into_uuid())
+}
+
+fn optional_uuid(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, StoreError> {
+    Ok(row
+        .try_get::<Option<Hyphenated>, _>(column)?
+        .map(Hyphenated::into_uuid))
+}
+
+/// Reads a message out of a `deliveries` or `dead_letters` row.
+fn envelope_from_row(row: &SqliteRow, attempts: i64) -> Result<Envelope, StoreError> {
+    let headers: Json<BTreeMap<String, String>> = row.try_get("headers")?;
+    let mut envelope = Envelope::from_raw(
+        row.try_get::<String, _>("message_type")?,
+        Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
+    );
+    envelope.id = uuid(row, "message_id")?;
+    envelope.headers = headers.0;
+    envelope.correlation_id = optional_uuid(row, "correlation_id")?;
+    envelope.causation_id = optional_uuid(row, "causation_id")?;
+    envelope.created_at = row.try_get("created_at")?;
+    envelope.attempt = u32::try_from(attempts).unwrap_or(0);
+    Ok(envelope)
+}
+
+fn dead_letter_from_row(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
+    let id = uuid(row, "id")?;
+    let attempts: i64 = row.try_get("attempts")?;
+    let dead_lettered_at: i64 = row.try_get("dead_lettered_at")?;
+    Ok(DeadLetter {
+        id,
+        envelope: envelope_from_row(row, attempts)?,
+        handler: row.try_get("handler")?,
+        reason: Reason::from(row.try_get::<String, _>("reason")?),
+        detail: row.try_get("detail")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        dead_lettered_at: DateTime::from_timestamp_millis(dead_lettered_at).ok_or_else(|| {
+            StoreError::Corrupt {
+                id: id.to_string(),
+                problem: format!("dead_lettered_at {dead_lettered_at} is out of range"),
+            }
+        })?,
+    })
+}
+
+fn limit(value: u32) -> i64 {
+    i64::from(value)
+}
+
+/// Opens a transaction that holds the write lock from its first statement.
+const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+
+impl DeliveryStore for SqliteStore {
+    fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            migrate_in(&mut tx, &self.prefix).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn publish(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            if envelopes.len() <= 1 {
+                let mut conn = self.pool.acquire().await?;
+                return insert_rows(&mut conn, &self.sql.insert_outbox, &envelopes).await;
+            }
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            insert_rows(&mut tx, &self.sql.insert_outbox, &envelopes).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn expand<'a>(
+        &'a self,
+        routes: &'a Routes,
+        limit_rows: u32,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let routes = Json(&routes.pairs);
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            sqlx::query(&self.sql.expand_to_deliveries)
+                .bind(routes)
+                .bind(now_millis())
+                .bind(limit(limit_rows))
+                .execute(&mut *tx)
+                .await?;
+            let moved = sqlx::query(&self.sql.expand_from_outbox)
+                .bind(limit(limit_rows))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(moved.rows_affected())
+        })
+    }
+
+    fn claim(
+        &self,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> BoxFuture<'_, Result<Vec<Claimed>, StoreError>> {
+        Box::pin(async move {
+            let now = now_millis();
+            let rows = sqlx::query(&self.sql.claim)
+                .bind(token.hyphenated())
+                .bind(now)
+                .bind(now.saturating_add(millis(lease)))
+                .bind(limit(limit_rows))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(Claimed {
+                        id: row.try_get("id")?,
+                        handler: row.try_get("handler")?,
+                        envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn ack<'a>(&'a self, token: Uuid, ids: &'a [i64]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let done = sqlx::query(&self.sql.ack)
+                .bind(Json(ids))
+                .bind(token.hyphenated())
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn retry<'a>(
+        &'a self,
+        token: Uuid,
+        id: i64,
+        delay: Duration,
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.sql.retry)
+                .bind(id)
+                .bind(token.hyphenated())
+                .bind(due_in(delay))
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn dead_letter<'a>(
+        &'a self,
+        token: Uuid,
+        id: i64,
+        reason: &'a Reason,
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let copied = sqlx::query(&self.sql.dead_letter_copy)
+                .bind(id)
+                .bind(token.hyphenated())
+                .bind(Uuid::now_v7().hyphenated())
+                .bind(reason.as_str())
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .bind(now_millis())
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(&self.sql.dead_letter_delete)
+                .bind(id)
+                .bind(token.hyphenated())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(copied.rows_affected() == 1)
+        })
+    }
+
+    fn dead_letters(&self, limit_rows: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql.dead_letters)
+                .bind(limit(limit_rows))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter().map(dead_letter_from_row).collect()
+        })
+    }
+
+    fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            sqlx::query(&self.sql.replay_to_handler)
+                .bind(id.hyphenated())
+                .bind(now_millis())
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(&self.sql.replay_to_outbox)
+                .bind(id.hyphenated())
+                .execute(&mut *tx)
+                .await?;
+            let gone = sqlx::query(&self.sql.replay_delete)
+                .bind(id.hyphenated())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(gone.rows_affected() == 1)
+        })
+    }
+
+    fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;
+            Ok(done.rows_affected())
+        })
+    }
+}

@@ -1,0 +1,758 @@
+//! The outbox on SQLite, the embedded default: migrations, enqueue in the caller's
+//! transaction, claims under a lease, settling, dead letters, and a worker end to end.
+//!
+//! Each test opens a database file in a directory of its own under the system's temp
+//! directory, removed at the end, so tests run in parallel.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hexeract::outbox::OutboxWorker;
+use hexeract::store::sqlite::SqliteStore;
+use hexeract::store::{DeliveryStore, Routes, NO_HANDLER};
+use hexeract::{
+    CancellationToken, Context, Envelope, Handler, HandlerOptions, Message, Reason, Registry,
+};
+use uuid::Uuid;
+
+/// A fresh directory with a migrated store in it; the directory is removed on drop.
+struct TestDb {
+    dir: PathBuf,
+    store: SqliteStore,
+}
+
+impl TestDb {
+    async fn new() -> TestDb {
+        let dir = std::env::temp_dir().join(format!("hexeract-sqlite-{}", Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("create the test directory");
+        let store = SqliteStore::open(dir.join("outbox.db"))
+            .await
+            .expect("open the database file");
+        store.migrate().await.expect("migrate");
+        TestDb { dir, store }
+    }
+
+    fn store(&self) -> SqliteStore {
+        self.store.clone()
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM \"hexeract_{table}\""))
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap()
+    }
+
+    /// Closes the pool so that the files are released before the directory goes.
+    async fn finish(self) {
+        self.store.pool().close().await;
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "test.OrderPlaced")]
+struct OrderPlaced {
+    order_id: u32,
+}
+
+fn routes(pairs: &[(&str, &str)]) -> Routes {
+    Routes {
+        pairs: pairs
+            .iter()
+            .map(|(t, h)| ((*t).to_owned(), (*h).to_owned()))
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn migrating_twice_and_concurrently_is_harmless() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    store.migrate().await.unwrap();
+    let (a, b, c) = tokio::join!(store.migrate(), store.migrate(), store.migrate());
+    a.unwrap();
+    b.unwrap();
+    c.unwrap();
+    assert_eq!(db.count("schema_versions").await, 1);
+
+    let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(journal, "wal");
+
+    // Another prefix in the same file is another set of tables.
+    let other = SqliteStore::new(store.pool().clone(), "other").unwrap();
+    other.migrate().await.unwrap();
+    other
+        .publish(vec![Envelope::new(&OrderPlaced { order_id: 1 }).unwrap()])
+        .await
+        .unwrap();
+    assert_eq!(db.count("outbox").await, 0);
+    let theirs: i64 = sqlx::query_scalar("SELECT count(*) FROM \"other_outbox\"")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(theirs, 1);
+    assert!(SqliteStore::new(store.pool().clone(), "bad\"name").is_err());
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn enqueue_joins_the_callers_transaction() {
+    let db = TestDb::new().await;
+    let pool = db.store().pool().clone();
+    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: 1 })
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        db.count("outbox").await,
+        0,
+        "a rollback leaves nothing behind"
+    );
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let id = hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: 2 })
+        .await
+        .unwrap();
+    let batch: Vec<Envelope> = (3..6)
+        .map(|n| {
+            Envelope::new(&OrderPlaced { order_id: n })
+                .unwrap()
+                .with_header("traceparent", "00-abc-def-01")
+        })
+        .collect();
+    hexeract::outbox::enqueue_envelopes(&mut tx, "hexeract", &batch)
+        .await
+        .unwrap();
+    assert_eq!(db.count("outbox").await, 0, "not visible before commit");
+    tx.commit().await.unwrap();
+    assert_eq!(db.count("outbox").await, 4);
+
+    let stored: String = sqlx::query_scalar("SELECT id FROM hexeract_outbox ORDER BY id LIMIT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        id.hyphenated().to_string(),
+        "ids are hyphenated text"
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let parent = Envelope::new(&OrderPlaced { order_id: 0 }).unwrap();
+    let known = Envelope::new(&OrderPlaced { order_id: 1 })
+        .unwrap()
+        .with_header("k", "v")
+        .caused_by(&parent);
+    let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
+    store
+        .publish(vec![known.clone(), unknown.clone()])
+        .await
+        .unwrap();
+
+    let moved = store
+        .expand(
+            &routes(&[("test.OrderPlaced", "a"), ("test.OrderPlaced", "b")]),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved, 2, "two outbox rows moved");
+    assert_eq!(
+        db.count("outbox").await,
+        0,
+        "expanded rows leave the outbox"
+    );
+    assert_eq!(db.count("deliveries").await, 3);
+    assert_eq!(store.expand(&routes(&[]), 10).await.unwrap(), 0);
+
+    let claimed = store
+        .claim(Uuid::now_v7(), 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut seen: Vec<(String, Uuid)> = claimed
+        .iter()
+        .map(|c| (c.handler.clone(), c.envelope.id))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (NO_HANDLER.to_owned(), unknown.id),
+            ("a".to_owned(), known.id),
+            ("b".to_owned(), known.id)
+        ]
+    );
+    assert!(claimed.iter().all(|c| c.envelope.attempt == 1));
+    let delivered = claimed.iter().find(|c| c.handler == "a").unwrap();
+    let mut expected = known.clone();
+    expected.attempt = 1;
+    assert_eq!(
+        delivered.envelope, expected,
+        "the message arrives as published"
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn expansion_takes_at_most_the_limit_in_publishing_order() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let envelopes: Vec<Envelope> = (0..5)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    store.publish(envelopes.clone()).await.unwrap();
+    let routes = routes(&[("test.OrderPlaced", "h")]);
+    assert_eq!(store.expand(&routes, 2).await.unwrap(), 2);
+    assert_eq!(db.count("outbox").await, 3);
+    let claimed = store
+        .claim(Uuid::now_v7(), 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut ids: Vec<Uuid> = claimed.iter().map(|c| c.envelope.id).collect();
+    ids.sort();
+    assert_eq!(ids, [envelopes[0].id, envelopes[1].id], "oldest first");
+    assert_eq!(store.expand(&routes, 10).await.unwrap(), 3);
+    assert_eq!(db.count("deliveries").await, 5);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_claim_counts_the_attempt_and_hides_the_row_until_its_lease_ends() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    store
+        .publish(vec![Envelope::new(&OrderPlaced { order_id: 9 }).unwrap()])
+        .await
+        .unwrap();
+    store
+        .expand(&routes(&[("test.OrderPlaced", "h")]), 10)
+        .await
+        .unwrap();
+
+    let first = Uuid::now_v7();
+    let claimed = store
+        .claim(first, 10, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].envelope.attempt, 1);
+
+    let second = Uuid::now_v7();
+    assert!(
+        store
+            .claim(second, 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "claimed rows are hidden while the lease lasts"
+    );
+
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let reclaimed = store
+        .claim(second, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(reclaimed.len(), 1, "the lease ended: the row is due again");
+    assert_eq!(reclaimed[0].id, claimed[0].id);
+    assert_eq!(
+        reclaimed[0].envelope.attempt, 2,
+        "attempts are counted at claim"
+    );
+
+    // The first worker comes back too late: none of its settlements land.
+    let id = claimed[0].id;
+    assert_eq!(store.ack(first, &[id]).await.unwrap(), 0);
+    assert!(!store
+        .retry(first, id, Duration::ZERO, "late")
+        .await
+        .unwrap());
+    assert!(!store
+        .dead_letter(first, id, &Reason::HANDLER_REJECTED, "late")
+        .await
+        .unwrap());
+    assert_eq!(db.count("dead_letters").await, 0);
+    assert_eq!(store.ack(second, &[id]).await.unwrap(), 1);
+    assert_eq!(db.count("deliveries").await, 0);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    store
+        .publish(vec![Envelope::new(&OrderPlaced { order_id: 1 }).unwrap()])
+        .await
+        .unwrap();
+    store
+        .expand(&routes(&[("test.OrderPlaced", "h")]), 10)
+        .await
+        .unwrap();
+    let token = Uuid::now_v7();
+    let id = store
+        .claim(token, 10, Duration::from_secs(30))
+        .await
+        .unwrap()[0]
+        .id;
+
+    let stranger = Uuid::now_v7();
+    assert_eq!(store.ack(stranger, &[id]).await.unwrap(), 0);
+    assert_eq!(store.ack(token, &[]).await.unwrap(), 0);
+    assert!(!store
+        .retry(stranger, id, Duration::ZERO, "no")
+        .await
+        .unwrap());
+    assert!(!store
+        .dead_letter(stranger, id, &Reason::HANDLER_REJECTED, "no")
+        .await
+        .unwrap());
+    assert_eq!(db.count("deliveries").await, 1);
+    assert_eq!(db.count("dead_letters").await, 0);
+
+    assert!(store
+        .retry(token, id, Duration::from_secs(60), "warehouse unavailable")
+        .await
+        .unwrap());
+    assert!(
+        store
+            .claim(Uuid::now_v7(), 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "not due for a minute"
+    );
+    let last_error: Option<String> =
+        sqlx::query_scalar("SELECT last_error FROM hexeract_deliveries WHERE id = ?1")
+            .bind(id)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(last_error.as_deref(), Some("warehouse unavailable"));
+    assert!(
+        !store
+            .retry(token, id, Duration::ZERO, "again")
+            .await
+            .unwrap(),
+        "a retry releases the claim"
+    );
+
+    // Retried at once, it is claimable again with the next attempt.
+    sqlx::query("UPDATE hexeract_deliveries SET available_at = 0 WHERE id = ?1")
+        .bind(id)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let again = store
+        .claim(token, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again[0].envelope.attempt, 2);
+    assert!(store.retry(token, id, Duration::ZERO, "now").await.unwrap());
+    let now = store
+        .claim(token, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(now.len(), 1, "a zero delay is due at once");
+    assert_eq!(now[0].envelope.attempt, 3);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let bytes: &[u8] = b"not json \xff\x00";
+    let envelope = Envelope::from_raw("test.OrderPlaced", bytes)
+        .with_header("k", "v")
+        .with_correlation_id(Uuid::now_v7());
+    let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
+    store
+        .publish(vec![envelope.clone(), unknown.clone()])
+        .await
+        .unwrap();
+    store
+        .expand(&routes(&[("test.OrderPlaced", "h")]), 10)
+        .await
+        .unwrap();
+    let token = Uuid::now_v7();
+    let claimed = store
+        .claim(token, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    for delivery in &claimed {
+        assert!(store
+            .dead_letter(
+                token,
+                delivery.id,
+                &Reason::PAYLOAD_INVALID,
+                &"x".repeat(10_000)
+            )
+            .await
+            .unwrap());
+    }
+    assert_eq!(db.count("deliveries").await, 0);
+    assert!(
+        !store
+            .dead_letter(token, claimed[0].id, &Reason::PAYLOAD_INVALID, "twice")
+            .await
+            .unwrap(),
+        "already gone"
+    );
+
+    let dead = store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 2);
+    assert!(dead[0].dead_lettered_at <= dead[1].dead_lettered_at);
+    assert_eq!(store.dead_letters(1).await.unwrap().len(), 1);
+    let letter = dead.iter().find(|d| d.envelope.id == envelope.id).unwrap();
+    assert_eq!(letter.reason, Reason::PAYLOAD_INVALID);
+    assert_eq!(letter.handler.as_deref(), Some("h"));
+    assert_eq!(letter.attempts, 1);
+    assert_eq!(&letter.envelope.payload[..], bytes, "the original bytes");
+    assert_eq!(letter.envelope.header("k"), Some("v"));
+    assert_eq!(letter.envelope.correlation_id, envelope.correlation_id);
+    assert_eq!(letter.envelope.created_at, envelope.created_at);
+    assert!(letter.detail.len() < 5_000, "detail is truncated");
+    assert!(letter.detail.starts_with("xxx"));
+    let age = chrono::Utc::now() - letter.dead_lettered_at;
+    assert!(age >= chrono::TimeDelta::zero() && age < chrono::TimeDelta::seconds(60));
+    let orphan = dead.iter().find(|d| d.envelope.id == unknown.id).unwrap();
+    assert_eq!(orphan.handler, None);
+
+    assert!(store.replay_dead_letter(letter.id).await.unwrap());
+    assert!(
+        !store.replay_dead_letter(letter.id).await.unwrap(),
+        "replays once"
+    );
+    assert!(!store.replay_dead_letter(Uuid::now_v7()).await.unwrap());
+    let attempts: i64 = sqlx::query_scalar("SELECT attempts FROM hexeract_deliveries")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(attempts, 0, "back to its handler with attempts reset");
+    assert!(store.replay_dead_letter(orphan.id).await.unwrap());
+    assert_eq!(db.count("deliveries").await, 1);
+    assert_eq!(
+        db.count("outbox").await,
+        1,
+        "no handler: back to the outbox to be routed again"
+    );
+    let again = store
+        .claim(token, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].handler, "h");
+    assert_eq!(again[0].envelope.attempt, 1, "attempts start over");
+    assert_eq!(&again[0].envelope.payload[..], bytes);
+    assert_eq!(
+        store
+            .expand(&routes(&[("test.Nobody", "late")]), 10)
+            .await
+            .unwrap(),
+        1,
+        "the replayed orphan is routed again"
+    );
+
+    assert_eq!(store.purge_dead_letters().await.unwrap(), 0);
+    assert!(store
+        .dead_letter(token, again[0].id, &Reason::HANDLER_REJECTED, "no")
+        .await
+        .unwrap());
+    assert_eq!(store.purge_dead_letters().await.unwrap(), 1);
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn an_in_memory_store_survives_its_pool_and_serves_concurrent_writers() {
+    let store = SqliteStore::in_memory().await.unwrap();
+    store.migrate().await.unwrap();
+    let publishers: Vec<_> = (0..20)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .publish(vec![Envelope::new(&OrderPlaced { order_id: n }).unwrap()])
+                    .await
+            })
+        })
+        .collect();
+    for publisher in publishers {
+        publisher.await.unwrap().unwrap();
+    }
+    let mut tx = store.pool().begin().await.unwrap();
+    hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: 99 })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        store
+            .expand(&routes(&[("test.OrderPlaced", "h")]), 100)
+            .await
+            .unwrap(),
+        21
+    );
+
+    let other = SqliteStore::in_memory().await.unwrap();
+    other.migrate().await.unwrap();
+    assert!(
+        other
+            .claim(Uuid::now_v7(), 100, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "each in-memory store is a database of its own"
+    );
+    let claimed = store
+        .claim(Uuid::now_v7(), 100, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 21);
+}
+
+// --- a worker end to end ---
+
+/// One handler call: (order id, handler, attempt).
+type Call = (u32, &'static str, u32);
+
+/// Records every call.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<Call>>>);
+
+impl Calls {
+    fn record(&self, order: &OrderPlaced, handler: &'static str, ctx: &Context) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((order.order_id, handler, ctx.attempt()));
+    }
+}
+
+struct Confirm(Calls);
+
+impl Handler<OrderPlaced> for Confirm {
+    type Output = Result<(), String>;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+        self.0.record(&order, "confirm", ctx);
+        Ok(())
+    }
+}
+
+/// Fails the first call of every order, then succeeds.
+struct Reserve(Calls);
+
+impl Handler<OrderPlaced> for Reserve {
+    type Output = Result<(), String>;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+        self.0.record(&order, "reserve", ctx);
+        if ctx.attempt() == 1 {
+            return Err("warehouse unavailable".into());
+        }
+        Ok(())
+    }
+}
+
+/// Polls until the database holds no delivery and no outbox row, or fails after 30 s.
+async fn drained(db: &TestDb) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if db.count("outbox").await == 0 && db.count("deliveries").await == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the outbox did not drain within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_delivers_retries_and_dead_letters_until_cancelled() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let orders = 20u32;
+    let mut tx = store.pool().begin().await.unwrap();
+    for n in 0..orders {
+        hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: n })
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let broken = Envelope::from_raw("test.OrderPlaced", &b"{broken"[..]);
+    let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
+    store
+        .publish(vec![broken.clone(), unknown.clone()])
+        .await
+        .unwrap();
+
+    let calls = Calls::default();
+    let worker = OutboxWorker::builder(store.clone())
+        .registry(Registry::new())
+        .register_handler_with::<OrderPlaced, _>(
+            Confirm(calls.clone()),
+            HandlerOptions::new().name("confirm"),
+        )
+        .register_handler_with::<OrderPlaced, _>(
+            Reserve(calls.clone()),
+            HandlerOptions::new().name("reserve"),
+        )
+        .retry_delays(Duration::from_millis(5), Duration::from_millis(20))
+        .poll_interval(Duration::from_millis(10))
+        .max_deliveries(3)
+        .batch_size(8)
+        .build()
+        .expect("worker builds");
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    drained(&db).await;
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("run returns soon after cancel")
+        .unwrap()
+        .expect("run returns Ok(()) on cancel");
+
+    let calls = calls.0.lock().unwrap().clone();
+    let mut per_pair: HashMap<(u32, &str), Vec<u32>> = HashMap::new();
+    for (order, handler, attempt) in calls {
+        per_pair.entry((order, handler)).or_default().push(attempt);
+    }
+    assert_eq!(
+        per_pair.len(),
+        2 * orders as usize,
+        "every (order, handler)"
+    );
+    for order in 0..orders {
+        assert_eq!(per_pair[&(order, "confirm")], [1], "order {order}");
+        assert_eq!(
+            per_pair[&(order, "reserve")],
+            [1, 2],
+            "order {order}: reserve retried once, confirm not re-run"
+        );
+    }
+
+    let dead = store.dead_letters(10).await.unwrap();
+    let mut summary: Vec<(String, Option<String>, u32, Uuid)> = dead
+        .iter()
+        .map(|d| {
+            (
+                d.reason.to_string(),
+                d.handler.clone(),
+                d.attempts,
+                d.envelope.id,
+            )
+        })
+        .collect();
+    summary.sort();
+    assert_eq!(
+        summary,
+        [
+            (
+                "payload_invalid".to_owned(),
+                Some("confirm".to_owned()),
+                1,
+                broken.id
+            ),
+            (
+                "payload_invalid".to_owned(),
+                Some("reserve".to_owned()),
+                1,
+                broken.id
+            ),
+            ("unknown_message_type".to_owned(), None, 3, unknown.id),
+        ]
+    );
+    assert!(dead
+        .iter()
+        .filter(|d| d.envelope.id == broken.id)
+        .all(|d| &d.envelope.payload[..] == b"{broken"));
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_share_one_file_without_losing_or_repeating_a_delivery() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let orders = 300u32;
+    store
+        .publish(
+            (0..orders)
+                .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+                .collect(),
+        )
+        .await
+        .unwrap();
+
+    let calls = Calls::default();
+    let cancel = CancellationToken::new();
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let worker = OutboxWorker::builder(store.clone())
+                .registry(Registry::new())
+                .register_handler_with::<OrderPlaced, _>(
+                    Confirm(calls.clone()),
+                    HandlerOptions::new().name("confirm"),
+                )
+                .register_handler_with::<OrderPlaced, _>(
+                    Reserve(calls.clone()),
+                    HandlerOptions::new().name("reserve"),
+                )
+                .retry_delays(Duration::from_millis(5), Duration::from_millis(20))
+                .poll_interval(Duration::from_millis(10))
+                .batch_size(16)
+                .build()
+                .expect("worker builds");
+            tokio::spawn(worker.run(cancel.clone()))
+        })
+        .collect();
+    drained(&db).await;
+    cancel.cancel();
+    for worker in workers {
+        worker.await.unwrap().expect("run returns Ok(()) on cancel");
+    }
+
+    let mut calls = calls.0.lock().unwrap().clone();
+    calls.sort();
+    let mut expected: Vec<Call> = (0..orders)
+        .flat_map(|n| [(n, "confirm", 1), (n, "reserve", 1), (n, "reserve", 2)])
+        .collect();
+    expected.sort();
+    assert_eq!(
+        calls, expected,
+        "one process, serialized claims: every call once, none repeated"
+    );
+    assert_eq!(db.count("dead_letters").await, 0);
+    db.finish().await;
+}
