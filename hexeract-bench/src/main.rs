@@ -91,6 +91,9 @@ fn main() {
     if wanted("outbox_drain") {
         multi.block_on(outbox::drain(10_000 * scale));
     }
+    if wanted("outbox_latency") {
+        multi.block_on(outbox::latency(if quick { 50 } else { 500 }));
+    }
 }
 
 /// Median msgs/s of five runs of each side.

@@ -230,3 +230,84 @@ pub(crate) async fn drain(events: u64) {
         ratios[ratios.len() - 1],
     );
 }
+
+/// Commit-to-handler latency of single events enqueued in a transaction of their own on a
+/// separate connection (as another process would), with the worker woken by NOTIFY and with
+/// polling only (the library's default 100 ms interval).
+pub(crate) async fn latency(samples: usize) {
+    let pool = connect().await;
+    for (scenario, polling_only) in [
+        ("outbox_latency_woken", false),
+        ("outbox_latency_polling", true),
+    ] {
+        let store = filled(&pool, 0).await;
+        let handled = Arc::new(Notify::new());
+        let mut builder = OutboxWorker::builder(store.clone())
+            .registry(Registry::new())
+            .register_handler_with::<ItemShipped, _>(
+                Count {
+                    seen: Arc::new(AtomicU64::new(0)),
+                    expected: 0,
+                    done: Arc::new(Notify::new()),
+                },
+                HandlerOptions::new().name("bench.count"),
+            )
+            .register_handler_with::<Probe, _>(
+                Stopwatch(handled.clone()),
+                HandlerOptions::new().name("bench.probe"),
+            );
+        if polling_only {
+            builder = builder.polling_only();
+        }
+        let worker = builder.build().expect("worker");
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone()));
+        // Let the worker subscribe and go idle.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let mut latencies = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let mut tx = pool.begin().await.expect("begin");
+            let envelope = Envelope::new(&Probe {}).expect("encode");
+            hexeract::outbox::enqueue_envelopes(&mut tx, store.schema().as_str(), &[envelope])
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+            let committed = Instant::now();
+            handled.notified().await;
+            latencies.push(committed.elapsed());
+            // Let the worker settle and go idle again, as between real events.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        cancel.cancel();
+        running.await.expect("join").expect("run");
+        drop_schema(&pool, &store).await;
+
+        latencies.sort();
+        let at = |quantile: f64| {
+            let index =
+                ((latencies.len() as f64 * quantile).ceil() as usize).clamp(1, latencies.len()) - 1;
+            latencies[index].as_secs_f64() * 1_000.0
+        };
+        println!(
+            "scenario={scenario} p50_ms={:.2} p99_ms={:.2} samples={samples}",
+            at(0.50),
+            at(0.99)
+        );
+    }
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "bench.Probe")]
+struct Probe {}
+
+/// Says when a probe arrived.
+struct Stopwatch(Arc<Notify>);
+
+impl Handler<Probe> for Stopwatch {
+    type Output = Result<(), std::convert::Infallible>;
+    async fn handle(&self, _probe: Probe, _ctx: &Context) -> Self::Output {
+        self.0.notify_one();
+        Ok(())
+    }
+}

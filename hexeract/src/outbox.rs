@@ -95,8 +95,8 @@ pub async fn enqueue<T: OutboxTransaction, M: Message>(
 }
 
 /// Writes envelopes (a batch, or messages with headers of your own) to the outbox of
-/// `namespace` (PostgreSQL schema or SQLite table prefix) inside the caller's transaction, in
-/// one statement.
+/// `namespace` (PostgreSQL schema or SQLite table prefix) inside the caller's transaction (on
+/// PostgreSQL in one statement).
 pub async fn enqueue_envelopes<T: OutboxTransaction>(
     tx: &mut T,
     namespace: &str,

@@ -14,9 +14,11 @@
 //! only touches rows still holding the settling worker's token.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::dead_letter::DeadLetter;
@@ -120,6 +122,14 @@ pub trait DeliveryStore: Send + Sync + 'static {
 
     /// Deletes every dead letter; returns how many there were.
     fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// A signal that fires when new messages may be waiting: a publish through this store in
+    /// this process, and, where the database can tell (PostgreSQL `LISTEN`), a commit of
+    /// `outbox::enqueue` in any process. `None` when the store has no such signal; workers then
+    /// rely on polling alone. Workers call it once when they start.
+    fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// A store operation failed.

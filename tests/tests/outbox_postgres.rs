@@ -155,7 +155,7 @@ async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
         )
         .await
         .unwrap();
-    assert_eq!(created, 3);
+    assert_eq!(created, 2, "two outbox rows moved");
     assert_eq!(
         db.count("outbox").await,
         0,
@@ -319,9 +319,12 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
 
 // --- workers end to end ---
 
-/// Records every call: (order id, handler, attempt).
+/// One handler call: order id, handler, attempt.
+type Call = (u32, &'static str, u32);
+
+/// Records every call.
 #[derive(Clone, Default)]
-struct Calls(Arc<Mutex<Vec<(u32, &'static str, u32)>>>);
+struct Calls(Arc<Mutex<Vec<Call>>>);
 
 struct Confirm(Calls);
 
@@ -512,5 +515,50 @@ async fn bad_input_and_failing_handlers_end_in_dead_letters_with_their_reasons()
             ("unknown_message_type".to_owned(), 3),
         ]
     );
+    db.drop_schema().await;
+}
+
+struct Signal(Arc<tokio::sync::Notify>);
+
+impl Handler<OrderPlaced> for Signal {
+    type Output = Result<(), String>;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+        self.0.notify_one();
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_commit_in_another_connection_wakes_an_idle_worker() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let handled = Arc::new(tokio::sync::Notify::new());
+    // A poll interval far longer than the wait below: only the NOTIFY can wake the worker.
+    let worker = OutboxWorker::builder(store.clone())
+        .registry(Registry::new())
+        .register_handler_with::<OrderPlaced, _>(
+            Signal(handled.clone()),
+            HandlerOptions::new().name("signal"),
+        )
+        .poll_interval(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    // Let the worker find the outbox empty and go to sleep.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let envelope = Envelope::new(&OrderPlaced { order_id: 5 }).unwrap();
+    hexeract::outbox::enqueue_envelopes(&mut tx, &db.schema, &[envelope])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    tokio::time::timeout(Duration::from_secs(30), handled.notified())
+        .await
+        .expect("the commit's NOTIFY woke the worker");
+    cancel.cancel();
+    running.await.unwrap().unwrap();
     db.drop_schema().await;
 }

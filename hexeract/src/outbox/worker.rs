@@ -41,6 +41,7 @@ pub struct OutboxWorkerBuilder {
     handler_timeout: Duration,
     shutdown_grace: Duration,
     wake: Option<Arc<Notify>>,
+    polling_only: bool,
 }
 
 impl OutboxWorkerBuilder {
@@ -58,6 +59,7 @@ impl OutboxWorkerBuilder {
             handler_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(8),
             wake: None,
+            polling_only: false,
         }
     }
 
@@ -135,9 +137,16 @@ impl OutboxWorkerBuilder {
         self
     }
 
-    /// Wakes the worker from its poll sleep when notified (a publish in the same process).
+    /// Wakes the worker from its poll sleep when notified, instead of the store's own signal
+    /// ([`DeliveryStore::wakeups`]).
     pub fn wake_on(mut self, wake: Arc<Notify>) -> OutboxWorkerBuilder {
         self.wake = Some(wake);
+        self
+    }
+
+    /// Polls only: ignore the store's wake-up signal (for measuring what it saves).
+    pub fn polling_only(mut self) -> OutboxWorkerBuilder {
+        self.polling_only = true;
         self
     }
 
@@ -212,7 +221,8 @@ impl OutboxWorkerBuilder {
                 .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
             handler_timeout: self.handler_timeout,
             shutdown_grace: self.shutdown_grace,
-            wake: self.wake.unwrap_or_default(),
+            wake: self.wake,
+            polling_only: self.polling_only,
         })
     }
 }
@@ -243,7 +253,8 @@ pub struct OutboxWorker {
     retry: RetryPolicy,
     handler_timeout: Duration,
     shutdown_grace: Duration,
-    wake: Arc<Notify>,
+    wake: Option<Arc<Notify>>,
+    polling_only: bool,
 }
 
 impl fmt::Debug for OutboxWorker {
@@ -285,18 +296,30 @@ impl OutboxWorker {
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
         let interrupt = CancellationToken::new();
         let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), self.shutdown_grace);
+        let wake = match (&self.wake, self.polling_only) {
+            (Some(wake), _) => wake.clone(),
+            (None, true) => Arc::new(Notify::new()),
+            (None, false) => match self.store.wakeups().await {
+                Ok(Some(wake)) => wake,
+                Ok(None) => Arc::new(Notify::new()),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot subscribe to outbox notifications; polling only");
+                    Arc::new(Notify::new())
+                }
+            },
+        };
         let publisher: Arc<dyn Publish> = Arc::new(StorePublisher {
             store: self.store.clone(),
-            wake: self.wake.clone(),
+            wake: wake.clone(),
         });
         tracing::info!(handlers = self.handlers.len(), "outbox worker started");
         while !cancel.is_cancelled() {
             match self.cycle(&cancel, &interrupt, &publisher).await {
-                Ok(0) => self.idle(&cancel).await,
+                Ok(0) => self.idle(&cancel, &wake).await,
                 Ok(_) => {}
                 Err(error) => {
                     tracing::warn!(%error, "outbox worker cycle failed; retrying after the poll interval");
-                    self.idle(&cancel).await;
+                    self.idle(&cancel, &wake).await;
                 }
             }
         }
@@ -304,10 +327,10 @@ impl OutboxWorker {
         Ok(())
     }
 
-    async fn idle(&self, cancel: &CancellationToken) {
+    async fn idle(&self, cancel: &CancellationToken, wake: &Notify) {
         tokio::select! {
             () = cancel.cancelled() => {}
-            () = self.wake.notified() => {}
+            () = wake.notified() => {}
             () = tokio::time::sleep(self.poll_interval) => {}
         }
     }

@@ -13,9 +13,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::types::Json;
 use sqlx::{ConnectOptions, Row};
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::dead_letter::DeadLetter;
@@ -42,6 +43,15 @@ pub struct PgStore {
     pool: PgPool,
     schema: Identifier,
     sql: Arc<Statements>,
+    wake: Arc<Wake>,
+}
+
+/// The store's wake-up signal and, once a worker asked for it, the task that feeds it from
+/// `LISTEN`.
+#[derive(Default)]
+struct Wake {
+    signal: Arc<Notify>,
+    listening: tokio::sync::OnceCell<()>,
 }
 
 impl PgStore {
@@ -66,6 +76,7 @@ impl PgStore {
             sql: Arc::new(Statements::new(&schema)),
             pool,
             schema,
+            wake: Arc::default(),
         })
     }
 
@@ -96,8 +107,23 @@ impl fmt::Debug for PgStore {
     }
 }
 
+/// The `NOTIFY` channel of a schema's outbox. Derived from a hash so that it stays within
+/// PostgreSQL's 63-byte identifier limit whatever the schema's name.
+pub fn notify_channel(schema: &Identifier) -> String {
+    // FNV-1a: stable across processes and versions, unlike the standard library's hasher.
+    let hash = schema
+        .as_str()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("hexeract_outbox_{hash:016x}")
+}
+
 /// Writes `envelopes` to the outbox of `schema` on `conn`, inside whatever transaction `conn`
-/// is in. What [`outbox::enqueue`](crate::outbox::enqueue) does on PostgreSQL.
+/// is in, and notifies the schema's channel in the same statement: PostgreSQL delivers the
+/// notification at commit, once per transaction however many rows it wrote, and never after a
+/// rollback. What [`outbox::enqueue`](crate::outbox::enqueue) does on PostgreSQL.
 pub async fn insert_outbox(
     conn: &mut PgConnection,
     schema: &Identifier,
@@ -115,6 +141,7 @@ pub async fn insert_outbox(
         .bind(columns.correlation_ids)
         .bind(columns.causation_ids)
         .bind(columns.created_at)
+        .bind(notify_channel(schema))
         .execute(conn)
         .await?;
     Ok(())
@@ -179,10 +206,12 @@ impl Statements {
                        ON r.message_type = f.message_type
                      UNION ALL
                      SELECT f.*, '' FROM fresh f WHERE f.message_type <> ALL($1::text[])
+                 ), inserted AS (
+                     INSERT INTO {s}.deliveries (message_id, handler, {m})
+                     SELECT id, handler, {m} FROM routed
+                     ON CONFLICT (message_id, handler) DO NOTHING
                  )
-                 INSERT INTO {s}.deliveries (message_id, handler, {m})
-                 SELECT id, handler, {m} FROM routed
-                 ON CONFLICT (message_id, handler) DO NOTHING"
+                 SELECT count(*) FROM fresh"
             ),
             claim: format!(
                 "UPDATE {s}.deliveries
@@ -240,10 +269,13 @@ impl Statements {
     fn insert_outbox(schema: &Identifier) -> String {
         let s = schema.quoted();
         format!(
-            "INSERT INTO {s}.outbox
-                 (id, message_type, payload, headers, correlation_id, causation_id, created_at)
-             SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[],
-                                  $6::uuid[], $7::timestamptz[])"
+            "WITH inserted AS (
+                 INSERT INTO {s}.outbox
+                     (id, message_type, payload, headers, correlation_id, causation_id, created_at)
+                 SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[],
+                                      $5::uuid[], $6::uuid[], $7::timestamptz[])
+             )
+             SELECT pg_notify($8, '')"
         )
     }
 
@@ -384,7 +416,10 @@ impl DeliveryStore for PgStore {
     fn publish(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await?;
-            insert_outbox(&mut conn, &self.schema, &envelopes).await
+            insert_outbox(&mut conn, &self.schema, &envelopes).await?;
+            // The worker may be in this process: wake it without waiting for the NOTIFY.
+            self.wake.signal.notify_one();
+            Ok(())
         })
     }
 
@@ -399,13 +434,13 @@ impl DeliveryStore for PgStore {
                 .iter()
                 .map(|(message_type, handler)| (message_type.as_str(), handler.as_str()))
                 .unzip();
-            let done = sqlx::query(&self.sql.expand)
+            let moved: i64 = sqlx::query_scalar(&self.sql.expand)
                 .bind(types)
                 .bind(handlers)
                 .bind(limit(limit_rows))
-                .execute(&self.pool)
+                .fetch_one(&self.pool)
                 .await?;
-            Ok(done.rows_affected())
+            Ok(u64::try_from(moved).unwrap_or(0))
         })
     }
 
@@ -525,5 +560,51 @@ impl DeliveryStore for PgStore {
             let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;
             Ok(done.rows_affected())
         })
+    }
+
+    fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
+        Box::pin(async move {
+            self.wake
+                .listening
+                .get_or_try_init(|| async {
+                    let mut listener = PgListener::connect_with(&self.pool).await?;
+                    listener.listen(&notify_channel(&self.schema)).await?;
+                    tokio::spawn(forward_notifications(
+                        listener,
+                        Arc::downgrade(&self.wake.signal),
+                    ));
+                    Ok::<(), StoreError>(())
+                })
+                .await?;
+            Ok(Some(self.wake.signal.clone()))
+        })
+    }
+}
+
+/// Turns every notification on the outbox channel into a wake-up, until the store is gone.
+/// `PgListener` reconnects by itself after a connection loss; a notification lost meanwhile
+/// only costs one poll interval.
+async fn forward_notifications(mut listener: PgListener, signal: std::sync::Weak<Notify>) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(_)) => match signal.upgrade() {
+                Some(signal) => signal.notify_one(),
+                None => return,
+            },
+            Ok(None) => {
+                tracing::debug!("outbox listener reconnected");
+                if let Some(signal) = signal.upgrade() {
+                    // Whatever was notified while disconnected is found by this poll.
+                    signal.notify_one();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "outbox listener failed; retrying in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        if signal.strong_count() == 0 {
+            return;
+        }
     }
 }
