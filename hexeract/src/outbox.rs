@@ -18,6 +18,7 @@
 //! # }
 //! ```
 
+pub mod inbox;
 mod worker;
 
 pub use worker::{OutboxWorker, OutboxWorkerBuilder};
@@ -53,6 +54,16 @@ pub trait OutboxTransaction: Send {
         namespace: &'a Identifier,
         envelopes: &'a [Envelope],
     ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Records in the inbox of `namespace`, in this transaction, that `handler` processed
+    /// `message_id`: `true` when it was not recorded yet.
+    #[doc(hidden)]
+    fn insert_inbox<'a>(
+        &'a mut self,
+        namespace: &'a Identifier,
+        handler: &'a str,
+        message_id: uuid::Uuid,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 #[cfg(feature = "postgres")]
@@ -66,6 +77,17 @@ impl OutboxTransaction for sqlx::Transaction<'_, sqlx::Postgres> {
             self, namespace, envelopes,
         ))
     }
+
+    fn insert_inbox<'a>(
+        &'a mut self,
+        namespace: &'a Identifier,
+        handler: &'a str,
+        message_id: uuid::Uuid,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(crate::store::postgres::insert_inbox(
+            self, namespace, handler, message_id,
+        ))
+    }
 }
 
 #[cfg(feature = "sqlite")]
@@ -77,6 +99,17 @@ impl OutboxTransaction for sqlx::Transaction<'_, sqlx::Sqlite> {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(crate::store::sqlite::insert_outbox(
             self, namespace, envelopes,
+        ))
+    }
+
+    fn insert_inbox<'a>(
+        &'a mut self,
+        namespace: &'a Identifier,
+        handler: &'a str,
+        message_id: uuid::Uuid,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(crate::store::sqlite::insert_inbox(
+            self, namespace, handler, message_id,
         ))
     }
 }

@@ -90,6 +90,31 @@ impl PgStore {
         &self.schema
     }
 
+    /// Deletes the inbox marks older than `age` (by the database's clock) and returns how many
+    /// it deleted. A mark only has to outlive the redeliveries of its message: keep `age` well
+    /// above the longest a message can still come back (retries, leases, a dead letter you
+    /// may replay), or a late duplicate runs its handler again. An `age` beyond 1000 years
+    /// counts as 1000 years.
+    ///
+    /// ```no_run
+    /// # async fn example(store: hexeract::store::postgres::PgStore) -> Result<(), hexeract::store::StoreError> {
+    /// use std::time::Duration;
+    ///
+    /// let purged = store.purge_inbox_older_than(Duration::from_secs(7 * 24 * 3600)).await?;
+    /// # let _ = purged;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn purge_inbox_older_than(&self, age: Duration) -> Result<u64, StoreError> {
+        // Keeps `now() - age` within PostgreSQL's timestamp range.
+        const MAX_AGE_MILLIS: i64 = 1000 * 365 * 24 * 3600 * 1000;
+        let done = sqlx::query(&self.sql.purge_inbox)
+            .bind(millis(age).min(MAX_AGE_MILLIS))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// The expand, claim and ack statements, so that a benchmark's raw-sqlx baseline runs
     /// exactly the SQL the worker runs. Not a stable interface.
     #[doc(hidden)]
@@ -147,6 +172,25 @@ pub async fn insert_outbox(
     Ok(())
 }
 
+/// Records in the inbox of `schema`, on `conn` and inside whatever transaction `conn` is in,
+/// that `handler` processed `message_id`. `true` when the row is new, `false` when it was
+/// already there. A concurrent transaction inserting the same row waits for this one: it then
+/// finds the row if this one commits, and inserts it if this one rolls back. What
+/// [`outbox::inbox::mark_processed`](crate::outbox::inbox::mark_processed) does on PostgreSQL.
+pub(crate) async fn insert_inbox(
+    conn: &mut PgConnection,
+    schema: &Identifier,
+    handler: &str,
+    message_id: Uuid,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(&Statements::insert_inbox(schema))
+        .bind(handler)
+        .bind(message_id)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// Envelopes as column arrays, for one `INSERT … SELECT FROM UNNEST(…)`.
 struct OutboxColumns {
     ids: Vec<Uuid>,
@@ -182,6 +226,7 @@ struct Statements {
     dead_letters: String,
     replay: String,
     purge: String,
+    purge_inbox: String,
 }
 
 /// The columns a delivery and a dead letter share with the outbox row they come from.
@@ -263,6 +308,11 @@ impl Statements {
                  SELECT count(*) FROM gone"
             ),
             purge: format!("DELETE FROM {s}.dead_letters"),
+            // No index on processed_at: a purge reads the whole inbox, which it runs rarely.
+            purge_inbox: format!(
+                "DELETE FROM {s}.inbox
+                 WHERE processed_at < now() - $1::bigint * interval '1 millisecond'"
+            ),
         }
     }
 
@@ -276,6 +326,14 @@ impl Statements {
                                       $5::uuid[], $6::uuid[], $7::timestamptz[])
              )
              SELECT pg_notify($8, '')"
+        )
+    }
+
+    fn insert_inbox(schema: &Identifier) -> String {
+        let s = schema.quoted();
+        format!(
+            "INSERT INTO {s}.inbox (handler, message_id) VALUES ($1, $2)
+             ON CONFLICT (handler, message_id) DO NOTHING"
         )
     }
 

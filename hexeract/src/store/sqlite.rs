@@ -130,6 +130,29 @@ impl SqliteStore {
     pub fn prefix(&self) -> &Identifier {
         &self.prefix
     }
+
+    /// Deletes the inbox marks older than `age` (`processed_at` is INTEGER milliseconds on the
+    /// application's clock, like every record time here) and returns how many it deleted. A
+    /// mark only has to outlive the redeliveries of its message: keep `age` well above the
+    /// longest a message can still come back (retries, leases, a dead letter you may replay),
+    /// or a late duplicate runs its handler again.
+    ///
+    /// ```no_run
+    /// # async fn example(store: hexeract::store::sqlite::SqliteStore) -> Result<(), hexeract::store::StoreError> {
+    /// use std::time::Duration;
+    ///
+    /// let purged = store.purge_inbox_older_than(Duration::from_secs(7 * 24 * 3600)).await?;
+    /// # let _ = purged;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn purge_inbox_older_than(&self, age: Duration) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.sql.purge_inbox)
+            .bind(now_millis().saturating_sub(millis(age)))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
 }
 
 impl fmt::Debug for SqliteStore {
@@ -157,6 +180,25 @@ pub async fn insert_outbox(
     insert_rows(&mut savepoint, &sql, envelopes).await?;
     savepoint.commit().await?;
     Ok(())
+}
+
+/// Records in the inbox of `prefix`, on `conn` and inside whatever transaction `conn` is in,
+/// that `handler` processed `message_id`, at now on the application's clock. `true` when the
+/// row is new, `false` when it was already there. What
+/// [`outbox::inbox::mark_processed`](crate::outbox::inbox::mark_processed) does on SQLite.
+pub(crate) async fn insert_inbox(
+    conn: &mut SqliteConnection,
+    prefix: &Identifier,
+    handler: &str,
+    message_id: Uuid,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(&Statements::insert_inbox(prefix))
+        .bind(handler)
+        .bind(message_id.hyphenated())
+        .bind(now_millis())
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// One prepared insert per envelope: SQLite runs in-process, so rows are cheap and a batch
@@ -196,6 +238,7 @@ struct Statements {
     replay_to_outbox: String,
     replay_delete: String,
     purge: String,
+    purge_inbox: String,
 }
 
 /// The columns a delivery and a dead letter share with the outbox row they come from.
@@ -283,6 +326,11 @@ impl Statements {
             ),
             replay_delete: format!("DELETE FROM {dl} WHERE id = ?1"),
             purge: format!("DELETE FROM {dl}"),
+            // No index on processed_at: a purge reads the whole inbox, which it runs rarely.
+            purge_inbox: format!(
+                "DELETE FROM {inbox} WHERE processed_at < ?1",
+                inbox = table(prefix, "inbox")
+            ),
         }
     }
 
@@ -292,6 +340,14 @@ impl Statements {
             "INSERT INTO {o}
                  (id, message_type, payload, headers, correlation_id, causation_id, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+        )
+    }
+
+    fn insert_inbox(prefix: &Identifier) -> String {
+        let inbox = table(prefix, "inbox");
+        format!(
+            "INSERT INTO {inbox} (handler, message_id, processed_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (handler, message_id) DO NOTHING"
         )
     }
 
