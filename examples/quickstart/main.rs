@@ -2,14 +2,13 @@
 //!
 //! `cargo run --example quickstart` publishes a few messages and shows what happens to each:
 //! handled at once, handled after a retry, or dead-lettered with a reason. With no environment
-//! the runtime keeps messages in memory; later versions move them to SQLite, Postgres or
-//! RabbitMQ without changing this code.
+//! the messages go through an SQLite outbox file (`hexeract.db`); with `DATABASE_URL` set,
+//! through PostgreSQL, with the same code.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use hexeract::{
-    handler, CancellationToken, Context, Envelope, HandlerOutcome, InMemoryStore, Message,
-};
+use hexeract::{handler, CancellationToken, Context, Envelope, HandlerOutcome, Message};
 
 /// A customer placed an order. `type` is the name on the wire, independent of the Rust name.
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -93,44 +92,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_target(false)
         .init();
 
-    // The whole runtime: every #[handler] above, retries, dead letters, graceful shutdown.
+    // The whole runtime: every #[handler] above, the outbox (an SQLite file here, PostgreSQL
+    // when DATABASE_URL is set), retries, dead letters, graceful shutdown.
     let cancel = CancellationToken::new();
     let runtime = tokio::spawn(hexeract::run(cancel.clone()));
 
     println!("publishing 2 orders, 2 refunds and 1 message that is not valid JSON:");
-    hexeract::publish(&OrderPlaced {
-        order_id: 1,
-        total_cents: 4_990,
-    })
-    .await?;
-    hexeract::publish(&OrderPlaced {
-        order_id: 2,
-        total_cents: 1_250,
-    })
-    .await?;
-    hexeract::publish(&RefundRequested {
-        order_id: 1,
-        amount_cents: 990,
-    })
-    .await?;
-    hexeract::publish(&RefundRequested {
-        order_id: 2,
-        amount_cents: -5,
-    })
-    .await?;
+    let mut ids = vec![
+        hexeract::publish(&OrderPlaced {
+            order_id: 1,
+            total_cents: 4_990,
+        })
+        .await?,
+        hexeract::publish(&OrderPlaced {
+            order_id: 2,
+            total_cents: 1_250,
+        })
+        .await?,
+        hexeract::publish(&RefundRequested {
+            order_id: 1,
+            amount_cents: 990,
+        })
+        .await?,
+        hexeract::publish(&RefundRequested {
+            order_id: 2,
+            amount_cents: -5,
+        })
+        .await?,
+    ];
     // Bytes from a producer that got the contract wrong: no handler ever sees them.
-    let store = InMemoryStore::global();
-    store.publish_envelope(Envelope::from_raw(
-        "RefundRequested",
-        &b"{\"order_id\": \"two\"}"[..],
-    ));
+    let store = hexeract::store::default_store().await?;
+    let garbage = Envelope::from_raw("RefundRequested", &b"{\"order_id\": \"two\"}"[..]);
+    ids.push(garbage.id);
+    store.publish(vec![garbage]).await?;
 
     // Wait until every message is handled or dead-lettered, then shut down.
-    store.wait_idle().await;
+    hexeract::store::wait_until_drained(&*store, Duration::from_millis(20)).await?;
     cancel.cancel();
     runtime.await??;
 
-    let dead_letters = store.dead_letters();
+    // The outbox file keeps dead letters across runs: show this run's.
+    let dead_letters: Vec<_> = store
+        .dead_letters(1_000)
+        .await?
+        .into_iter()
+        .filter(|dead| ids.contains(&dead.envelope.id))
+        .collect();
     println!("\ndead letters ({}):", dead_letters.len());
     for dead in &dead_letters {
         println!(
@@ -147,5 +154,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("expected 2 dead letters, found {}", dead_letters.len()).into());
     }
     println!("\nall messages settled: 5 handled (1 after a retry), 2 dead-lettered");
+    match std::env::var("DATABASE_URL") {
+        Ok(_) => println!("(messages and dead letters are kept in PostgreSQL, schema `hexeract`)"),
+        Err(_) => println!("(messages and dead letters are kept in ./hexeract.db; set DATABASE_URL for PostgreSQL)"),
+    }
     Ok(())
 }

@@ -1,31 +1,72 @@
-//! Runtime settings read from the environment.
+//! Settings read from the environment.
 //!
 //! Every variable is optional; one that is set but invalid stops startup, and all invalid
-//! variables are reported together.
+//! variables are reported together. Values that may hold a password are never repeated in full.
 
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{ConfigError, ConfigProblem};
 
+/// Where `hexeract::run` and `hexeract::publish` keep messages.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Database {
+    /// `DATABASE_URL`, a `postgres://` URL.
+    Postgres(String),
+    /// An SQLite file: `HEXERACT_SQLITE_PATH`, or `hexeract.db` in the working directory.
+    Sqlite(PathBuf),
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Postgres(url) => write!(f, "Postgres({})", redact_url(url)),
+            Database::Sqlite(path) => write!(f, "Sqlite({})", path.display()),
+        }
+    }
+}
+
+/// The SQLite file used when neither `DATABASE_URL` nor `HEXERACT_SQLITE_PATH` is set.
+pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
+
 /// Settings taken from the environment; `None` where the variable is unset.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct EnvSettings {
+    pub(crate) database: Database,
     pub(crate) max_deliveries: Option<NonZeroU32>,
     pub(crate) retry_max_delay: Option<Duration>,
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) shutdown_grace: Option<Duration>,
+    pub(crate) relay_batch_size: Option<u32>,
+    pub(crate) relay_poll_interval: Option<Duration>,
+    pub(crate) consumer_poll_interval: Option<Duration>,
 }
 
-/// Variables that select a backend this version does not have yet. Setting one and getting the
-/// in-memory store instead would lose messages silently, so it is refused.
-const NOT_YET_SUPPORTED: [(&str, &str); 3] = [
-    ("DATABASE_URL", "a Postgres outbox"),
-    ("AMQP_URL", "RabbitMQ"),
-    ("KAFKA_BROKERS", "Kafka"),
-];
+impl Default for EnvSettings {
+    fn default() -> EnvSettings {
+        EnvSettings {
+            database: Database::Sqlite(PathBuf::from(DEFAULT_SQLITE_PATH)),
+            max_deliveries: None,
+            retry_max_delay: None,
+            handler_timeout: None,
+            shutdown_grace: None,
+            relay_batch_size: None,
+            relay_poll_interval: None,
+            consumer_poll_interval: None,
+        }
+    }
+}
+
+/// Variables that select a transport this version does not have yet. Setting one and getting
+/// the database alone instead would lose messages silently, so it is refused.
+const NOT_YET_SUPPORTED: [(&str, &str); 2] = [("AMQP_URL", "RabbitMQ"), ("KAFKA_BROKERS", "Kafka")];
 
 impl EnvSettings {
+    pub(crate) fn from_env() -> Result<EnvSettings, ConfigError> {
+        EnvSettings::from_lookup(|name| std::env::var(name).ok())
+    }
+
     pub(crate) fn from_lookup(
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<EnvSettings, ConfigError> {
@@ -44,7 +85,8 @@ impl EnvSettings {
                 }
             }
         };
-        let settings = EnvSettings {
+        let mut settings = EnvSettings {
+            database: Database::Sqlite(PathBuf::from(DEFAULT_SQLITE_PATH)),
             max_deliveries: read("MAX_DELIVERIES", |v| whole_number(v, 1, 1_000))
                 .and_then(|n| NonZeroU32::new(n as u32)),
             retry_max_delay: read("RETRY_MAX_DELAY_MS", |v| whole_number(v, 1, 86_400_000))
@@ -53,14 +95,51 @@ impl EnvSettings {
                 .map(Duration::from_millis),
             shutdown_grace: read("SHUTDOWN_GRACE_MS", |v| whole_number(v, 0, 3_600_000))
                 .map(Duration::from_millis),
+            relay_batch_size: read("RELAY_BATCH_SIZE", |v| whole_number(v, 1, 10_000))
+                .map(|n| n as u32),
+            relay_poll_interval: read("RELAY_POLL_INTERVAL_MS", |v| whole_number(v, 1, 3_600_000))
+                .map(Duration::from_millis),
+            consumer_poll_interval: read("CONSUMER_POLL_INTERVAL_MS", |v| {
+                whole_number(v, 1, 3_600_000)
+            })
+            .map(Duration::from_millis),
         };
-        for (name, backend) in NOT_YET_SUPPORTED {
+        match (lookup("DATABASE_URL"), lookup("HEXERACT_SQLITE_PATH")) {
+            (Some(url), None) => {
+                if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+                    settings.database = Database::Postgres(url);
+                } else {
+                    problems.push(ConfigProblem {
+                        setting: "DATABASE_URL".to_owned(),
+                        value: redact_url(&url),
+                        expected: "a postgres:// URL (unset it to use SQLite)".to_owned(),
+                    });
+                }
+            }
+            (None, Some(path)) if !path.trim().is_empty() => {
+                settings.database = Database::Sqlite(PathBuf::from(path));
+            }
+            (None, Some(path)) => problems.push(ConfigProblem {
+                setting: "HEXERACT_SQLITE_PATH".to_owned(),
+                value: path,
+                expected: "a file path".to_owned(),
+            }),
+            (Some(url), Some(_)) => problems.push(ConfigProblem {
+                setting: "DATABASE_URL".to_owned(),
+                value: redact_url(&url),
+                expected:
+                    "either DATABASE_URL (PostgreSQL) or HEXERACT_SQLITE_PATH (SQLite), not both"
+                        .to_owned(),
+            }),
+            (None, None) => {}
+        }
+        for (name, transport) in NOT_YET_SUPPORTED {
             if lookup(name).is_some() {
                 problems.push(ConfigProblem {
                     setting: name.to_owned(),
                     value: "(set)".to_owned(),
                     expected: format!(
-                        "unset: this version of Hexeract runs handlers in-process only and does not have {backend} yet"
+                        "unset: this version of Hexeract delivers through the database only and does not have {transport} yet"
                     ),
                 });
             }
@@ -70,6 +149,34 @@ impl EnvSettings {
         } else {
             Err(ConfigError { problems })
         }
+    }
+}
+
+/// `url` with its password replaced by `***`, for logs and errors.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "(not a URL)".to_owned();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((credentials, host)) => {
+            let user = credentials.split(':').next().unwrap_or("");
+            let hidden = if credentials.contains(':') {
+                ":***"
+            } else {
+                ""
+            };
+            // Query parameters may carry a password too (`?password=`).
+            let tail = tail.split('?').next().unwrap_or("");
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => format!(
+            "{scheme}://{authority}{}",
+            tail.split('?').next().unwrap_or("")
+        ),
     }
 }
 
@@ -109,34 +216,64 @@ mod tests {
             ("MAX_DELIVERIES", "3"),
             ("RETRY_MAX_DELAY_MS", "2500"),
             ("SHUTDOWN_GRACE_MS", "0"),
+            ("RELAY_BATCH_SIZE", "250"),
+            (
+                "DATABASE_URL",
+                "postgres://app:pw@db:5432/app?sslmode=require",
+            ),
         ]))
         .unwrap();
         assert_eq!(settings.max_deliveries, NonZeroU32::new(3));
         assert_eq!(settings.retry_max_delay, Some(Duration::from_millis(2500)));
         assert_eq!(settings.shutdown_grace, Some(Duration::ZERO));
+        assert_eq!(settings.relay_batch_size, Some(250));
+        assert_eq!(
+            settings.database,
+            Database::Postgres("postgres://app:pw@db:5432/app?sslmode=require".into())
+        );
+        assert!(!format!("{:?}", settings.database).contains("pw"));
     }
 
     #[test]
-    fn every_invalid_variable_is_reported_at_once() {
+    fn every_invalid_variable_is_reported_at_once_without_secrets() {
         let error = EnvSettings::from_lookup(lookup(&[
             ("MAX_DELIVERIES", "0"),
             ("RETRY_MAX_DELAY_MS", "soon"),
-            ("DATABASE_URL", "postgres://user:secret@db/app"),
+            ("DATABASE_URL", "mysql://user:secret@db/app"),
+            ("AMQP_URL", "amqp://guest:guest@localhost"),
         ]))
         .unwrap_err();
         let settings: Vec<_> = error.problems.iter().map(|p| p.setting.as_str()).collect();
         assert_eq!(
             settings,
-            ["MAX_DELIVERIES", "RETRY_MAX_DELAY_MS", "DATABASE_URL"]
+            [
+                "MAX_DELIVERIES",
+                "RETRY_MAX_DELAY_MS",
+                "DATABASE_URL",
+                "AMQP_URL"
+            ]
         );
         let text = error.to_string();
         assert!(
             text.contains("MAX_DELIVERIES = \"0\": a whole number from 1 to 1000"),
             "{text}"
         );
+        assert!(text.contains("mysql://user:***@db/app"), "{text}");
         assert!(
             !text.contains("secret"),
-            "a URL's password reached the error: {text}"
+            "a password reached the error: {text}"
         );
+    }
+
+    #[test]
+    fn redaction_hides_passwords_only() {
+        assert_eq!(
+            redact_url("postgres://u:p@h:5432/d"),
+            "postgres://u:***@h:5432/d"
+        );
+        assert_eq!(redact_url("postgres://u@h/d"), "postgres://u@h/d");
+        assert_eq!(redact_url("postgres://h/d?password=p"), "postgres://h/d");
+        assert_eq!(redact_url("postgres://u:p@h"), "postgres://u:***@h");
+        assert_eq!(redact_url("nonsense"), "(not a URL)");
     }
 }

@@ -23,6 +23,12 @@ pub enum Error {
          each runtime a store of its own"
     )]
     StoreBusy,
+    /// The outbox store failed (it could not be opened, migrated or read).
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The configuration asks for something this build cannot do.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// One or more settings are invalid. Every problem is listed, not only the first.

@@ -15,12 +15,12 @@ use crate::envelope::Envelope;
 use crate::message::Message;
 use crate::publish::{Publish, PublishError};
 
-/// The store a runtime uses when no database is configured: pending messages, their retries
-/// and dead letters live in memory, so they do not survive the process.
+/// The store of the in-memory [`Runtime`](crate::Runtime): pending messages, their retries and
+/// dead letters live in memory, so they do not survive the process. For tests and for
+/// programs that need no durability; [`hexeract::run`](crate::run) uses the outbox instead.
 ///
-/// Each [`Runtime`](crate::Runtime) uses [`InMemoryStore::global`] unless given another;
-/// [`hexeract::publish`](crate::publish) publishes there. Tests give each runtime a
-/// [`InMemoryStore::new`] of its own to stay apart.
+/// Each `Runtime` uses [`InMemoryStore::global`] unless given another; tests give each
+/// runtime a [`InMemoryStore::new`] of its own to stay apart.
 ///
 /// ```
 /// # use hexeract::{InMemoryStore, Message};
@@ -156,11 +156,6 @@ impl InMemoryStore {
     /// Removes every dead letter; returns how many there were.
     pub fn purge_dead_letters(&self) -> usize {
         std::mem::take(&mut *self.lock_dead_letters()).len()
-    }
-
-    /// `true` when both handles are the same store.
-    pub(crate) fn same_as(&self, other: &InMemoryStore) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Takes the store for one runtime, or `None` when another runtime has it.

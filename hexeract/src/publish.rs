@@ -5,7 +5,6 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::envelope::{EncodeError, Envelope};
-use crate::memory::InMemoryStore;
 use crate::message::Message;
 
 /// Something that accepts envelopes for delivery: a store's outbox or a transport.
@@ -26,15 +25,15 @@ pub enum PublishError {
     Store(String),
 }
 
-/// Publishes `message` to the process's default store, where [`hexeract::run`](crate::run)
-/// delivers it to every handler of its type. Returns the message id.
+/// Publishes `message` through the process's outbox store
+/// ([`default_store`](crate::store::default_store)), in a transaction of its own, and wakes the
+/// worker of this process. Returns the message id. [`hexeract::run`](crate::run) delivers it to
+/// every handler of its type, in this process or another one sharing the database.
 ///
-/// Without configuration that store is in memory: messages published before `run` starts wait
-/// for it; they do not survive the process. A [`Runtime`](crate::Runtime) built with a store of
-/// its own ([`RuntimeBuilder::store`](crate::RuntimeBuilder::store)) does not see them: publish
-/// to that store instead.
+/// To publish together with your own data, atomically, use
+/// [`outbox::enqueue`](crate::outbox::enqueue) inside your transaction instead.
 ///
-/// ```
+/// ```no_run
 /// # use hexeract::Message;
 /// # #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
 /// # #[message(type = "OrderPlaced")]
@@ -47,5 +46,14 @@ pub enum PublishError {
 /// # }
 /// ```
 pub async fn publish<M: Message>(message: &M) -> Result<Uuid, PublishError> {
-    InMemoryStore::global().publish(message).await
+    let envelope = Envelope::new(message)?;
+    let id = envelope.id;
+    let store = crate::store::default_store()
+        .await
+        .map_err(|error| PublishError::Store(error.to_string()))?;
+    store
+        .publish(vec![envelope])
+        .await
+        .map_err(|error| PublishError::Store(error.to_string()))?;
+    Ok(id)
 }

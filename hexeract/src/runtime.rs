@@ -23,6 +23,7 @@ use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::handler::Handler;
 use crate::memory::{InMemoryStore, Pending};
 use crate::message::Message;
+use crate::outbox::OutboxWorker;
 use crate::outcome::HandlerOutcome;
 use crate::publish::Publish;
 use crate::reason::Reason;
@@ -32,9 +33,14 @@ use crate::retry::RetryPolicy;
 /// Runs every registered handler until `cancel` fires (or SIGTERM / Ctrl-C arrives), with the
 /// configuration taken from the environment.
 ///
-/// Returns `Ok(())` after a cancellation, once in-flight handlers have finished (up to the
-/// shutdown grace, 8 s), and only then; an invalid configuration or two handlers with the same
-/// name are an error before anything starts.
+/// Messages come from the process's outbox store ([`default_store`](crate::store::default_store)):
+/// an SQLite file unless `DATABASE_URL` names a PostgreSQL database. An [`OutboxWorker`]
+/// delivers them to every handler, with the process defaults of `docs/configuration.md`
+/// (batches of 100, polls every 500 ms when idle, woken at once by publishes).
+///
+/// Returns `Ok(())` after a cancellation, once the handlers running have finished (up to the
+/// shutdown grace, 8 s), and only then; an invalid configuration, an unreachable database or
+/// two handlers with the same name are an error before anything starts.
 ///
 /// ```no_run
 /// use hexeract::CancellationToken;
@@ -45,12 +51,15 @@ use crate::retry::RetryPolicy;
 /// }
 /// ```
 pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
-    Runtime::builder()
-        .configure_from_env()?
-        .handle_signals(true)
-        .build()?
-        .run(cancel)
-        .await
+    let settings = EnvSettings::from_env()?;
+    let store = crate::store::default_store().await?;
+    let worker = OutboxWorker::builder_shared(store)
+        .from_registry()
+        .configure(&settings)
+        .build()?;
+    let stop = cancel.child_token();
+    tokio::spawn(stop_on_signal(stop.clone()));
+    worker.run(stop).await
 }
 
 /// A handler registered in code, applied to the registry at `build()`.
@@ -166,8 +175,7 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Where messages wait and dead letters are kept (default: [`InMemoryStore::global`], where
-    /// [`hexeract::publish`](crate::publish) publishes).
+    /// Where messages wait and dead letters are kept (default: [`InMemoryStore::global`]).
     pub fn store(mut self, store: InMemoryStore) -> RuntimeBuilder {
         self.store = Some(store);
         self
@@ -426,14 +434,6 @@ impl Runtime {
     /// second `run` on the same store returns [`Error::StoreBusy`].
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
         let _consumer = self.shared.store.claim_consumer().ok_or(Error::StoreBusy)?;
-        let global = InMemoryStore::global();
-        if !self.shared.store.same_as(global) && global.pending() > 0 {
-            tracing::warn!(
-                pending = global.pending(),
-                "messages published with hexeract::publish wait in the process's default store, \
-                 but this runtime runs on a store of its own and will not deliver them"
-            );
-        }
         let stop = cancel.child_token();
         if self.shared.handle_signals {
             tokio::spawn(stop_on_signal(stop.clone()));
@@ -737,7 +737,8 @@ async fn acquire(slot: &Slot, stop: &CancellationToken) -> Option<OwnedSemaphore
     }
 }
 
-async fn stop_on_signal(stop: CancellationToken) {
+/// Cancels `stop` on SIGTERM or Ctrl-C; returns when `stop` is cancelled either way.
+pub(crate) async fn stop_on_signal(stop: CancellationToken) {
     #[cfg(unix)]
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

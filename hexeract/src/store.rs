@@ -27,6 +27,9 @@ use crate::reason::Reason;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+
+mod process;
+pub use process::{default_store, wait_until_drained};
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -122,6 +125,11 @@ pub trait DeliveryStore: Send + Sync + 'static {
 
     /// Deletes every dead letter; returns how many there were.
     fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// Messages still owed: outbox rows not yet expanded plus deliveries not yet settled
+    /// (running, due, or waiting for a retry). Zero when everything was handled or
+    /// dead-lettered.
+    fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
 
     /// A signal that fires when new messages may be waiting: a publish through this store in
     /// this process, and, where the database can tell (PostgreSQL `LISTEN`), a commit of

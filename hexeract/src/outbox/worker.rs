@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::config::EnvSettings;
 use crate::context::Context;
 use crate::dispatch::{call_handler, Call};
 use crate::error::{ConfigError, ConfigProblem, Error};
@@ -47,8 +48,14 @@ pub struct OutboxWorkerBuilder {
 impl OutboxWorkerBuilder {
     /// A worker over `store`, with no handlers yet.
     pub fn new(store: impl DeliveryStore) -> OutboxWorkerBuilder {
+        OutboxWorkerBuilder::shared(Arc::new(store))
+    }
+
+    /// A worker over a store shared with other parts of the program (such as
+    /// [`default_store`](crate::store::default_store)), with no handlers yet.
+    pub fn shared(store: Arc<dyn DeliveryStore>) -> OutboxWorkerBuilder {
         OutboxWorkerBuilder {
-            store: Arc::new(store),
+            store,
             registry: Some(Registry::new()),
             registrations: Vec::new(),
             poll_interval: Duration::from_millis(100),
@@ -147,6 +154,28 @@ impl OutboxWorkerBuilder {
     /// Polls only: ignore the store's wake-up signal (for measuring what it saves).
     pub fn polling_only(mut self) -> OutboxWorkerBuilder {
         self.polling_only = true;
+        self
+    }
+
+    /// Applies the environment's settings (see `docs/configuration.md`): the process defaults
+    /// of `hexeract::run`.
+    pub(crate) fn configure(mut self, settings: &EnvSettings) -> OutboxWorkerBuilder {
+        self.batch_size = settings.relay_batch_size.unwrap_or(100);
+        self.poll_interval = settings
+            .relay_poll_interval
+            .unwrap_or(Duration::from_millis(500));
+        if let Some(max) = settings.max_deliveries {
+            self.max_deliveries = max.get();
+        }
+        if let Some(delay) = settings.retry_max_delay {
+            self.retry = self.retry.max_delay(delay);
+        }
+        if let Some(timeout) = settings.handler_timeout {
+            self.handler_timeout = timeout;
+        }
+        if let Some(grace) = settings.shutdown_grace {
+            self.shutdown_grace = grace;
+        }
         self
     }
 
@@ -289,6 +318,11 @@ impl OutboxWorker {
     /// A builder over `store`.
     pub fn builder(store: impl DeliveryStore) -> OutboxWorkerBuilder {
         OutboxWorkerBuilder::new(store)
+    }
+
+    /// A builder over a store shared with other parts of the program.
+    pub fn builder_shared(store: Arc<dyn DeliveryStore>) -> OutboxWorkerBuilder {
+        OutboxWorkerBuilder::shared(store)
     }
 
     /// Runs until `cancel` fires, then finishes the cycle in progress (handlers get the shutdown

@@ -227,6 +227,7 @@ struct Statements {
     replay: String,
     purge: String,
     purge_inbox: String,
+    backlog: String,
 }
 
 /// The columns a delivery and a dead letter share with the outbox row they come from.
@@ -308,6 +309,9 @@ impl Statements {
                  SELECT count(*) FROM gone"
             ),
             purge: format!("DELETE FROM {s}.dead_letters"),
+            backlog: format!(
+                "SELECT (SELECT count(*) FROM {s}.outbox) + (SELECT count(*) FROM {s}.deliveries)"
+            ),
             // No index on processed_at: a purge reads the whole inbox, which it runs rarely.
             purge_inbox: format!(
                 "DELETE FROM {s}.inbox
@@ -617,6 +621,15 @@ impl DeliveryStore for PgStore {
         Box::pin(async move {
             let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;
             Ok(done.rows_affected())
+        })
+    }
+
+    fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let owed: i64 = sqlx::query_scalar(&self.sql.backlog)
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(u64::try_from(owed).unwrap_or(0))
         })
     }
 

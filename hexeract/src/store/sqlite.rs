@@ -26,6 +26,7 @@ use sqlx::sqlite::{
 };
 use sqlx::types::Json;
 use sqlx::{ConnectOptions, Connection, Row};
+use tokio::sync::Notify;
 use uuid::fmt::Hyphenated;
 use uuid::Uuid;
 
@@ -57,6 +58,9 @@ pub struct SqliteStore {
     /// For an in-memory database: a connection outside the pool that keeps the database alive
     /// however the pool opens and closes its own.
     keep_alive: Option<Arc<SqliteConnection>>,
+    /// Fired by every publish through this store: SQLite is one process, so this is the
+    /// whole wake-up story.
+    wake: Arc<Notify>,
 }
 
 impl SqliteStore {
@@ -114,6 +118,7 @@ impl SqliteStore {
             pool,
             prefix,
             keep_alive: None,
+            wake: Arc::default(),
         })
     }
 
@@ -535,11 +540,14 @@ impl DeliveryStore for SqliteStore {
         Box::pin(async move {
             if envelopes.len() <= 1 {
                 let mut conn = self.pool.acquire().await?;
-                return insert_rows(&mut conn, &self.sql.insert_outbox, &envelopes).await;
+                insert_rows(&mut conn, &self.sql.insert_outbox, &envelopes).await?;
+                self.wake.notify_one();
+                return Ok(());
             }
             let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
             insert_rows(&mut tx, &self.sql.insert_outbox, &envelopes).await?;
             tx.commit().await?;
+            self.wake.notify_one();
             Ok(())
         })
     }
@@ -691,5 +699,20 @@ impl DeliveryStore for SqliteStore {
             let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;
             Ok(done.rows_affected())
         })
+    }
+
+    fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let p = &self.prefix;
+            let sql = format!(
+                "SELECT (SELECT count(*) FROM \"{p}_outbox\") + (SELECT count(*) FROM \"{p}_deliveries\")"
+            );
+            let owed: i64 = sqlx::query_scalar(&sql).fetch_one(&self.pool).await?;
+            Ok(u64::try_from(owed).unwrap_or(0))
+        })
+    }
+
+    fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
+        Box::pin(async move { Ok(Some(self.wake.clone())) })
     }
 }

@@ -1,0 +1,83 @@
+//! The process's default store: what `hexeract::run` and `hexeract::publish` share.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Database, EnvSettings};
+use crate::error::Error;
+use crate::store::{DeliveryStore, StoreError};
+
+/// The store `hexeract::run` delivers from and `hexeract::publish` writes to: PostgreSQL when
+/// `DATABASE_URL` is set, otherwise an SQLite file (`HEXERACT_SQLITE_PATH`, default
+/// `hexeract.db` in the working directory, created on first use). Opened and migrated once per
+/// process; later calls return the same store.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), hexeract::Error> {
+/// let store = hexeract::store::default_store().await?;
+/// for dead in store.dead_letters(100).await? {
+///     println!("{} {}: {}", dead.envelope.message_type, dead.reason, dead.detail);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub async fn default_store() -> Result<Arc<dyn DeliveryStore>, Error> {
+    static STORE: tokio::sync::OnceCell<Arc<dyn DeliveryStore>> =
+        tokio::sync::OnceCell::const_new();
+    STORE
+        .get_or_try_init(|| async {
+            let settings = EnvSettings::from_env()?;
+            open(&settings.database).await
+        })
+        .await
+        .cloned()
+}
+
+/// Opens and migrates the store `database` names.
+pub(crate) async fn open(database: &Database) -> Result<Arc<dyn DeliveryStore>, Error> {
+    let store = match database {
+        Database::Postgres(url) => open_postgres(url).await?,
+        Database::Sqlite(path) => open_sqlite(path).await?,
+    };
+    store.migrate().await?;
+    tracing::info!(store = ?database, "outbox store ready");
+    Ok(store)
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str) -> Result<Arc<dyn DeliveryStore>, Error> {
+    Ok(Arc::new(super::postgres::PgStore::connect(url).await?))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_url: &str) -> Result<Arc<dyn DeliveryStore>, Error> {
+    Err(Error::Unsupported(
+        "DATABASE_URL is set, but this build of hexeract lacks its `postgres` feature".to_owned(),
+    ))
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(path: &std::path::Path) -> Result<Arc<dyn DeliveryStore>, Error> {
+    Ok(Arc::new(super::sqlite::SqliteStore::open(path).await?))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open_sqlite(_path: &std::path::Path) -> Result<Arc<dyn DeliveryStore>, Error> {
+    Err(Error::Unsupported(
+        "no DATABASE_URL is set and this build of hexeract lacks its `sqlite` feature: set \
+         DATABASE_URL or enable the feature"
+            .to_owned(),
+    ))
+}
+
+/// Waits until `store` owes nothing ([`DeliveryStore::backlog`] is zero), checking every
+/// `poll`: for tools, tests and examples that publish, then stop once everything is settled.
+pub async fn wait_until_drained(
+    store: &dyn DeliveryStore,
+    poll: Duration,
+) -> Result<(), StoreError> {
+    while store.backlog().await? > 0 {
+        tokio::time::sleep(poll).await;
+    }
+    Ok(())
+}
