@@ -562,3 +562,51 @@ async fn a_commit_in_another_connection_wakes_an_idle_worker() {
     running.await.unwrap().unwrap();
     db.drop_schema().await;
 }
+
+struct OneAtATime {
+    in_flight: Arc<AtomicU32>,
+    most: Arc<AtomicU32>,
+}
+
+impl Handler<OrderPlaced> for OneAtATime {
+    type Output = Result<(), String>;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_concurrency_limit_holds_within_a_batch() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let batch: Vec<Envelope> = (0..40)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    store.publish(batch).await.unwrap();
+    let most = Arc::new(AtomicU32::new(0));
+    let worker = OutboxWorker::builder(store.clone())
+        .registry(Registry::new())
+        .register_handler_with::<OrderPlaced, _>(
+            OneAtATime {
+                in_flight: Arc::new(AtomicU32::new(0)),
+                most: most.clone(),
+            },
+            HandlerOptions::new()
+                .name("one_at_a_time")
+                .concurrency(std::num::NonZeroU32::new(1).unwrap()),
+        )
+        .batch_size(20)
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    drained(&db).await;
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two calls at once");
+    db.drop_schema().await;
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -236,7 +236,16 @@ impl OutboxWorkerBuilder {
         let handlers = registry
             .handlers()
             .filter_map(|info| registry.get(&info.name))
-            .map(|handler| (handler.info().name.to_string(), handler.clone()))
+            .map(|handler| {
+                let runner = Runner {
+                    permits: handler
+                        .info()
+                        .concurrency
+                        .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
+                    handler: handler.clone(),
+                };
+                (handler.info().name.to_string(), runner)
+            })
             .collect();
         Ok(OutboxWorker {
             routes: Routes::from_registry(&registry),
@@ -275,7 +284,7 @@ impl fmt::Debug for OutboxWorkerBuilder {
 pub struct OutboxWorker {
     store: Arc<dyn DeliveryStore>,
     routes: Routes,
-    handlers: HashMap<String, Arc<RegisteredHandler>>,
+    handlers: HashMap<String, Runner>,
     poll_interval: Duration,
     batch_size: u32,
     lease: Duration,
@@ -294,6 +303,13 @@ impl fmt::Debug for OutboxWorker {
             .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
+}
+
+/// A handler as the worker calls it: with its own concurrency limit, when it has one
+/// (`#[handler(concurrency = N)]`); otherwise a whole batch may run at once.
+struct Runner {
+    handler: Arc<RegisteredHandler>,
+    permits: Option<Arc<Semaphore>>,
 }
 
 /// How one claimed delivery is to be settled.
@@ -449,7 +465,14 @@ impl OutboxWorker {
             };
         }
         let outcome = match self.handlers.get(&handler) {
-            Some(registered) => {
+            Some(Runner {
+                handler: registered,
+                permits,
+            }) => {
+                let _permit = match permits {
+                    Some(permits) => Some(permits.acquire().await.expect("never closed")),
+                    None => None,
+                };
                 let info = registered.info();
                 let ctx = Context::new(
                     envelope.clone(),
