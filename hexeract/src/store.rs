@@ -66,6 +66,11 @@ pub struct Claimed {
     pub handler: String,
     /// The message, `attempt` counted.
     pub envelope: Envelope,
+    /// An earlier claim of this delivery ended without being settled (its worker died or
+    /// stopped mid-call), so it may be what brought that worker down. Workers run such
+    /// deliveries one at a time, so that one message that crashes the process cannot take the
+    /// rest of a batch with it. Cleared once a call of it finishes.
+    pub recovered: bool,
 }
 
 /// A store of outbox rows, deliveries and dead letters.
@@ -106,15 +111,21 @@ pub trait DeliveryStore: Send + Sync + 'static {
         detail: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// Moves a delivery claimed under `token` to the dead letters. `false` when the claim was
-    /// lost.
+    /// Moves a delivery claimed under `token` to the dead letters, recording `calls` handler
+    /// calls made. `false` when the claim was lost.
     fn dead_letter<'a>(
         &'a self,
         token: Uuid,
         id: i64,
         reason: &'a Reason,
         detail: &'a str,
+        calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Gives back deliveries claimed under `token` without calling their handlers: due at
+    /// once, their claimed attempt not counted. Returns how many it gave back.
+    fn release<'a>(&'a self, token: Uuid, ids: &'a [i64])
+        -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Dead letters, oldest first, at most `limit`.
     fn dead_letters(&self, limit: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>>;

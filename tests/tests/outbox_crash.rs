@@ -617,8 +617,6 @@ async fn a_message_that_aborts_the_process_is_dead_lettered_after_max_deliveries
 /// dead-lettered as `max_deliveries_exceeded` beside it, though they were handled or never got
 /// the chance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a message that crashes the process takes the deliveries claimed in its batch \
-            to the dead letters (max_deliveries_exceeded) with it"]
 async fn a_crashing_message_leaves_its_batch_mates_alone() {
     let run = CrashLoop::run(10).await;
     run.report("batch_mates");
@@ -645,8 +643,6 @@ async fn a_crashing_message_leaves_its_batch_mates_alone() {
 /// at the claim after its last allowed call records the claims: `MAX_DELIVERIES + 1`. One
 /// delivery per batch here, so that the batch-mates bug above stays out of the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: the dead letter of a message that crashed the process MAX_DELIVERIES times \
-            says attempts = MAX_DELIVERIES + 1 (claims), not the handler calls made"]
 async fn a_crashing_messages_dead_letter_counts_the_calls_made() {
     let run = CrashLoop::run(1).await;
     run.report("dead_letter_attempts");

@@ -99,7 +99,7 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     b.unwrap();
     c.unwrap();
     store.migrate().await.unwrap();
-    assert_eq!(db.count("schema_versions").await, 1);
+    assert_eq!(db.count("schema_versions").await, 2);
     db.drop_schema().await;
 }
 
@@ -241,7 +241,7 @@ async fn a_claim_hides_rows_until_its_lease_ends_and_settling_needs_the_claim() 
         .await
         .unwrap());
     assert!(!store
-        .dead_letter(first, delivery.id, &Reason::HANDLER_REJECTED, "late")
+        .dead_letter(first, delivery.id, &Reason::HANDLER_REJECTED, "late", 1)
         .await
         .unwrap());
     assert_eq!(store.ack(second, &[delivery.id]).await.unwrap(), 1);
@@ -274,7 +274,8 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
                 token,
                 delivery.id,
                 &Reason::PAYLOAD_INVALID,
-                &"x".repeat(10_000)
+                &"x".repeat(10_000),
+                1
             )
             .await
             .unwrap());

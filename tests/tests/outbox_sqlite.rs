@@ -81,7 +81,7 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     a.unwrap();
     b.unwrap();
     c.unwrap();
-    assert_eq!(db.count("schema_versions").await, 1);
+    assert_eq!(db.count("schema_versions").await, 2);
 
     let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(store.pool())
@@ -297,7 +297,7 @@ async fn a_claim_counts_the_attempt_and_hides_the_row_until_its_lease_ends() {
         .await
         .unwrap());
     assert!(!store
-        .dead_letter(first, id, &Reason::HANDLER_REJECTED, "late")
+        .dead_letter(first, id, &Reason::HANDLER_REJECTED, "late", 1)
         .await
         .unwrap());
     assert_eq!(db.count("dead_letters").await, 0);
@@ -333,7 +333,7 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
         .await
         .unwrap());
     assert!(!store
-        .dead_letter(stranger, id, &Reason::HANDLER_REJECTED, "no")
+        .dead_letter(stranger, id, &Reason::HANDLER_REJECTED, "no", 1)
         .await
         .unwrap());
     assert_eq!(db.count("deliveries").await, 1);
@@ -416,7 +416,8 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
                 token,
                 delivery.id,
                 &Reason::PAYLOAD_INVALID,
-                &"x".repeat(10_000)
+                &"x".repeat(10_000),
+                1
             )
             .await
             .unwrap());
@@ -424,7 +425,7 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
     assert_eq!(db.count("deliveries").await, 0);
     assert!(
         !store
-            .dead_letter(token, claimed[0].id, &Reason::PAYLOAD_INVALID, "twice")
+            .dead_letter(token, claimed[0].id, &Reason::PAYLOAD_INVALID, "twice", 1)
             .await
             .unwrap(),
         "already gone"
@@ -486,7 +487,7 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
 
     assert_eq!(store.purge_dead_letters().await.unwrap(), 0);
     assert!(store
-        .dead_letter(token, again[0].id, &Reason::HANDLER_REJECTED, "no")
+        .dead_letter(token, again[0].id, &Reason::HANDLER_REJECTED, "no", 1)
         .await
         .unwrap());
     assert_eq!(store.purge_dead_letters().await.unwrap(), 1);

@@ -324,6 +324,8 @@ enum Settlement {
         id: i64,
         reason: Reason,
         detail: String,
+        /// Handler calls made.
+        calls: u32,
     },
     /// Interrupted by a shutdown past the grace: left claimed; its lease ends and the attempt
     /// stays counted.
@@ -394,7 +396,22 @@ impl OutboxWorker {
     ) -> Result<usize, crate::store::StoreError> {
         self.store.expand(&self.routes, self.batch_size).await?;
         let token = Uuid::now_v7();
-        let claimed = self.store.claim(token, self.batch_size, self.lease).await?;
+        let mut claimed = self.store.claim(token, self.batch_size, self.lease).await?;
+        if let Some(suspect) = claimed.iter().position(|delivery| delivery.recovered) {
+            // A claim of this batch was never settled: one of these messages may crash the
+            // process. Run one suspect alone and give the rest back, so a crash costs no other
+            // delivery an attempt.
+            let suspect = claimed.swap_remove(suspect);
+            let others: Vec<i64> = claimed.iter().map(|delivery| delivery.id).collect();
+            self.store.release(token, &others).await?;
+            tracing::info!(
+                message_id = %suspect.envelope.id,
+                handler = %suspect.handler,
+                attempt = suspect.envelope.attempt,
+                "delivery recovered from an unsettled claim; running it alone"
+            );
+            claimed = vec![suspect];
+        }
         let count = claimed.len();
         if count == 0 {
             return Ok(0);
@@ -427,8 +444,15 @@ impl OutboxWorker {
                 Settlement::Retry { id, delay, detail } => {
                     self.store.retry(token, id, delay, &detail).await?
                 }
-                Settlement::DeadLetter { id, reason, detail } => {
-                    self.store.dead_letter(token, id, &reason, &detail).await?
+                Settlement::DeadLetter {
+                    id,
+                    reason,
+                    detail,
+                    calls,
+                } => {
+                    self.store
+                        .dead_letter(token, id, &reason, &detail, calls)
+                        .await?
                 }
             };
             if !kept {
@@ -450,6 +474,7 @@ impl OutboxWorker {
             id,
             handler,
             envelope,
+            ..
         } = delivery;
         let max = self.retry.max_deliveries_value();
         if envelope.attempt > max {
@@ -459,9 +484,10 @@ impl OutboxWorker {
                 id,
                 reason: Reason::MAX_DELIVERIES_EXCEEDED,
                 detail: format!(
-                    "claimed {} times without being settled: the worker died or was stopped during the call",
-                    envelope.attempt - 1
+                    "the last {max} call(s) never finished: the worker died or was stopped during the call \
+                     (a message that crashes the process?)"
                 ),
+                calls: max,
             };
         }
         let outcome = match self.handlers.get(&handler) {
@@ -515,7 +541,12 @@ impl OutboxWorker {
             HandlerOutcome::Ack => Settlement::Ack(id),
             HandlerOutcome::DeadLetter { reason, detail } => {
                 tracing::error!(message_id = %envelope.id, %handler, %reason, detail, "message dead-lettered");
-                Settlement::DeadLetter { id, reason, detail }
+                Settlement::DeadLetter {
+                    id,
+                    reason,
+                    detail,
+                    calls: envelope.attempt,
+                }
             }
             HandlerOutcome::Retry {
                 reason,
@@ -524,7 +555,12 @@ impl OutboxWorker {
             } => {
                 if self.retry.is_exhausted(envelope.attempt) {
                     tracing::error!(message_id = %envelope.id, %handler, %reason, detail, attempts = envelope.attempt, "message dead-lettered");
-                    return Settlement::DeadLetter { id, reason, detail };
+                    return Settlement::DeadLetter {
+                        id,
+                        reason,
+                        detail,
+                        calls: envelope.attempt,
+                    };
                 }
                 let delay = after.unwrap_or_else(|| self.retry.backoff(envelope.attempt));
                 tracing::warn!(message_id = %envelope.id, %handler, attempt = envelope.attempt, retry_in = ?delay, detail, "handler failed; will retry");

@@ -221,6 +221,7 @@ struct Statements {
     expand: String,
     claim: String,
     ack: String,
+    release: String,
     retry: String,
     dead_letter: String,
     dead_letters: String,
@@ -262,6 +263,8 @@ impl Statements {
             claim: format!(
                 "UPDATE {s}.deliveries
                  SET attempts = attempts + 1,
+                     -- SET sees the row as it was: a token still there is an unsettled claim.
+                     recovered = recovered OR lease_owner IS NOT NULL,
                      lease_owner = $1,
                      available_at = now() + $2::bigint * interval '1 millisecond'
                  WHERE id = ANY(ARRAY(
@@ -270,13 +273,19 @@ impl Statements {
                      ORDER BY available_at
                      LIMIT $3
                      FOR UPDATE SKIP LOCKED))
-                 RETURNING id, message_id, handler, attempts, {m}"
+                 RETURNING id, message_id, handler, attempts, recovered, {m}"
             ),
             ack: format!("DELETE FROM {s}.deliveries WHERE id = ANY($1) AND lease_owner = $2"),
+            release: format!(
+                "UPDATE {s}.deliveries
+                 SET attempts = attempts - 1, lease_owner = NULL, available_at = now()
+                 WHERE id = ANY($1) AND lease_owner = $2"
+            ),
             retry: format!(
                 "UPDATE {s}.deliveries
                  SET available_at = now() + $3::bigint * interval '1 millisecond',
                      lease_owner = NULL,
+                     recovered = false,
                      last_error = $4
                  WHERE id = $1 AND lease_owner = $2"
             ),
@@ -286,7 +295,7 @@ impl Statements {
                  )
                  INSERT INTO {s}.dead_letters
                      (id, message_id, handler, reason, detail, attempts, {m})
-                 SELECT $3, message_id, NULLIF(handler, ''), $4, $5, attempts, {m} FROM gone"
+                 SELECT $3, message_id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
             ),
             dead_letters: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
@@ -426,6 +435,10 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
     let current_version = format!("SELECT max(version) FROM {s}.schema_versions");
     let v1 = Statements::schema_v1(schema);
     let record_v1 = format!("INSERT INTO {s}.schema_versions (version) VALUES (1)");
+    let v2 = format!(
+        "ALTER TABLE {s}.deliveries ADD COLUMN recovered boolean NOT NULL DEFAULT false;
+         INSERT INTO {s}.schema_versions (version) VALUES (2);"
+    );
 
     // Several processes may start at once: one migrates, the others wait for its transaction
     // and then find the new version.
@@ -441,6 +454,10 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v1)).await?;
         sqlx::query(&record_v1).execute(&mut *conn).await?;
         tracing::info!(%schema, "outbox schema created (version 1)");
+    }
+    if current.unwrap_or(0) < 2 {
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v2)).await?;
+        tracing::info!(%schema, "outbox schema upgraded to version 2 (deliveries.recovered)");
     }
     Ok(())
 }
@@ -525,6 +542,7 @@ impl DeliveryStore for PgStore {
                         id: row.try_get("id")?,
                         handler: row.try_get("handler")?,
                         envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+                        recovered: row.try_get("recovered")?,
                     })
                 })
                 .collect()
@@ -570,6 +588,7 @@ impl DeliveryStore for PgStore {
         id: i64,
         reason: &'a Reason,
         detail: &'a str,
+        calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let done = sqlx::query(&self.sql.dead_letter)
@@ -578,9 +597,28 @@ impl DeliveryStore for PgStore {
                 .bind(Uuid::now_v7())
                 .bind(reason.as_str())
                 .bind(crate::dead_letter::truncate_detail(detail))
+                .bind(i32::try_from(calls).unwrap_or(i32::MAX))
                 .execute(&self.pool)
                 .await?;
             Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [i64],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let done = sqlx::query(&self.sql.release)
+                .bind(ids)
+                .bind(token)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
         })
     }
 

@@ -234,6 +234,7 @@ struct Statements {
     expand_to_deliveries: String,
     expand_from_outbox: String,
     claim: String,
+    release: String,
     ack: String,
     retry: String,
     dead_letter_copy: String,
@@ -286,6 +287,8 @@ impl Statements {
             claim: format!(
                 "UPDATE {d}
                  SET attempts = attempts + 1,
+                     -- SET sees the row as it was: a token still there is an unsettled claim.
+                     recovered = recovered OR lease_owner IS NOT NULL,
                      lease_owner = ?1,
                      available_at = ?3
                  WHERE id IN (
@@ -293,7 +296,12 @@ impl Statements {
                      WHERE available_at <= ?2
                      ORDER BY available_at
                      LIMIT ?4)
-                 RETURNING id, message_id, handler, attempts, {m}"
+                 RETURNING id, message_id, handler, attempts, recovered, {m}"
+            ),
+            release: format!(
+                "UPDATE {d}
+                 SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
             ),
             ack: format!(
                 "DELETE FROM {d}
@@ -301,13 +309,13 @@ impl Statements {
             ),
             retry: format!(
                 "UPDATE {d}
-                 SET available_at = ?3, lease_owner = NULL, last_error = ?4
+                 SET available_at = ?3, lease_owner = NULL, recovered = 0, last_error = ?4
                  WHERE id = ?1 AND lease_owner = ?2"
             ),
             dead_letter_copy: format!(
                 "INSERT INTO {dl}
                      (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
-                 SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, attempts, ?6, {m}
+                 SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}
                  FROM {d} WHERE id = ?1 AND lease_owner = ?2"
             ),
             dead_letter_delete: format!("DELETE FROM {d} WHERE id = ?1 AND lease_owner = ?2"),
@@ -445,6 +453,11 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
     let current_version = format!("SELECT max(version) FROM {versions}");
     let v1 = Statements::schema_v1(prefix);
     let record_v1 = format!("INSERT INTO {versions} (version, applied_at) VALUES (1, ?1)");
+    let deliveries = table(prefix, "deliveries");
+    let v2 = format!(
+        "ALTER TABLE {deliveries} ADD COLUMN recovered INTEGER NOT NULL DEFAULT 0;
+         INSERT INTO {versions} (version, applied_at) VALUES (2, {NOW_MILLIS_SQL});"
+    );
 
     sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&bootstrap)).await?;
     let current: Option<i64> = sqlx::query_scalar(&current_version)
@@ -457,6 +470,10 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
             .execute(&mut *conn)
             .await?;
         tracing::info!(%prefix, "outbox tables created (version 1)");
+    }
+    if current.unwrap_or(0) < 2 {
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v2)).await?;
+        tracing::info!(%prefix, "outbox tables upgraded to version 2 (deliveries.recovered)");
     }
     Ok(())
 }
@@ -596,6 +613,7 @@ impl DeliveryStore for SqliteStore {
                         id: row.try_get("id")?,
                         handler: row.try_get("handler")?,
                         envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+                        recovered: row.try_get::<i64, _>("recovered")? != 0,
                     })
                 })
                 .collect()
@@ -610,6 +628,25 @@ impl DeliveryStore for SqliteStore {
             let done = sqlx::query(&self.sql.ack)
                 .bind(Json(ids))
                 .bind(token.hyphenated())
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [i64],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let done = sqlx::query(&self.sql.release)
+                .bind(Json(ids))
+                .bind(token.hyphenated())
+                .bind(now_millis())
                 .execute(&self.pool)
                 .await?;
             Ok(done.rows_affected())
@@ -641,6 +678,7 @@ impl DeliveryStore for SqliteStore {
         id: i64,
         reason: &'a Reason,
         detail: &'a str,
+        calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
@@ -651,6 +689,7 @@ impl DeliveryStore for SqliteStore {
                 .bind(reason.as_str())
                 .bind(crate::dead_letter::truncate_detail(detail))
                 .bind(now_millis())
+                .bind(i64::from(calls))
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(&self.sql.dead_letter_delete)
