@@ -80,7 +80,13 @@ impl PgStore {
         })
     }
 
-    /// The connection pool, for the application's own queries and transactions.
+    /// The store's connection pool.
+    ///
+    /// Run handlers' transactions on a pool of your own, not this one. A handler call that
+    /// times out, or outlives the shutdown grace, is dropped where it stands; if it was inside
+    /// `pool.begin()` at that moment, sqlx 0.8 can return the connection to its pool still in
+    /// a transaction (sqlx issue #4393), and the store's next statements on it would join that
+    /// transaction.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
