@@ -97,7 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cancel = CancellationToken::new();
     let runtime = tokio::spawn(hexeract::run(cancel.clone()));
 
-    println!("publishing 2 orders, 2 refunds and 1 message that is not valid JSON:");
+    println!("publishing 2 orders, 2 refunds and 1 refund whose payload does not decode:");
     let mut ids = vec![
         hexeract::publish(&OrderPlaced {
             order_id: 1,

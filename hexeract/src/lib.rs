@@ -17,7 +17,8 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     // `hexeract::run(cancel)` does this with settings from the environment.
+//!     // The in-memory runtime, for tests and programs that need no durability;
+//!     // `hexeract::run(cancel)` runs the same handlers on the durable outbox.
 //!     let runtime = Runtime::builder().store(InMemoryStore::new()).build()?;
 //!     let store = runtime.store().clone();
 //!     let cancel = CancellationToken::new();

@@ -41,6 +41,7 @@ pub struct OutboxWorkerBuilder {
     max_deliveries: u32,
     handler_timeout: Duration,
     shutdown_grace: Duration,
+    max_payload_bytes: usize,
     wake: Option<Arc<Notify>>,
     polling_only: bool,
 }
@@ -65,6 +66,7 @@ impl OutboxWorkerBuilder {
             max_deliveries: 5,
             handler_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(8),
+            max_payload_bytes: 1024 * 1024,
             wake: None,
             polling_only: false,
         }
@@ -144,6 +146,13 @@ impl OutboxWorkerBuilder {
         self
     }
 
+    /// Largest payload handed to a handler (default 1 MiB); a larger message is dead-lettered
+    /// as `payload_too_large` without being decoded.
+    pub fn max_payload_bytes(mut self, max: usize) -> OutboxWorkerBuilder {
+        self.max_payload_bytes = max;
+        self
+    }
+
     /// Wakes the worker from its poll sleep when notified, instead of the store's own signal
     /// ([`DeliveryStore::wakeups`]).
     pub fn wake_on(mut self, wake: Arc<Notify>) -> OutboxWorkerBuilder {
@@ -215,16 +224,14 @@ impl OutboxWorkerBuilder {
             format!("{:?}", self.handler_timeout),
             "longer than zero",
         );
+        check(
+            self.max_payload_bytes >= 1,
+            "max_payload_bytes",
+            self.max_payload_bytes.to_string(),
+            "at least 1",
+        );
         if !problems.is_empty() {
             return Err(ConfigError { problems }.into());
-        }
-        if self.lease <= self.handler_timeout {
-            tracing::warn!(
-                lease = ?self.lease,
-                handler_timeout = ?self.handler_timeout,
-                "the lease does not exceed the handler timeout: a slow handler's delivery may be \
-                 claimed by another worker while it still runs"
-            );
         }
         let mut registry = match self.registry {
             Some(registry) => registry,
@@ -232,6 +239,18 @@ impl OutboxWorkerBuilder {
         };
         for registration in self.registrations {
             registration(&mut registry)?;
+        }
+        for info in registry.handlers() {
+            let timeout = info.timeout.unwrap_or(self.handler_timeout);
+            if timeout > self.lease {
+                tracing::warn!(
+                    handler = %info.name,
+                    timeout = ?timeout,
+                    lease = ?self.lease,
+                    "the handler's timeout is longer than the lease: while a slow call still \
+                     runs, another worker may claim the same delivery; raise the lease"
+                );
+            }
         }
         let handlers = registry
             .handlers()
@@ -259,6 +278,7 @@ impl OutboxWorkerBuilder {
                 .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
             handler_timeout: self.handler_timeout,
             shutdown_grace: self.shutdown_grace,
+            max_payload_bytes: self.max_payload_bytes,
             wake: self.wake,
             polling_only: self.polling_only,
         })
@@ -291,6 +311,7 @@ pub struct OutboxWorker {
     retry: RetryPolicy,
     handler_timeout: Duration,
     shutdown_grace: Duration,
+    max_payload_bytes: usize,
     wake: Option<Arc<Notify>>,
     polling_only: bool,
 }
@@ -488,6 +509,20 @@ impl OutboxWorker {
                      (a message that crashes the process?)"
                 ),
                 calls: max,
+            };
+        }
+        if envelope.payload.len() > self.max_payload_bytes {
+            let detail = format!(
+                "payload is {} bytes, more than max_payload_bytes ({}); it was not decoded",
+                envelope.payload.len(),
+                self.max_payload_bytes
+            );
+            tracing::error!(message_id = %envelope.id, %handler, detail, "message dead-lettered");
+            return Settlement::DeadLetter {
+                id,
+                reason: Reason::PAYLOAD_TOO_LARGE,
+                detail,
+                calls: envelope.attempt - 1,
             };
         }
         let outcome = match self.handlers.get(&handler) {
