@@ -49,6 +49,46 @@ pub struct ConfigProblem {
     pub expected: String,
 }
 
+/// Builder knobs checked together, so that one error lists every bad one.
+#[derive(Default)]
+pub(crate) struct KnobChecks(Vec<ConfigProblem>);
+
+impl KnobChecks {
+    fn require(mut self, ok: bool, knob: &str, value: String, expected: &str) -> KnobChecks {
+        if !ok {
+            self.0.push(ConfigProblem {
+                setting: knob.to_owned(),
+                value,
+                expected: expected.to_owned(),
+            });
+        }
+        self
+    }
+
+    /// `value` must be 1 or more.
+    pub(crate) fn at_least_one(self, knob: &str, value: u64) -> KnobChecks {
+        self.require(value >= 1, knob, value.to_string(), "at least 1")
+    }
+
+    /// `value` must be longer than zero.
+    pub(crate) fn not_zero(self, knob: &str, value: std::time::Duration) -> KnobChecks {
+        self.require(
+            !value.is_zero(),
+            knob,
+            format!("{value:?}"),
+            "longer than zero",
+        )
+    }
+
+    pub(crate) fn finish(self) -> Result<(), ConfigError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { problems: self.0 })
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "invalid configuration, nothing was started:")?;

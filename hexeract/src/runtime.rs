@@ -19,7 +19,7 @@ use crate::context::Context;
 use crate::dead_letter::DeadLetter;
 use crate::dispatch::{call_handler, Call};
 use crate::envelope::Envelope;
-use crate::error::{ConfigError, ConfigProblem, Error};
+use crate::error::{ConfigError, Error, KnobChecks};
 use crate::handler::Handler;
 use crate::memory::{InMemoryStore, Pending};
 use crate::message::Message;
@@ -235,43 +235,12 @@ impl RuntimeBuilder {
 
     /// Checks the settings and registers the handlers.
     pub fn build(self) -> Result<Runtime, Error> {
-        let mut problems = Vec::new();
-        let mut check = |ok: bool, setting: &str, value: String, expected: &str| {
-            if !ok {
-                problems.push(ConfigProblem {
-                    setting: setting.to_owned(),
-                    value,
-                    expected: expected.to_owned(),
-                });
-            }
-        };
-        check(
-            self.max_deliveries >= 1,
-            "max_deliveries",
-            self.max_deliveries.to_string(),
-            "at least 1",
-        );
-        check(
-            !self.handler_timeout.is_zero(),
-            "handler_timeout",
-            format!("{:?}", self.handler_timeout),
-            "longer than zero",
-        );
-        check(
-            self.concurrency >= 1,
-            "concurrency",
-            self.concurrency.to_string(),
-            "at least 1",
-        );
-        check(
-            self.max_payload_bytes >= 1,
-            "max_payload_bytes",
-            self.max_payload_bytes.to_string(),
-            "at least 1",
-        );
-        if !problems.is_empty() {
-            return Err(ConfigError { problems }.into());
-        }
+        KnobChecks::default()
+            .at_least_one("max_deliveries", self.max_deliveries.into())
+            .not_zero("handler_timeout", self.handler_timeout)
+            .at_least_one("concurrency", self.concurrency.into())
+            .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
+            .finish()?;
 
         let mut registry = match self.registry {
             Some(registry) => registry,

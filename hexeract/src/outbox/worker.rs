@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::config::EnvSettings;
 use crate::context::Context;
 use crate::dispatch::{call_handler, Call};
-use crate::error::{ConfigError, ConfigProblem, Error};
+use crate::error::{Error, KnobChecks};
 use crate::handler::Handler;
 use crate::message::Message;
 use crate::outcome::HandlerOutcome;
@@ -190,49 +190,13 @@ impl OutboxWorkerBuilder {
 
     /// Checks the knobs and registers the handlers.
     pub fn build(self) -> Result<OutboxWorker, Error> {
-        let mut problems = Vec::new();
-        let mut check = |ok: bool, setting: &str, value: String, expected: &str| {
-            if !ok {
-                problems.push(ConfigProblem {
-                    setting: setting.to_owned(),
-                    value,
-                    expected: expected.to_owned(),
-                });
-            }
-        };
-        check(
-            self.batch_size >= 1,
-            "batch_size",
-            self.batch_size.to_string(),
-            "at least 1",
-        );
-        check(
-            !self.lease.is_zero(),
-            "lease",
-            format!("{:?}", self.lease),
-            "longer than zero",
-        );
-        check(
-            self.max_deliveries >= 1,
-            "max_deliveries",
-            self.max_deliveries.to_string(),
-            "at least 1",
-        );
-        check(
-            !self.handler_timeout.is_zero(),
-            "handler_timeout",
-            format!("{:?}", self.handler_timeout),
-            "longer than zero",
-        );
-        check(
-            self.max_payload_bytes >= 1,
-            "max_payload_bytes",
-            self.max_payload_bytes.to_string(),
-            "at least 1",
-        );
-        if !problems.is_empty() {
-            return Err(ConfigError { problems }.into());
-        }
+        KnobChecks::default()
+            .at_least_one("batch_size", self.batch_size.into())
+            .not_zero("lease", self.lease)
+            .at_least_one("max_deliveries", self.max_deliveries.into())
+            .not_zero("handler_timeout", self.handler_timeout)
+            .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
+            .finish()?;
         let mut registry = match self.registry {
             Some(registry) => registry,
             None => Registry::from_inventory()?,
