@@ -1,60 +1,72 @@
 //! One handler call, made safe to run: a panic or a timeout becomes a failed attempt instead of
-//! taking the worker down.
+//! taking the worker down, and a call given up on is left to finish, never dropped mid-way.
 
 use std::any::Any;
-use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::context::Context;
 use crate::envelope::Envelope;
-use crate::handler::ErasedHandler;
 use crate::outcome::HandlerOutcome;
 use crate::reason::Reason;
+use crate::registry::RegisteredHandler;
 
 /// How a call ended.
 pub(crate) enum Call {
     /// The handler returned, panicked or timed out; the outcome says which.
     Finished(HandlerOutcome),
-    /// `interrupt` fired first: the call was abandoned and says nothing about the message.
+    /// `interrupt` fired first: the call was given up on and says nothing about the message.
     Interrupted,
 }
 
-/// Calls `handler` once. Only the handler's own future is raced against the timeout and the
-/// interrupt, so neither ever drops a transaction that belongs to the framework. The race runs
-/// inside `catch_unwind`, so a handler whose future panics while being dropped (on a timeout or
-/// an interrupt) is caught too.
+/// Calls `handler` once, in a task of its own.
+///
+/// A call that times out or is interrupted is *abandoned*, not dropped: its task runs on, and
+/// `ctx.cancellation()` fires so that a cooperative handler stops. Dropping a handler's future
+/// in the middle of `pool.begin()` can return a pooled connection still inside a transaction
+/// (sqlx #4393), which would poison the pool for everyone; an abandoned call ends its
+/// transaction itself. A panic, wherever it happens in the call, is caught by the task.
 pub(crate) async fn call_handler(
-    handler: &dyn ErasedHandler,
-    envelope: &Envelope,
-    ctx: &Context,
+    handler: Arc<RegisteredHandler>,
+    envelope: Envelope,
+    ctx: Context,
     timeout: Duration,
     interrupt: &CancellationToken,
 ) -> Call {
-    let race = async {
-        tokio::select! {
-            biased;
-            () = interrupt.cancelled() => None,
-            result = tokio::time::timeout(timeout, handler.handle(envelope, ctx)) => Some(result),
-        }
+    let call_cancelled = ctx.cancellation().clone();
+    let mut task = tokio::spawn(
+        async move { handler.handler().handle(&envelope, &ctx).await }
+            .instrument(tracing::Span::current()),
+    );
+    let finished = tokio::select! {
+        biased;
+        () = interrupt.cancelled() => None,
+        result = tokio::time::timeout(timeout, &mut task) => Some(result),
     };
-    match AssertUnwindSafe(race).catch_unwind().await {
-        Ok(Some(Ok(outcome))) => Call::Finished(outcome),
-        Ok(Some(Err(_elapsed))) => Call::Finished(HandlerOutcome::Retry {
-            reason: Reason::HANDLER_TIMEOUT,
-            detail: format!("handler did not finish within {timeout:?}"),
-            after: None,
-        }),
-        Ok(None) => Call::Interrupted,
-        // Dropping the interrupted call panicked: it was abandoned all the same.
-        Err(_) if interrupt.is_cancelled() => Call::Interrupted,
-        Err(panic) => Call::Finished(HandlerOutcome::Retry {
+    match finished {
+        Some(Ok(Ok(outcome))) => Call::Finished(outcome),
+        Some(Ok(Err(error))) if error.is_panic() => Call::Finished(HandlerOutcome::Retry {
             reason: Reason::HANDLER_PANICKED,
-            detail: format!("handler panicked: {}", panic_message(&*panic)),
+            detail: format!("handler panicked: {}", panic_message(&*error.into_panic())),
             after: None,
         }),
+        // The executor is shutting down and cancelled the task.
+        Some(Ok(Err(_))) => Call::Interrupted,
+        Some(Err(_elapsed)) => {
+            call_cancelled.cancel();
+            Call::Finished(HandlerOutcome::Retry {
+                reason: Reason::HANDLER_TIMEOUT,
+                detail: format!("handler did not finish within {timeout:?}"),
+                after: None,
+            })
+        }
+        None => {
+            call_cancelled.cancel();
+            Call::Interrupted
+        }
     }
 }
 

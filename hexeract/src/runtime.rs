@@ -578,7 +578,7 @@ impl Shared {
                     let ctx = Context::new(
                         envelope.clone(),
                         slot.name.clone(),
-                        stop.clone(),
+                        stop.child_token(),
                         self.publisher.clone(),
                     );
                     let span = tracing::info_span!(
@@ -589,9 +589,9 @@ impl Shared {
                         attempt = envelope.attempt,
                     );
                     let call = call_handler(
-                        slot.handler.handler(),
-                        &envelope,
-                        &ctx,
+                        slot.handler.clone(),
+                        envelope.clone(),
+                        ctx,
                         slot.timeout,
                         &abort,
                     );

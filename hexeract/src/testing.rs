@@ -95,11 +95,18 @@ impl Harness {
             let ctx = self.context(envelope.clone(), &info.name);
             let timeout = info.timeout.unwrap_or(self.timeout);
             let never = CancellationToken::new();
-            let outcome =
-                match call_handler(registered.handler(), &envelope, &ctx, timeout, &never).await {
-                    Call::Finished(outcome) => outcome,
-                    Call::Interrupted => unreachable!("the harness never interrupts a call"),
-                };
+            let outcome = match call_handler(
+                registered.clone(),
+                envelope.clone(),
+                ctx,
+                timeout,
+                &never,
+            )
+            .await
+            {
+                Call::Finished(outcome) => outcome,
+                Call::Interrupted => unreachable!("the harness never interrupts a call"),
+            };
             deliveries.push(Delivered {
                 handler: info.name.to_string(),
                 outcome,

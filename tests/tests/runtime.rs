@@ -664,36 +664,50 @@ async fn a_call_that_fails_because_of_shutdown_is_not_counted() {
     assert_eq!(seen, [(id.to_string(), 1)]);
 }
 
-// --- a future that panics while being dropped on timeout ---
+// --- a timed-out call is abandoned, not dropped, and told to stop ---
 
-struct PanicsOnDrop;
+static ABANDONED_SAW_CANCEL: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static ABANDONED_DROPPED_EARLY: AtomicBool = AtomicBool::new(false);
 
-impl Drop for PanicsOnDrop {
+/// Records a drop that happens before the call saw its cancellation: a dropped future.
+struct DropWitness(bool);
+
+impl Drop for DropWitness {
     fn drop(&mut self) {
-        panic!("guard dropped mid-call");
+        if !self.0 {
+            ABANDONED_DROPPED_EARLY.store(true, Ordering::SeqCst);
+        }
     }
 }
 
-#[handler(message = "test.Ping", name = "drop_panic.guarded", timeout = "20ms")]
-async fn guarded(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    let _guard = PanicsOnDrop;
-    std::future::pending::<()>().await;
-    Ok(())
+#[handler(
+    message = "test.Ping",
+    name = "abandoned.cooperative",
+    timeout = "20ms"
+)]
+async fn cooperative_after_timeout(_ping: Ping, ctx: &Context) -> Result<(), String> {
+    let mut witness = DropWitness(false);
+    ctx.cancellation().cancelled().await;
+    witness.0 = true;
+    ABANDONED_SAW_CANCEL.notify_one();
+    Err("stopped".into())
 }
 
 #[tokio::test]
-async fn a_panic_while_dropping_a_timed_out_call_is_a_failed_attempt() {
-    let running = start(runtime("drop_panic").max_deliveries(1));
+async fn a_timed_out_call_is_abandoned_not_dropped_and_its_context_is_cancelled() {
+    let running = start(runtime("abandoned").max_deliveries(1));
     running.store.publish(&Ping { n: 1 }).await.unwrap();
     running.settle().await;
+    tokio::time::timeout(Duration::from_secs(10), ABANDONED_SAW_CANCEL.notified())
+        .await
+        .expect("the abandoned call saw its cancellation");
+    assert!(
+        !ABANDONED_DROPPED_EARLY.load(Ordering::SeqCst),
+        "the call's future was dropped instead of being left to finish"
+    );
     let dead = running.stop().await.dead_letters();
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::HANDLER_PANICKED);
-    assert!(
-        dead[0].detail.contains("guard dropped mid-call"),
-        "detail: {}",
-        dead[0].detail
-    );
+    assert_eq!(dead[0].reason, Reason::HANDLER_TIMEOUT);
 }
 
 // --- retry_after and messages waiting at shutdown ---

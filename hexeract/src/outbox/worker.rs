@@ -502,7 +502,7 @@ impl OutboxWorker {
                 let ctx = Context::new(
                     envelope.clone(),
                     handler.as_str(),
-                    cancel.clone(),
+                    cancel.child_token(),
                     publisher.clone(),
                 );
                 let span = tracing::info_span!(
@@ -513,7 +513,13 @@ impl OutboxWorker {
                     attempt = envelope.attempt,
                 );
                 let timeout = info.timeout.unwrap_or(self.handler_timeout);
-                let call = call_handler(registered.handler(), &envelope, &ctx, timeout, interrupt);
+                let call = call_handler(
+                    registered.clone(),
+                    envelope.clone(),
+                    ctx,
+                    timeout,
+                    interrupt,
+                );
                 match call.instrument(span).await {
                     Call::Finished(outcome) => outcome,
                     Call::Interrupted => return Settlement::Leave,
