@@ -102,10 +102,11 @@ impl Context {
         &self.handler
     }
 
-    /// Cancelled when the runtime shuts down. A long handler may watch it to stop early and
-    /// return `Err`: a call that fails after the shutdown began does not count against
-    /// `MAX_DELIVERIES`, and the message stays in the store for the next run. The runtime waits
-    /// up to its shutdown grace for handlers either way.
+    /// Cancelled when the runtime shuts down, or when this call has run past its timeout and
+    /// was given up on. The runtime never drops a running call: it leaves it to finish and
+    /// fires this, so a long handler should watch it, stop early and return `Err`. A call that
+    /// fails after the shutdown began does not count against `MAX_DELIVERIES` (in-memory
+    /// runtime), and the message is delivered again later either way.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancellation
     }
