@@ -802,11 +802,12 @@ async fn cancel_at_random(test: &str, rounds: usize, shutdown_grace: Duration) {
     let cancel = CancellationToken::new();
     let worker = in_process_worker(&db, &pool, &store, Duration::from_secs(8));
     let running = tokio::spawn(worker.run(cancel.clone()));
-    let deadline = Instant::now() + Duration::from_secs(45);
+    // A guard against a hang, not a speed check: CI runs other suites beside this one.
+    let deadline = Instant::now() + Duration::from_secs(180);
     while db.backlog().await > 0 {
         assert!(
             Instant::now() < deadline,
-            "the outbox did not drain within 45 s after the rounds ({} rows owed, connections \
+            "the outbox did not drain within 180 s after the rounds ({} rows owed, connections \
              in a transaction: {:?})",
             db.backlog().await,
             open_transactions(&db, &application_name).await

@@ -312,9 +312,11 @@ enum Settlement {
         /// Handler calls made.
         calls: u32,
     },
-    /// Interrupted by a shutdown past the grace: left claimed; its lease ends and the attempt
-    /// stays counted.
-    Leave,
+    /// Given up on at a shutdown past the grace: the call may still be running, so the
+    /// delivery comes due again only after a lease, with the attempt counted. It is settled
+    /// like a retry, not left claimed: this worker knows why it stopped, so the delivery is
+    /// not suspected of crashing a process (which would make it run alone).
+    Abandoned(i64),
 }
 
 impl OutboxWorker {
@@ -425,7 +427,12 @@ impl OutboxWorker {
         }
         for settlement in settlements {
             let kept = match settlement {
-                Settlement::Ack(_) | Settlement::Leave => true,
+                Settlement::Ack(_) => true,
+                Settlement::Abandoned(id) => {
+                    let detail = "the call was still running when the worker stopped \
+                                  (shutdown grace exceeded)";
+                    self.store.retry(token, id, self.lease, detail).await?
+                }
                 Settlement::Retry { id, delay, detail } => {
                     self.store.retry(token, id, delay, &detail).await?
                 }
@@ -522,7 +529,7 @@ impl OutboxWorker {
                 );
                 match call.instrument(span).await {
                     Call::Finished(outcome) => outcome,
-                    Call::Interrupted => return Settlement::Leave,
+                    Call::Interrupted => return Settlement::Abandoned(id),
                 }
             }
             None if handler == NO_HANDLER => HandlerOutcome::Retry {
