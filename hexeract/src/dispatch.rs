@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::context::Context;
-use crate::envelope::Envelope;
 use crate::outcome::HandlerOutcome;
 use crate::reason::Reason;
 use crate::registry::RegisteredHandler;
@@ -31,14 +30,14 @@ pub(crate) enum Call {
 /// transaction itself. A panic, wherever it happens in the call, is caught by the task.
 pub(crate) async fn call_handler(
     handler: Arc<RegisteredHandler>,
-    envelope: Envelope,
     ctx: Context,
     timeout: Duration,
     interrupt: &CancellationToken,
 ) -> Call {
     let call_cancelled = ctx.cancellation().clone();
     let mut task = tokio::spawn(
-        async move { handler.handler().handle(&envelope, &ctx).await }
+        // The context carries the envelope: one copy per call.
+        async move { handler.handler().handle(ctx.envelope(), &ctx).await }
             .instrument(tracing::Span::current()),
     );
     let finished = tokio::select! {

@@ -588,13 +588,7 @@ impl Shared {
                         handler = %slot.name,
                         attempt = envelope.attempt,
                     );
-                    let call = call_handler(
-                        slot.handler.clone(),
-                        envelope.clone(),
-                        ctx,
-                        slot.timeout,
-                        &abort,
-                    );
+                    let call = call_handler(slot.handler.clone(), ctx, slot.timeout, &abort);
                     match call.instrument(span).await {
                         Call::Finished(outcome) => outcome,
                         Call::Interrupted => return self.put_back(envelope, &target),

@@ -95,15 +95,7 @@ impl Harness {
             let ctx = self.context(envelope.clone(), &info.name);
             let timeout = info.timeout.unwrap_or(self.timeout);
             let never = CancellationToken::new();
-            let outcome = match call_handler(
-                registered.clone(),
-                envelope.clone(),
-                ctx,
-                timeout,
-                &never,
-            )
-            .await
-            {
+            let outcome = match call_handler(registered.clone(), ctx, timeout, &never).await {
                 Call::Finished(outcome) => outcome,
                 Call::Interrupted => unreachable!("the harness never interrupts a call"),
             };

@@ -520,13 +520,7 @@ impl OutboxWorker {
                     attempt = envelope.attempt,
                 );
                 let timeout = info.timeout.unwrap_or(self.handler_timeout);
-                let call = call_handler(
-                    registered.clone(),
-                    envelope.clone(),
-                    ctx,
-                    timeout,
-                    interrupt,
-                );
+                let call = call_handler(registered.clone(), ctx, timeout, interrupt);
                 match call.instrument(span).await {
                     Call::Finished(outcome) => outcome,
                     Call::Interrupted => return Settlement::Abandoned(id),
