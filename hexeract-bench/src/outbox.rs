@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const BATCH: u32 = 100;
-const PAIRS: usize = 3;
+const PAIRS: usize = 7;
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
 #[message(type = "bench.ItemShipped")]

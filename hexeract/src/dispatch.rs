@@ -2,9 +2,12 @@
 //! taking the worker down, and a call given up on is left to finish, never dropped mid-way.
 
 use std::any::Any;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -21,13 +24,17 @@ pub(crate) enum Call {
     Interrupted,
 }
 
-/// Calls `handler` once, in a task of its own.
+/// Calls `handler` once.
+///
+/// The call is polled once where it stands: a handler that does not wait (most do their work
+/// and return) finishes there, at the cost of a function call. One that waits moves into a task
+/// of its own and runs there under its timeout.
 ///
 /// A call that times out or is interrupted is *abandoned*, not dropped: its task runs on, and
 /// `ctx.cancellation()` fires so that a cooperative handler stops. Dropping a handler's future
 /// in the middle of `pool.begin()` can return a pooled connection still inside a transaction
 /// (sqlx #4393), which would poison the pool for everyone; an abandoned call ends its
-/// transaction itself. A panic, wherever it happens in the call, is caught by the task.
+/// transaction itself. A panic, wherever it happens in the call, is caught.
 pub(crate) async fn call_handler(
     handler: Arc<RegisteredHandler>,
     ctx: Context,
@@ -35,11 +42,25 @@ pub(crate) async fn call_handler(
     interrupt: &CancellationToken,
 ) -> Call {
     let call_cancelled = ctx.cancellation().clone();
-    let mut task = tokio::spawn(
-        // The context carries the envelope: one copy per call.
-        async move { handler.handler().handle(ctx.envelope(), &ctx).await }
-            .instrument(tracing::Span::current()),
-    );
+    // The context carries the envelope: one copy per call.
+    let mut call: BoxFuture<'static, HandlerOutcome> =
+        Box::pin(async move { handler.handler().handle(ctx.envelope(), &ctx).await });
+    let first_poll = std::future::poll_fn(|cx| {
+        Poll::Ready(panic::catch_unwind(AssertUnwindSafe(|| {
+            call.as_mut().poll(cx)
+        })))
+    })
+    .await;
+    match first_poll {
+        Ok(Poll::Ready(outcome)) => return Call::Finished(outcome),
+        Err(panic) => {
+            // A future that panicked is not polled again; dropping it may panic too.
+            let _ = panic::catch_unwind(AssertUnwindSafe(move || drop(call)));
+            return Call::Finished(panicked(&*panic));
+        }
+        Ok(Poll::Pending) => {}
+    }
+    let mut task = tokio::spawn(call.instrument(tracing::Span::current()));
     let finished = tokio::select! {
         biased;
         () = interrupt.cancelled() => None,
@@ -47,11 +68,7 @@ pub(crate) async fn call_handler(
     };
     match finished {
         Some(Ok(Ok(outcome))) => Call::Finished(outcome),
-        Some(Ok(Err(error))) if error.is_panic() => Call::Finished(HandlerOutcome::Retry {
-            reason: Reason::HANDLER_PANICKED,
-            detail: format!("handler panicked: {}", panic_message(&*error.into_panic())),
-            after: None,
-        }),
+        Some(Ok(Err(error))) if error.is_panic() => Call::Finished(panicked(&*error.into_panic())),
         // The executor is shutting down and cancelled the task.
         Some(Ok(Err(_))) => Call::Interrupted,
         Some(Err(_elapsed)) => {
@@ -66,6 +83,14 @@ pub(crate) async fn call_handler(
             call_cancelled.cancel();
             Call::Interrupted
         }
+    }
+}
+
+fn panicked(panic: &(dyn Any + Send)) -> HandlerOutcome {
+    HandlerOutcome::Retry {
+        reason: Reason::HANDLER_PANICKED,
+        detail: format!("handler panicked: {}", panic_message(panic)),
+        after: None,
     }
 }
 

@@ -85,6 +85,26 @@ impl RetryPolicy {
         base.mul_f64(1.0 - self.jitter * fastrand::f64())
     }
 
+    /// The delay after failed call number `attempt`: the one the handler asked for
+    /// ([`HandlerOutcome::retry_after`](crate::HandlerOutcome::retry_after)) or else the
+    /// backoff, never longer than `max_delay` (`RETRY_MAX_DELAY_MS`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use hexeract::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::default().max_delay(Duration::from_secs(60)).jitter(0.0);
+    /// assert_eq!(policy.delay_after(1, None), Duration::from_secs(1));
+    /// assert_eq!(policy.delay_after(1, Some(Duration::from_secs(5))), Duration::from_secs(5));
+    /// assert_eq!(policy.delay_after(1, Some(Duration::from_secs(3600))), Duration::from_secs(60));
+    /// ```
+    pub fn delay_after(&self, attempt: u32, requested: Option<Duration>) -> Duration {
+        match requested {
+            Some(delay) => delay.min(self.max_delay),
+            None => self.backoff(attempt),
+        }
+    }
+
     /// `true` when call number `attempt` was the last one allowed.
     pub fn is_exhausted(&self, attempt: u32) -> bool {
         attempt >= self.max_deliveries.get()

@@ -641,7 +641,7 @@ impl Shared {
                     if self.retry.is_exhausted(envelope.attempt) {
                         return self.dead_letter(envelope, &target, reason, &detail);
                     }
-                    let delay = after.unwrap_or_else(|| self.retry.backoff(envelope.attempt));
+                    let delay = self.retry.delay_after(envelope.attempt, after);
                     if let Some(slot) = target.slot() {
                         slot.counters.retried.fetch_add(1, Ordering::Relaxed);
                     }

@@ -1,1 +1,3 @@
-//! Integration and UI tests of Hexeract live in `tests/`.
+//! Integration and UI tests of Hexeract live in `tests/`; this library holds what they share.
+
+pub mod pg;

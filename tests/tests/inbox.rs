@@ -19,11 +19,8 @@ use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::{DeliveryStore, StoreError};
 use hexeract::testing::Harness;
 use hexeract::{CancellationToken, Context, Envelope, Message, Publish, PublishError};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use hexeract_tests::pg::TestSchema;
 use uuid::Uuid;
-
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, Message)]
 #[message(type = "test.PaymentReceived")]
@@ -63,45 +60,27 @@ fn payment(order_id: u32) -> Envelope {
 
 /// A pool on the test database and a fresh, migrated schema; `drop_schema` removes it.
 struct PgDb {
-    pool: PgPool,
-    schema: String,
+    db: TestSchema,
     store: PgStore,
+}
+
+impl std::ops::Deref for PgDb {
+    type Target = TestSchema;
+
+    fn deref(&self) -> &TestSchema {
+        &self.db
+    }
 }
 
 impl PgDb {
     async fn new() -> PgDb {
-        let url = std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
-        let options: PgConnectOptions =
-            url.parse().expect("TEST_DATABASE_URL is a postgres:// URL");
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(
-                options
-                    .application_name("hexeract-tests")
-                    .disable_statement_logging(),
-            )
-            .await
-            .unwrap_or_else(|error| {
-                panic!(
-                    "cannot reach PostgreSQL ({error}); start it, or set TEST_DATABASE_URL to a \
-                     database these tests may create schemas in"
-                )
-            });
-        let schema = format!("t_{}", Uuid::now_v7().simple());
-        let store = PgStore::new(pool.clone(), &schema).expect("valid schema name");
-        store.migrate().await.expect("migrate");
-        PgDb {
-            pool,
-            schema,
-            store,
-        }
+        let db = TestSchema::new("hexeract-tests").await;
+        let store = db.migrated_store().await;
+        PgDb { db, store }
     }
 
     async fn marks(&self) -> i64 {
-        sqlx::query_scalar(&format!("SELECT count(*) FROM \"{}\".inbox", self.schema))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
+        self.count("inbox").await
     }
 
     /// One transaction that only marks: what a handler's first statement does.
@@ -113,13 +92,7 @@ impl PgDb {
     }
 
     async fn drop_schema(self) {
-        sqlx::query(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            self.schema
-        ))
-        .execute(&self.pool)
-        .await
-        .unwrap();
+        self.db.drop_schema().await;
     }
 }
 

@@ -28,11 +28,9 @@ use hexeract::{
     CancellationToken, Context, DeadLetter, Envelope, Handler, HandlerOptions, Message, Reason,
     Registry,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use hexeract_tests::pg::{connect, database_url, TestSchema};
+use sqlx::PgPool;
 use uuid::Uuid;
-
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 /// The handlers `outbox_child` registers for `crash.Job`.
 const HANDLERS: [&str; 2] = ["first", "second"];
@@ -49,46 +47,24 @@ struct Job {
     abort: bool,
 }
 
-fn database_url() -> String {
-    std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
-}
-
-/// A pool whose connections carry `application_name`, or a failure naming `TEST_DATABASE_URL`.
-async fn connect(application_name: &str, max_connections: u32) -> PgPool {
-    let options: PgConnectOptions = database_url()
-        .parse()
-        .expect("TEST_DATABASE_URL is a postgres:// URL");
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .connect_with(
-            options
-                .application_name(application_name)
-                .disable_statement_logging(),
-        )
-        .await
-        .unwrap_or_else(|error| {
-            panic!(
-                "cannot reach PostgreSQL ({error}); start it, or set TEST_DATABASE_URL to a \
-                 database these tests may create schemas in"
-            )
-        })
-}
-
 /// A pool on the test database and a fresh schema, migrated, with a `ledger` table; the
 /// schema is dropped by `drop_schema`.
 struct TestDb {
-    pool: PgPool,
-    schema: String,
+    db: TestSchema,
+}
+
+impl std::ops::Deref for TestDb {
+    type Target = TestSchema;
+
+    fn deref(&self) -> &TestSchema {
+        &self.db
+    }
 }
 
 impl TestDb {
     async fn new() -> TestDb {
-        let pool = connect("hexeract-tests-crash", 4).await;
-        let db = TestDb {
-            pool,
-            schema: format!("t_{}", Uuid::now_v7().simple()),
-        };
-        db.store(db.pool.clone()).migrate().await.expect("migrate");
+        let db = TestSchema::on(connect("hexeract-tests-crash", 4).await);
+        db.migrated_store().await;
         sqlx::query(&format!(
             "CREATE TABLE \"{}\".ledger (
                  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -102,12 +78,7 @@ impl TestDb {
         .execute(&db.pool)
         .await
         .expect("create the ledger");
-        db
-    }
-
-    /// A store over this schema on `pool`.
-    fn store(&self, pool: PgPool) -> PgStore {
-        PgStore::new(pool, &self.schema).expect("valid schema name")
+        TestDb { db }
     }
 
     /// Outbox rows plus deliveries: what is still owed to a handler.
@@ -119,13 +90,6 @@ impl TestDb {
         .fetch_one(&self.pool)
         .await
         .expect("count the backlog")
-    }
-
-    async fn count(&self, table: &str) -> i64 {
-        sqlx::query_scalar(&format!("SELECT count(*) FROM \"{}\".{table}", self.schema))
-            .fetch_one(&self.pool)
-            .await
-            .expect("count rows")
     }
 
     /// Every recorded call, in the order recorded.
@@ -150,7 +114,7 @@ impl TestDb {
     /// Writes one job per `n` in `0..events` to the outbox; `abort` marks the job at that
     /// index. Returns the message ids in order.
     async fn publish_jobs(&self, events: u32, abort: Option<u32>) -> Vec<Uuid> {
-        let store = self.store(self.pool.clone());
+        let store = self.store();
         let mut ids = Vec::with_capacity(events as usize);
         let all: Vec<u32> = (0..events).collect();
         for chunk in all.chunks(500) {
@@ -171,13 +135,7 @@ impl TestDb {
     }
 
     async fn drop_schema(self) {
-        sqlx::query(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            self.schema
-        ))
-        .execute(&self.pool)
-        .await
-        .expect("drop the test schema");
+        self.db.drop_schema().await;
     }
 }
 
@@ -489,7 +447,7 @@ impl CrashLoop {
         }
         let ledger = db.ledger().await;
         let dead = db
-            .store(db.pool.clone())
+            .store()
             .dead_letters(1_000)
             .await
             .expect("list dead letters");
@@ -737,7 +695,7 @@ async fn cancel_at_random(test: &str, rounds: usize, shutdown_grace: Duration) {
     // A name of its own, so that pg_stat_activity shows this test's connections only.
     let application_name = format!("hxc-cancel-{}", &db.schema[2..]);
     let pool = connect(&application_name, 6).await;
-    let store = db.store(pool.clone());
+    let store = db.store_on(pool.clone());
     let mut rng = Rng::seeded(test);
 
     let published = Arc::new(Mutex::new(Vec::<Uuid>::new()));

@@ -16,64 +16,8 @@ use hexeract::{
     CancellationToken, Context, Envelope, Handler, HandlerOptions, HandlerOutcome, Message, Reason,
     Registry,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use hexeract_tests::pg::TestSchema;
 use uuid::Uuid;
-
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-/// A pool on the test database and a fresh schema name; the schema is dropped on drop.
-struct TestDb {
-    pool: PgPool,
-    schema: String,
-}
-
-impl TestDb {
-    async fn new() -> TestDb {
-        let url = std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
-        let options: PgConnectOptions =
-            url.parse().expect("TEST_DATABASE_URL is a postgres:// URL");
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(
-                options
-                    .application_name("hexeract-tests")
-                    .disable_statement_logging(),
-            )
-            .await
-            .unwrap_or_else(|error| {
-                panic!(
-                    "cannot reach PostgreSQL ({error}); start it, or set TEST_DATABASE_URL to a \
-                     database these tests may create schemas in"
-                )
-            });
-        let schema = format!("t_{}", Uuid::now_v7().simple());
-        TestDb { pool, schema }
-    }
-
-    async fn store(&self) -> PgStore {
-        let store = PgStore::new(self.pool.clone(), &self.schema).expect("valid schema name");
-        store.migrate().await.expect("migrate");
-        store
-    }
-
-    async fn count(&self, table: &str) -> i64 {
-        sqlx::query_scalar(&format!("SELECT count(*) FROM \"{}\".{table}", self.schema))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
-
-    async fn drop_schema(self) {
-        sqlx::query(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            self.schema
-        ))
-        .execute(&self.pool)
-        .await
-        .unwrap();
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, Message)]
 #[message(type = "test.OrderPlaced")]
@@ -92,8 +36,8 @@ fn routes(pairs: &[(&str, &str)]) -> Routes {
 
 #[tokio::test]
 async fn migrating_twice_and_concurrently_is_harmless() {
-    let db = TestDb::new().await;
-    let store = PgStore::new(db.pool.clone(), &db.schema).unwrap();
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.store();
     let (a, b, c) = tokio::join!(store.migrate(), store.migrate(), store.migrate());
     a.unwrap();
     b.unwrap();
@@ -105,8 +49,8 @@ async fn migrating_twice_and_concurrently_is_harmless() {
 
 #[tokio::test]
 async fn enqueue_joins_the_callers_transaction() {
-    let db = TestDb::new().await;
-    db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    db.migrated_store().await;
 
     let mut tx = db.pool.begin().await.unwrap();
     let envelope = Envelope::new(&OrderPlaced { order_id: 1 }).unwrap();
@@ -139,8 +83,8 @@ async fn enqueue_joins_the_callers_transaction() {
 
 #[tokio::test]
 async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
     let known = Envelope::new(&OrderPlaced { order_id: 1 }).unwrap();
     let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
     store
@@ -185,8 +129,8 @@ async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
 
 #[tokio::test]
 async fn a_claim_hides_rows_until_its_lease_ends_and_settling_needs_the_claim() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
     let envelope = Envelope::new(&OrderPlaced { order_id: 9 })
         .unwrap()
         .with_header("k", "v");
@@ -251,8 +195,8 @@ async fn a_claim_hides_rows_until_its_lease_ends_and_settling_needs_the_claim() 
 
 #[tokio::test]
 async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
     let envelope = Envelope::from_raw("test.OrderPlaced", &b"not json"[..]).with_header("k", "v");
     let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
     store
@@ -379,7 +323,7 @@ fn worker(store: PgStore, calls: &Calls, max_deliveries: u32) -> OutboxWorker {
 }
 
 /// Polls until the schema holds no delivery and no outbox row, or fails after 60 s.
-async fn drained(db: &TestDb) {
+async fn drained(db: &TestSchema) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         if db.count("outbox").await == 0 && db.count("deliveries").await == 0 {
@@ -395,8 +339,8 @@ async fn drained(db: &TestDb) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_deliver_every_message_to_every_handler_with_independent_retries() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
     let events = 2_000u32;
     for chunk in (0..events).collect::<Vec<_>>().chunks(500) {
         let batch = chunk
@@ -467,8 +411,8 @@ impl Handler<OrderPlaced> for AlwaysFails {
 
 #[tokio::test]
 async fn bad_input_and_failing_handlers_end_in_dead_letters_with_their_reasons() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
     store
         .publish(vec![
             Envelope::new(&OrderPlaced { order_id: 1 }).unwrap(),
@@ -531,8 +475,8 @@ impl Handler<OrderPlaced> for Signal {
 
 #[tokio::test]
 async fn a_commit_in_another_connection_wakes_an_idle_worker() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
     let handled = Arc::new(tokio::sync::Notify::new());
     // A poll interval far longer than the wait below: only the NOTIFY can wake the worker.
     let worker = OutboxWorker::builder(store.clone())
@@ -582,8 +526,8 @@ impl Handler<OrderPlaced> for OneAtATime {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_concurrency_limit_holds_within_a_batch() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
     let batch: Vec<Envelope> = (0..40)
         .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
         .collect();
@@ -614,8 +558,8 @@ async fn a_handler_concurrency_limit_holds_within_a_batch() {
 
 #[tokio::test]
 async fn an_oversize_payload_is_dead_lettered_without_a_call() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
     let big = Envelope::from_raw("test.OrderPlaced", vec![b' '; 2048]);
     store.publish(vec![big.clone()]).await.unwrap();
     let calls = Arc::new(AtomicU32::new(0));
@@ -640,5 +584,23 @@ async fn an_oversize_payload_is_dead_lettered_without_a_call() {
     assert_eq!(dead[0].reason, Reason::PAYLOAD_TOO_LARGE);
     assert_eq!(dead[0].attempts, 0, "no handler call was made");
     assert_eq!(dead[0].envelope.payload.len(), 2048);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn dropping_the_last_store_clone_gives_the_listen_connection_back() {
+    // One connection in the pool: while LISTEN holds it, nothing else can run.
+    let pool = hexeract_tests::pg::connect("hexeract-tests-listen", 1).await;
+    let db = TestSchema::on(pool.clone());
+    let store = db.store();
+    store.migrate().await.unwrap();
+    let wake = store.wakeups().await.unwrap();
+    assert!(wake.is_some(), "PostgreSQL stores can be woken");
+    drop(store);
+    let connection = tokio::time::timeout(Duration::from_secs(10), pool.acquire())
+        .await
+        .expect("the LISTEN task gave its connection back once the store was gone")
+        .unwrap();
+    drop(connection);
     db.drop_schema().await;
 }

@@ -757,3 +757,52 @@ async fn three_workers_share_one_file_without_losing_or_repeating_a_delivery() {
     assert_eq!(db.count("dead_letters").await, 0);
     db.finish().await;
 }
+
+/// Asks for its retry an hour later, every time.
+struct Later(Arc<Mutex<Vec<std::time::Instant>>>);
+
+impl Handler<OrderPlaced> for Later {
+    type Output = hexeract::HandlerOutcome;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+        self.0.lock().unwrap().push(std::time::Instant::now());
+        hexeract::HandlerOutcome::retry_after(Duration::from_secs(3600), "come back in an hour")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_longer_than_the_longest_delay_is_capped_by_it() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    store
+        .publish(vec![Envelope::new(&OrderPlaced { order_id: 1 }).unwrap()])
+        .await
+        .unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    // RETRY_MAX_DELAY_MS's knob: 50 ms. Without the cap the second call would come an hour
+    // later and the outbox would not drain.
+    let worker = OutboxWorker::builder(store.clone())
+        .registry(Registry::new())
+        .register_handler_with::<OrderPlaced, _>(
+            Later(calls.clone()),
+            HandlerOptions::new().name("later"),
+        )
+        .retry_delays(Duration::from_millis(5), Duration::from_millis(50))
+        .poll_interval(Duration::from_millis(10))
+        .max_deliveries(2)
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    drained(&db).await;
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2, "called twice, then dead-lettered");
+    let waited = calls[1] - calls[0];
+    assert!(waited >= Duration::from_millis(40), "{waited:?}");
+    let dead = store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].attempts, 2);
+    db.finish().await;
+}

@@ -221,6 +221,7 @@ impl OutboxWorkerBuilder {
             .filter_map(|info| registry.get(&info.name))
             .map(|handler| {
                 let runner = Runner {
+                    name: Arc::from(&*handler.info().name),
                     permits: handler
                         .info()
                         .concurrency
@@ -294,6 +295,8 @@ impl fmt::Debug for OutboxWorker {
 /// (`#[handler(concurrency = N)]`); otherwise a whole batch may run at once.
 struct Runner {
     handler: Arc<RegisteredHandler>,
+    /// The handler's name as contexts carry it, shared by every call.
+    name: Arc<str>,
     permits: Option<Arc<Semaphore>>,
 }
 
@@ -499,6 +502,7 @@ impl OutboxWorker {
         let outcome = match self.handlers.get(&handler) {
             Some(Runner {
                 handler: registered,
+                name,
                 permits,
             }) => {
                 let _permit = match permits {
@@ -508,7 +512,7 @@ impl OutboxWorker {
                 let info = registered.info();
                 let ctx = Context::new(
                     envelope.clone(),
-                    handler.as_str(),
+                    name.clone(),
                     cancel.child_token(),
                     publisher.clone(),
                 );
@@ -568,7 +572,7 @@ impl OutboxWorker {
                         calls: envelope.attempt,
                     };
                 }
-                let delay = after.unwrap_or_else(|| self.retry.backoff(envelope.attempt));
+                let delay = self.retry.delay_after(envelope.attempt, after);
                 tracing::warn!(message_id = %envelope.id, %handler, attempt = envelope.attempt, retry_in = ?delay, detail, "handler failed; will retry");
                 Settlement::Retry { id, delay, detail }
             }

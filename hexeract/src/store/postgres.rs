@@ -52,6 +52,15 @@ pub struct PgStore {
 struct Wake {
     signal: Arc<Notify>,
     listening: tokio::sync::OnceCell<()>,
+    /// Stops the `LISTEN` task, and gives its connection back to the pool, when the last clone
+    /// of the store is dropped.
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl PgStore {
@@ -686,7 +695,8 @@ impl DeliveryStore for PgStore {
                     listener.listen(&notify_channel(&self.schema)).await?;
                     tokio::spawn(forward_notifications(
                         listener,
-                        Arc::downgrade(&self.wake.signal),
+                        self.wake.signal.clone(),
+                        self.wake.stop.clone(),
                     ));
                     Ok::<(), StoreError>(())
                 })
@@ -699,27 +709,30 @@ impl DeliveryStore for PgStore {
 /// Turns every notification on the outbox channel into a wake-up, until the store is gone.
 /// `PgListener` reconnects by itself after a connection loss; a notification lost meanwhile
 /// only costs one poll interval.
-async fn forward_notifications(mut listener: PgListener, signal: std::sync::Weak<Notify>) {
+async fn forward_notifications(
+    mut listener: PgListener,
+    signal: Arc<Notify>,
+    stop: tokio_util::sync::CancellationToken,
+) {
     loop {
-        match listener.try_recv().await {
-            Ok(Some(_)) => match signal.upgrade() {
-                Some(signal) => signal.notify_one(),
-                None => return,
-            },
+        let received = tokio::select! {
+            () = stop.cancelled() => return,
+            received = listener.try_recv() => received,
+        };
+        match received {
+            Ok(Some(_)) => signal.notify_one(),
             Ok(None) => {
                 tracing::debug!("outbox listener reconnected");
-                if let Some(signal) = signal.upgrade() {
-                    // Whatever was notified while disconnected is found by this poll.
-                    signal.notify_one();
-                }
+                // Whatever was notified while disconnected is found by this poll.
+                signal.notify_one();
             }
             Err(error) => {
                 tracing::warn!(%error, "outbox listener failed; retrying in 1 s");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
             }
-        }
-        if signal.strong_count() == 0 {
-            return;
         }
     }
 }

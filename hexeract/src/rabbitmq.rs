@@ -1,0 +1,96 @@
+//! RabbitMQ: the broker transport.
+//!
+//! With a broker, the exchange does the fan-out: every message is published once to a durable
+//! topic exchange with its message type as routing key, and each handler consumes a queue of
+//! its own (`<prefix>.<handler name>`) bound by that type. A failed call is republished to a
+//! wait queue whose fixed delay is the retry's backoff, which dead-letters it back to the
+//! handler's queue; a message that cannot be handled is parked in the handler's parking queue
+//! with its reason. The pieces:
+//!
+//! - [`RabbitMqConnection`]: a named connection (`connect`, `connect_with_retry`);
+//! - [`Topology`] and [`ensure_topology`]: the exchange, queues and bindings, derived from the
+//!   registry, declared idempotently;
+//! - [`RabbitMqWorker`]: consumes handler queues, acks after the outcome, retries through the
+//!   wait queues, parks what cannot be handled;
+//! - [`RabbitMqPublisher`]: publishes envelopes with publisher confirms.
+//!
+//! The AMQP properties and headers are described in `docs/wire-format.md`, so that producers and
+//! consumers not written with Hexeract interoperate.
+
+mod acks;
+mod connection;
+mod publisher;
+mod topology;
+mod wire;
+mod worker;
+
+pub use connection::{redact_url, RabbitMqConnection};
+pub use publisher::RabbitMqPublisher;
+pub use topology::{
+    ensure_topology, Binding, Exchange, Queue, QueueKind, Topology, DEFAULT_EXCHANGE,
+    DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
+};
+pub use wire::headers;
+pub use worker::{RabbitMqWorker, RabbitMqWorkerBuilder};
+
+/// A broker operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BusError {
+    /// The connection or channel is gone (or could not be opened): reconnect and start a new
+    /// worker. What [`RabbitMqWorker::run`] returns when its consumer stream ends without a
+    /// cancellation.
+    #[error("RabbitMQ connection lost: {0}")]
+    Connection(String),
+    /// The broker refused an operation (a declaration, a publish, an ack).
+    #[error("RabbitMQ refused {operation}: {detail}")]
+    Transport {
+        /// What was attempted.
+        operation: String,
+        /// What the broker or client said.
+        detail: String,
+    },
+    /// A published message was not confirmed: nacked by the broker, returned as unroutable
+    /// (`mandatory`), or not confirmed within the confirm timeout.
+    #[error("message {message_id} was not confirmed by the broker: {detail}")]
+    NotConfirmed {
+        /// The message's id.
+        message_id: String,
+        /// Why.
+        detail: String,
+    },
+    /// No handler is registered for the message type.
+    #[error("no handler is registered for message type {message_type:?}")]
+    MissingHandler {
+        /// The type the message carries.
+        message_type: String,
+    },
+    /// A name cannot be used on the broker (too long, or empty).
+    #[error("{0}")]
+    InvalidName(String),
+}
+
+impl BusError {
+    pub(crate) fn transport(operation: impl Into<String>, error: lapin::Error) -> BusError {
+        if is_connection_error(&error) {
+            BusError::Connection(format!("{}: {error}", operation.into()))
+        } else {
+            BusError::Transport {
+                operation: operation.into(),
+                detail: error.to_string(),
+            }
+        }
+    }
+}
+
+fn is_connection_error(error: &lapin::Error) -> bool {
+    use lapin::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::IOError(_)
+            | ErrorKind::InvalidConnectionState(_)
+            | ErrorKind::InvalidChannelState(..)
+            | ErrorKind::MissingHeartbeatError
+            | ErrorKind::RuntimeShutdownError(_)
+    )
+}

@@ -1,0 +1,158 @@
+//! [`RabbitMqConnection`]: a named AMQP connection.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+use crate::rabbitmq::BusError;
+
+/// An AMQP connection with a name the broker shows (`connection_name`), so that operators and
+/// tests can find and close exactly this one (`rabbitmqctl list_connections client_properties`).
+///
+/// The URL may carry TLS (`amqps://`), a vhost and a heartbeat (`?heartbeat=10`, seconds; the
+/// broker's default applies otherwise). The password in it never reaches a log line or an
+/// error: see [`redact_url`].
+///
+/// ```no_run
+/// # async fn example() -> Result<(), hexeract::rabbitmq::BusError> {
+/// use std::time::Duration;
+/// use hexeract::rabbitmq::RabbitMqConnection;
+///
+/// let connection = RabbitMqConnection::connect_with_retry(
+///     "amqp://guest:guest@127.0.0.1:5672/%2f",
+///     5,
+///     Duration::from_millis(500),
+/// )
+/// .await?;
+/// assert!(connection.name().starts_with("hexeract"));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RabbitMqConnection {
+    inner: Arc<Connection>,
+    name: Arc<str>,
+    url: Arc<str>,
+}
+
+impl RabbitMqConnection {
+    /// Connects once, naming the connection `hexeract`.
+    pub async fn connect(url: &str) -> Result<RabbitMqConnection, BusError> {
+        RabbitMqConnection::connect_named(url, "hexeract").await
+    }
+
+    /// Connects once, with `name` as the connection's name on the broker.
+    pub async fn connect_named(url: &str, name: &str) -> Result<RabbitMqConnection, BusError> {
+        let properties = ConnectionProperties::default().with_connection_name(name.into());
+        let inner = Connection::connect(url, properties).await.map_err(|error| {
+            BusError::Connection(format!(
+                "cannot connect to {}: {error}",
+                redact_url(url)
+            ))
+        })?;
+        Ok(RabbitMqConnection {
+            inner: Arc::new(inner),
+            name: name.into(),
+            url: url.into(),
+        })
+    }
+
+    /// Connects, trying up to `attempts` times with `delay` between tries (doubling, at most
+    /// 30 s). Returns the last error when every try failed.
+    pub async fn connect_with_retry(
+        url: &str,
+        attempts: u32,
+        delay: Duration,
+    ) -> Result<RabbitMqConnection, BusError> {
+        RabbitMqConnection::connect_named_with_retry(url, "hexeract", attempts, delay).await
+    }
+
+    /// [`connect_with_retry`](RabbitMqConnection::connect_with_retry) with a connection name.
+    pub async fn connect_named_with_retry(
+        url: &str,
+        name: &str,
+        attempts: u32,
+        delay: Duration,
+    ) -> Result<RabbitMqConnection, BusError> {
+        let mut delay = delay;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match RabbitMqConnection::connect_named(url, name).await {
+                Ok(connection) => return Ok(connection),
+                Err(error) if tries >= attempts.max(1) => return Err(error),
+                Err(error) => {
+                    tracing::warn!(%error, attempt = tries, retry_in = ?delay, "RabbitMQ connection failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+
+    /// A new connection to the same broker with the same name: what a supervisor uses after a
+    /// connection loss.
+    pub async fn reconnect(&self) -> Result<RabbitMqConnection, BusError> {
+        RabbitMqConnection::connect_named(&self.url, &self.name).await
+    }
+
+    /// The connection's name on the broker.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The URL with its password replaced by `***`.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    /// `true` while the connection is open.
+    pub fn is_connected(&self) -> bool {
+        self.inner.status().connected()
+    }
+
+    /// The lapin connection, for what Hexeract does not wrap.
+    pub fn lapin(&self) -> &Connection {
+        &self.inner
+    }
+
+    pub(crate) async fn channel(&self) -> Result<lapin::Channel, BusError> {
+        self.inner
+            .create_channel()
+            .await
+            .map_err(|error| BusError::transport("channel.open", error))
+    }
+
+    /// Closes the connection (200, "closed by the application").
+    pub async fn close(&self) -> Result<(), BusError> {
+        self.inner
+            .close(200, "closed by the application".into())
+            .await
+            .map_err(|error| BusError::transport("connection.close", error))
+    }
+}
+
+impl fmt::Debug for RabbitMqConnection {
+    // The URL holds the password: never print it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqConnection")
+            .field("name", &self.name)
+            .field("url", &redact_url(&self.url))
+            .field("connected", &self.is_connected())
+            .finish()
+    }
+}
+
+/// `url` with the password (if any) replaced by `***`: what Hexeract prints of a connection URL.
+///
+/// ```
+/// use hexeract::rabbitmq::redact_url;
+///
+/// assert_eq!(redact_url("amqp://app:s3cret@broker:5672/%2f"), "amqp://app:***@broker:5672/%2f");
+/// assert_eq!(redact_url("amqp://broker"), "amqp://broker");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    crate::config::redact_url(url)
+}

@@ -1,0 +1,527 @@
+//! [`Topology`]: the exchange, queues and bindings a set of handlers needs on the broker, and
+//! [`ensure_topology`], which declares them.
+//!
+//! - one durable **topic exchange** (default `hexeract`); messages are published to it with
+//!   their message type as routing key;
+//! - per handler, a **quorum queue** `<prefix>.<handler name>` (`::` written as `.`) bound by
+//!   the handler's message type, so each handler is its own subscriber; its `x-delivery-limit`
+//!   parks a message whose deliveries keep ending without an ack (a message that crashes the
+//!   consumer), since classic queues do not count such redeliveries;
+//! - per handler queue, a **parking queue** `<queue>.parked` for what cannot be handled;
+//! - shared **wait queues** in fixed-delay tiers, `<prefix>.wait.<delay>` (1 s, 2 s, 4 s …
+//!   300 s), each behind a fanout exchange of the same name. A retry is published to the tier
+//!   of its backoff with the handler's queue as routing key; when the tier's TTL expires the
+//!   broker dead-letters it through the default exchange, by that routing key, back to that one
+//!   queue. Per-message TTLs would not do: they expire only at the head of a queue, so a short
+//!   retry would wait behind a long one.
+//!
+//! Declaring is idempotent. Declaring an existing queue with other arguments fails with the
+//! broker's `PRECONDITION_FAILED`, reported with the queue's name.
+
+use std::time::Duration;
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::ExchangeKind;
+
+use crate::rabbitmq::{BusError, RabbitMqConnection};
+use crate::registry::Registry;
+
+/// The exchange messages are published to unless another is configured.
+pub const DEFAULT_EXCHANGE: &str = "hexeract";
+
+/// The prefix of queue names unless another is configured.
+pub const DEFAULT_PREFIX: &str = "hexeract";
+
+/// The delays of the wait queues: 1 s doubling to 256 s, then 300 s (the longest backoff).
+pub const DEFAULT_WAIT_TIERS: [Duration; 10] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(16),
+    Duration::from_secs(32),
+    Duration::from_secs(64),
+    Duration::from_secs(128),
+    Duration::from_secs(256),
+    Duration::from_secs(300),
+];
+
+/// Longest name AMQP allows for an exchange, queue or routing key.
+const MAX_NAME_BYTES: usize = 255;
+
+/// An exchange to declare (durable).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exchange {
+    /// Its name.
+    pub name: String,
+    /// `topic` for the message exchange, `fanout` for a wait tier's.
+    pub kind: ExchangeKind,
+}
+
+/// What kind of queue to declare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueKind {
+    /// A replicated queue that counts deliveries (`x-delivery-count`): handler queues.
+    Quorum,
+    /// A classic durable queue: wait and parking queues.
+    Classic,
+}
+
+/// A queue to declare (durable).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Queue {
+    /// Its name.
+    pub name: String,
+    /// Quorum or classic.
+    pub kind: QueueKind,
+    /// `x-message-ttl`: how long a message waits before it is dead-lettered.
+    pub message_ttl: Option<Duration>,
+    /// `x-dead-letter-exchange`: where expired or over-limit messages go (`""`: the default
+    /// exchange).
+    pub dead_letter_exchange: Option<String>,
+    /// `x-dead-letter-routing-key`; without it a dead-lettered message keeps its routing key.
+    pub dead_letter_routing_key: Option<String>,
+    /// `x-delivery-limit` (quorum queues): deliveries without an ack before the broker
+    /// dead-letters the message.
+    pub delivery_limit: Option<u32>,
+}
+
+impl Queue {
+    /// A durable classic queue with no arguments.
+    pub fn classic(name: impl Into<String>) -> Queue {
+        Queue {
+            name: name.into(),
+            kind: QueueKind::Classic,
+            message_ttl: None,
+            dead_letter_exchange: None,
+            dead_letter_routing_key: None,
+            delivery_limit: None,
+        }
+    }
+
+    fn arguments(&self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        let text = |value: &str| AMQPValue::LongString(LongString::from(value.as_bytes()));
+        if self.kind == QueueKind::Quorum {
+            arguments.insert("x-queue-type".into(), text("quorum"));
+        }
+        if let Some(ttl) = self.message_ttl {
+            let millis = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+            arguments.insert("x-message-ttl".into(), AMQPValue::LongLongInt(millis));
+        }
+        if let Some(exchange) = &self.dead_letter_exchange {
+            arguments.insert("x-dead-letter-exchange".into(), text(exchange));
+        }
+        if let Some(key) = &self.dead_letter_routing_key {
+            arguments.insert("x-dead-letter-routing-key".into(), text(key));
+        }
+        if let Some(limit) = self.delivery_limit {
+            arguments.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(i64::from(limit)),
+            );
+        }
+        arguments
+    }
+}
+
+/// A binding of a queue to an exchange.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// The queue.
+    pub queue: String,
+    /// The exchange.
+    pub exchange: String,
+    /// The routing key (for the message exchange: the message type).
+    pub routing_key: String,
+}
+
+/// One handler's place on the broker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HandlerQueue {
+    pub(crate) handler: String,
+    pub(crate) message_type: String,
+    pub(crate) queue: String,
+    pub(crate) parking: String,
+}
+
+/// The broker objects a set of handlers needs.
+///
+/// ```
+/// use hexeract::rabbitmq::Topology;
+/// use hexeract::{handler, Context, Message, Registry};
+///
+/// #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "OrderPlaced")]
+/// struct OrderPlaced { order_id: u64 }
+///
+/// #[handler(message = "OrderPlaced", name = "billing::invoice")]
+/// async fn invoice(_event: OrderPlaced, _ctx: &Context) -> Result<(), std::io::Error> { Ok(()) }
+///
+/// let registry = Registry::from_inventory()?;
+/// let topology = Topology::from_registry(&registry).prefix("shop");
+/// assert_eq!(topology.queue_for("billing::invoice"), "shop.billing.invoice");
+/// assert_eq!(topology.parking_queue_for("billing::invoice"), "shop.billing.invoice.parked");
+/// assert!(topology.bindings().iter().any(|binding| binding.queue == "shop.billing.invoice"
+///     && binding.exchange == "hexeract"
+///     && binding.routing_key == "OrderPlaced"));
+/// # Ok::<(), hexeract::RegistryError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    exchange: String,
+    prefix: String,
+    wait_tiers: Vec<Duration>,
+    delivery_limit: u32,
+    handlers: Vec<(String, String)>,
+}
+
+impl Topology {
+    /// The topology of every handler in `registry`, with the default exchange, prefix and
+    /// wait tiers and a delivery limit of 5.
+    pub fn from_registry(registry: &Registry) -> Topology {
+        Topology {
+            exchange: DEFAULT_EXCHANGE.to_owned(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            wait_tiers: DEFAULT_WAIT_TIERS.to_vec(),
+            delivery_limit: 5,
+            handlers: registry
+                .handlers()
+                .map(|info| (info.name.to_string(), info.message_type.to_owned()))
+                .collect(),
+        }
+    }
+
+    /// The message exchange's name (default `hexeract`).
+    pub fn exchange(mut self, exchange: impl Into<String>) -> Topology {
+        self.exchange = exchange.into();
+        self
+    }
+
+    /// The prefix of queue names (default `hexeract`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Topology {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The wait queues' delays (default [`DEFAULT_WAIT_TIERS`]). A retry waits in the shortest
+    /// tier at least as long as its backoff, or the longest tier.
+    pub fn wait_tiers(mut self, tiers: impl IntoIterator<Item = Duration>) -> Topology {
+        let mut tiers: Vec<Duration> = tiers.into_iter().collect();
+        tiers.sort();
+        tiers.dedup();
+        self.wait_tiers = tiers;
+        self
+    }
+
+    /// The handler queues' `x-delivery-limit` (default 5): deliveries that end without an
+    /// ack (the consumer crashed or lost its connection) before the broker parks the message.
+    pub fn delivery_limit(mut self, limit: u32) -> Topology {
+        self.delivery_limit = limit;
+        self
+    }
+
+    /// The message exchange's name.
+    pub fn exchange_name(&self) -> &str {
+        &self.exchange
+    }
+
+    /// The queue of `handler`: `<prefix>.<handler>` with `::` written as `.`.
+    pub fn queue_for(&self, handler: &str) -> String {
+        format!("{}.{}", self.prefix, handler.replace("::", "."))
+    }
+
+    /// The parking queue of `handler`'s queue.
+    pub fn parking_queue_for(&self, handler: &str) -> String {
+        parking_queue(&self.queue_for(handler))
+    }
+
+    /// The wait tiers' delays, shortest first.
+    pub fn tiers(&self) -> &[Duration] {
+        &self.wait_tiers
+    }
+
+    /// The name of the wait queue (and of its exchange) for `tier`.
+    pub fn wait_queue(&self, tier: Duration) -> String {
+        format!("{}.wait.{}", self.prefix, tier_label(tier))
+    }
+
+    /// The tier a retry after `delay` waits in: the shortest at least as long, or the longest.
+    pub fn tier_for(&self, delay: Duration) -> Option<Duration> {
+        self.wait_tiers
+            .iter()
+            .copied()
+            .find(|tier| *tier >= delay)
+            .or_else(|| self.wait_tiers.last().copied())
+    }
+
+    pub(crate) fn handler_queues(&self) -> Vec<HandlerQueue> {
+        self.handlers
+            .iter()
+            .map(|(handler, message_type)| HandlerQueue {
+                handler: handler.clone(),
+                message_type: message_type.clone(),
+                queue: self.queue_for(handler),
+                parking: self.parking_queue_for(handler),
+            })
+            .collect()
+    }
+
+    /// The exchanges: the message exchange and one per wait tier.
+    pub fn exchanges(&self) -> Vec<Exchange> {
+        let mut exchanges = vec![Exchange {
+            name: self.exchange.clone(),
+            kind: ExchangeKind::Topic,
+        }];
+        exchanges.extend(self.wait_tiers.iter().map(|tier| Exchange {
+            name: self.wait_queue(*tier),
+            kind: ExchangeKind::Fanout,
+        }));
+        exchanges
+    }
+
+    /// The queues: per handler its queue and parking queue, then the wait tiers.
+    pub fn queues(&self) -> Vec<Queue> {
+        let mut queues = Vec::new();
+        for handler in self.handler_queues() {
+            queues.push(Queue {
+                name: handler.queue.clone(),
+                kind: QueueKind::Quorum,
+                message_ttl: None,
+                dead_letter_exchange: Some(String::new()),
+                dead_letter_routing_key: Some(handler.parking.clone()),
+                delivery_limit: Some(self.delivery_limit),
+            });
+            queues.push(Queue::classic(handler.parking));
+        }
+        queues.extend(self.wait_tiers.iter().map(|tier| Queue {
+            message_ttl: Some(*tier),
+            // No routing key: an expired retry keeps its own, the handler queue's name, and the
+            // default exchange delivers it there.
+            dead_letter_exchange: Some(String::new()),
+            ..Queue::classic(self.wait_queue(*tier))
+        }));
+        queues
+    }
+
+    /// The bindings: each handler queue by its message type, each wait queue to its exchange.
+    pub fn bindings(&self) -> Vec<Binding> {
+        let mut bindings: Vec<Binding> = self
+            .handler_queues()
+            .into_iter()
+            .map(|handler| Binding {
+                queue: handler.queue,
+                exchange: self.exchange.clone(),
+                routing_key: handler.message_type,
+            })
+            .collect();
+        bindings.extend(self.wait_tiers.iter().map(|tier| Binding {
+            queue: self.wait_queue(*tier),
+            exchange: self.wait_queue(*tier),
+            routing_key: String::new(),
+        }));
+        bindings
+    }
+
+    /// Every name this topology would declare, checked: not empty, at most 255 bytes, not in
+    /// the broker's reserved `amq.` namespace.
+    pub fn validate(&self) -> Result<(), BusError> {
+        let mut problems = Vec::new();
+        if self.wait_tiers.is_empty() || self.wait_tiers.iter().any(Duration::is_zero) {
+            problems.push("wait tiers: give at least one, each longer than zero".to_owned());
+        }
+        let names = self
+            .exchanges()
+            .into_iter()
+            .map(|exchange| exchange.name)
+            .chain(self.queues().into_iter().map(|queue| queue.name))
+            .chain(self.bindings().into_iter().map(|binding| binding.routing_key));
+        for name in names {
+            if let Err(problem) = check_name(&name) {
+                problems.push(problem);
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(BusError::InvalidName(problems.join("; ")))
+        }
+    }
+
+    /// Declares everything with [`ensure_topology`].
+    pub async fn declare(&self, connection: &RabbitMqConnection) -> Result<(), BusError> {
+        self.validate()?;
+        ensure_topology(
+            connection,
+            &self.exchanges(),
+            &self.queues(),
+            &self.bindings(),
+        )
+        .await
+    }
+}
+
+/// The parking queue of `queue`: `<queue>.parked`.
+pub(crate) fn parking_queue(queue: &str) -> String {
+    format!("{queue}.parked")
+}
+
+/// `1s`, `300s`, `250ms`: whole seconds where they are, milliseconds otherwise.
+fn tier_label(tier: Duration) -> String {
+    if tier.subsec_millis() == 0 && tier.as_secs() > 0 {
+        format!("{}s", tier.as_secs())
+    } else {
+        format!("{}ms", tier.as_millis())
+    }
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "{name:?} is {} bytes long; AMQP names are at most {MAX_NAME_BYTES} bytes \
+             (use a shorter prefix or handler name)",
+            name.len()
+        ));
+    }
+    if name.starts_with("amq.") {
+        return Err(format!(
+            "{name:?} starts with `amq.`, which the broker reserves"
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn short(name: &str) -> Result<ShortString, BusError> {
+    ShortString::try_new(name).map_err(|_| {
+        BusError::InvalidName(format!(
+            "{name:?} is longer than {MAX_NAME_BYTES} bytes, the AMQP limit"
+        ))
+    })
+}
+
+/// Declares `exchanges`, `queues` and `bindings` (all durable) on a channel of its own. Safe to
+/// run again: what exists with the same arguments is left as it is.
+pub async fn ensure_topology(
+    connection: &RabbitMqConnection,
+    exchanges: &[Exchange],
+    queues: &[Queue],
+    bindings: &[Binding],
+) -> Result<(), BusError> {
+    let channel = connection.channel().await?;
+    for exchange in exchanges {
+        channel
+            .exchange_declare(
+                short(&exchange.name)?,
+                exchange.kind.clone(),
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|error| declare_error("exchange", &exchange.name, error))?;
+    }
+    for queue in queues {
+        channel
+            .queue_declare(
+                short(&queue.name)?,
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                queue.arguments(),
+            )
+            .await
+            .map_err(|error| declare_error("queue", &queue.name, error))?;
+    }
+    for binding in bindings {
+        channel
+            .queue_bind(
+                short(&binding.queue)?,
+                short(&binding.exchange)?,
+                short(&binding.routing_key)?,
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|error| declare_error("binding of queue", &binding.queue, error))?;
+    }
+    let _ = channel.close(200, "topology declared".into()).await;
+    Ok(())
+}
+
+fn declare_error(what: &str, name: &str, error: lapin::Error) -> BusError {
+    let detail = error.to_string();
+    let hint = if detail.contains("PRECONDITION_FAILED") || detail.contains("inequivalent") {
+        " (it exists with other arguments: delete it, or give Hexeract another prefix)"
+    } else {
+        ""
+    };
+    match BusError::transport(format!("declaring {what} {name:?}"), error) {
+        BusError::Transport { operation, detail } => BusError::Transport {
+            operation,
+            detail: format!("{detail}{hint}"),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology() -> Topology {
+        Topology {
+            exchange: "ex".into(),
+            prefix: "p".into(),
+            wait_tiers: DEFAULT_WAIT_TIERS.to_vec(),
+            delivery_limit: 5,
+            handlers: vec![("shop::reserve".into(), "OrderPlaced".into())],
+        }
+    }
+
+    #[test]
+    fn a_retry_waits_in_the_shortest_tier_that_is_long_enough() {
+        let topology = topology();
+        let secs = Duration::from_secs;
+        assert_eq!(topology.tier_for(Duration::from_millis(800)), Some(secs(1)));
+        assert_eq!(topology.tier_for(secs(1)), Some(secs(1)));
+        assert_eq!(topology.tier_for(Duration::from_millis(1001)), Some(secs(2)));
+        assert_eq!(topology.tier_for(secs(290)), Some(secs(300)));
+        assert_eq!(topology.tier_for(secs(3600)), Some(secs(300)));
+        assert_eq!(topology.wait_queue(secs(4)), "p.wait.4s");
+        assert_eq!(
+            topology.wait_queue(Duration::from_millis(250)),
+            "p.wait.250ms"
+        );
+    }
+
+    #[test]
+    fn handler_queues_are_quorum_queues_that_park_over_their_delivery_limit() {
+        let queues = topology().queues();
+        let queue = queues.iter().find(|q| q.name == "p.shop.reserve").unwrap();
+        assert_eq!(queue.kind, QueueKind::Quorum);
+        assert_eq!(queue.delivery_limit, Some(5));
+        assert_eq!(
+            queue.dead_letter_routing_key.as_deref(),
+            Some("p.shop.reserve.parked")
+        );
+        assert!(queues.iter().any(|q| q.name == "p.shop.reserve.parked"));
+        let wait = queues.iter().find(|q| q.name == "p.wait.2s").unwrap();
+        assert_eq!(wait.message_ttl, Some(Duration::from_secs(2)));
+        assert_eq!(wait.dead_letter_exchange.as_deref(), Some(""));
+        assert_eq!(wait.dead_letter_routing_key, None);
+    }
+
+    #[test]
+    fn names_longer_than_amqp_allows_are_rejected_before_declaring() {
+        let long = topology().prefix("x".repeat(300));
+        let error = long.validate().unwrap_err().to_string();
+        assert!(error.contains("at most 255 bytes"), "{error}");
+        assert!(topology().validate().is_ok());
+        let reserved = topology().exchange("amq.topic");
+        assert!(reserved.validate().unwrap_err().to_string().contains("amq."));
+    }
+}
