@@ -41,6 +41,26 @@ pub(crate) struct EnvSettings {
     pub(crate) relay_batch_size: Option<u32>,
     pub(crate) relay_poll_interval: Option<Duration>,
     pub(crate) consumer_poll_interval: Option<Duration>,
+    /// `AMQP_URL`: deliver through RabbitMQ.
+    pub(crate) amqp: Option<Amqp>,
+}
+
+/// `AMQP_URL` with `HEXERACT_EXCHANGE` and `HEXERACT_QUEUE_PREFIX`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Amqp {
+    pub(crate) url: String,
+    pub(crate) exchange: String,
+    pub(crate) queue_prefix: String,
+}
+
+impl std::fmt::Debug for Amqp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Amqp")
+            .field("url", &redact_url(&self.url))
+            .field("exchange", &self.exchange)
+            .field("queue_prefix", &self.queue_prefix)
+            .finish()
+    }
 }
 
 impl Default for EnvSettings {
@@ -54,13 +74,14 @@ impl Default for EnvSettings {
             relay_batch_size: None,
             relay_poll_interval: None,
             consumer_poll_interval: None,
+            amqp: None,
         }
     }
 }
 
 /// Variables that select a transport this version does not have yet. Setting one and getting
 /// the database alone instead would lose messages silently, so it is refused.
-const NOT_YET_SUPPORTED: [(&str, &str); 2] = [("AMQP_URL", "RabbitMQ"), ("KAFKA_BROKERS", "Kafka")];
+const NOT_YET_SUPPORTED: [(&str, &str); 1] = [("KAFKA_BROKERS", "Kafka")];
 
 impl EnvSettings {
     pub(crate) fn from_env() -> Result<EnvSettings, ConfigError> {
@@ -103,7 +124,48 @@ impl EnvSettings {
                 whole_number(v, 1, 3_600_000)
             })
             .map(Duration::from_millis),
+            amqp: None,
         };
+        if let Some(url) = lookup("AMQP_URL") {
+            let name = |variable: &str, default: &str| {
+                lookup(variable).unwrap_or_else(|| default.to_owned())
+            };
+            let amqp = Amqp {
+                exchange: name("HEXERACT_EXCHANGE", "hexeract"),
+                queue_prefix: name("HEXERACT_QUEUE_PREFIX", "hexeract"),
+                url,
+            };
+            if !(amqp.url.starts_with("amqp://") || amqp.url.starts_with("amqps://")) {
+                problems.push(ConfigProblem {
+                    setting: "AMQP_URL".to_owned(),
+                    value: redact_url(&amqp.url),
+                    expected:
+                        "an amqp:// or amqps:// URL (unset it to deliver through the database)"
+                            .to_owned(),
+                });
+            }
+            for (variable, value) in [
+                ("HEXERACT_EXCHANGE", &amqp.exchange),
+                ("HEXERACT_QUEUE_PREFIX", &amqp.queue_prefix),
+            ] {
+                if value.is_empty() || value.len() > 200 || value.starts_with("amq.") {
+                    problems.push(ConfigProblem {
+                        setting: variable.to_owned(),
+                        value: value.clone(),
+                        expected: "a name of 1 to 200 bytes, not starting with `amq.`".to_owned(),
+                    });
+                }
+            }
+            if lookup("KAFKA_BROKERS").is_some() {
+                problems.push(ConfigProblem {
+                    setting: "AMQP_URL".to_owned(),
+                    value: redact_url(&amqp.url),
+                    expected: "either AMQP_URL (RabbitMQ) or KAFKA_BROKERS (Kafka), not both"
+                        .to_owned(),
+                });
+            }
+            settings.amqp = Some(amqp);
+        }
         match (lookup("DATABASE_URL"), lookup("HEXERACT_SQLITE_PATH")) {
             (Some(url), None) => {
                 if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -240,7 +302,8 @@ mod tests {
             ("MAX_DELIVERIES", "0"),
             ("RETRY_MAX_DELAY_MS", "soon"),
             ("DATABASE_URL", "mysql://user:secret@db/app"),
-            ("AMQP_URL", "amqp://guest:guest@localhost"),
+            ("AMQP_URL", "http://guest:secret@localhost"),
+            ("HEXERACT_EXCHANGE", "amq.topic"),
         ]))
         .unwrap_err();
         let settings: Vec<_> = error.problems.iter().map(|p| p.setting.as_str()).collect();
@@ -249,8 +312,9 @@ mod tests {
             [
                 "MAX_DELIVERIES",
                 "RETRY_MAX_DELAY_MS",
+                "AMQP_URL",
+                "HEXERACT_EXCHANGE",
                 "DATABASE_URL",
-                "AMQP_URL"
             ]
         );
         let text = error.to_string();
@@ -263,6 +327,26 @@ mod tests {
             !text.contains("secret"),
             "a password reached the error: {text}"
         );
+    }
+
+    #[test]
+    fn amqp_url_selects_the_broker_with_default_names() {
+        let settings =
+            EnvSettings::from_lookup(lookup(&[("AMQP_URL", "amqps://app:pw@broker/vh")])).unwrap();
+        let amqp = settings.amqp.unwrap();
+        assert_eq!(amqp.url, "amqps://app:pw@broker/vh");
+        assert_eq!(
+            (amqp.exchange.as_str(), amqp.queue_prefix.as_str()),
+            ("hexeract", "hexeract")
+        );
+        assert!(!format!("{amqp:?}").contains("pw"));
+        let both = EnvSettings::from_lookup(lookup(&[
+            ("AMQP_URL", "amqp://localhost"),
+            ("KAFKA_BROKERS", "localhost:9092"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(both.contains("not both"), "{both}");
     }
 
     #[test]

@@ -103,3 +103,20 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
         "(a panic payload that is not a string)"
     }
 }
+
+/// Fires `interrupt` once `grace` has passed after `cancel`.
+pub(crate) fn spawn_grace_timer(
+    cancel: CancellationToken,
+    interrupt: CancellationToken,
+    grace: Duration,
+) -> tokio_util::sync::DropGuard {
+    let stop_timer = CancellationToken::new();
+    let guard = stop_timer.clone().drop_guard();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = stop_timer.cancelled() => {}
+            () = async { cancel.cancelled().await; tokio::time::sleep(grace).await } => interrupt.cancel(),
+        }
+    });
+    guard
+}

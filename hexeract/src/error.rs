@@ -65,6 +65,11 @@ impl KnobChecks {
         self
     }
 
+    /// A problem found by a check of the caller's own.
+    pub(crate) fn problem(self, knob: &str, value: String, expected: &str) -> KnobChecks {
+        self.require(false, knob, value, expected)
+    }
+
     /// `value` must be 1 or more.
     pub(crate) fn at_least_one(self, knob: &str, value: u64) -> KnobChecks {
         self.require(value >= 1, knob, value.to_string(), "at least 1")

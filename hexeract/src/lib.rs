@@ -70,6 +70,8 @@ mod message;
 pub mod outbox;
 mod outcome;
 mod publish;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 mod reason;
 mod registry;
 mod retry;

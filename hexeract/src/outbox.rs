@@ -21,6 +21,7 @@
 pub mod inbox;
 mod worker;
 
+pub(crate) use worker::StorePublisher;
 pub use worker::{OutboxWorker, OutboxWorkerBuilder};
 
 use futures_util::future::BoxFuture;

@@ -23,6 +23,9 @@ pub enum PublishError {
     /// The store could not take the message.
     #[error("the outbox could not take the message: {0}")]
     Store(String),
+    /// The broker did not confirm the message.
+    #[error("the broker did not take the message: {0}")]
+    Transport(String),
 }
 
 /// Publishes `message` through the process's outbox store

@@ -12,7 +12,13 @@
 //!   registry, declared idempotently;
 //! - [`RabbitMqWorker`]: consumes handler queues, acks after the outcome, retries through the
 //!   wait queues, parks what cannot be handled;
-//! - [`RabbitMqPublisher`]: publishes envelopes with publisher confirms.
+//! - [`RabbitMqPublisher`]: publishes envelopes with publisher confirms;
+//! - [`OutboxRelay`]: moves the transactional outbox to the exchange, a row deleted only once
+//!   the broker confirmed it.
+//!
+//! `hexeract::run` wires them when `AMQP_URL` is set: it relays the outbox and runs a worker over
+//! every handler's queue, each on a connection of its own, and supervises both: when one loses
+//! its connection it reconnects with backoff, declares the topology again and starts anew.
 //!
 //! The AMQP properties and headers are described in `docs/wire-format.md`, so that producers and
 //! consumers not written with Hexeract interoperate.
@@ -20,15 +26,18 @@
 mod acks;
 mod connection;
 mod publisher;
+mod relay;
+pub(crate) mod supervisor;
 mod topology;
 mod wire;
 mod worker;
 
 pub use connection::{redact_url, RabbitMqConnection};
 pub use publisher::RabbitMqPublisher;
+pub use relay::OutboxRelay;
 pub use topology::{
-    ensure_topology, Binding, Exchange, Queue, QueueKind, Topology, DEFAULT_EXCHANGE,
-    DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
+    ensure_topology, Binding, Exchange, Queue, QueueKind, Topology, DEFAULT_DELIVERY_LIMIT,
+    DEFAULT_EXCHANGE, DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
 };
 pub use wire::headers;
 pub use worker::{RabbitMqWorker, RabbitMqWorkerBuilder};

@@ -53,11 +53,27 @@ use crate::retry::RetryPolicy;
 pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     let settings = EnvSettings::from_env()?;
     let store = crate::store::default_store().await?;
+    let stop = cancel.child_token();
+    #[cfg(feature = "rabbitmq")]
+    if let Some(amqp) = &settings.amqp {
+        tokio::spawn(stop_on_signal(stop.clone()));
+        let broker = crate::rabbitmq::supervisor::BrokerSettings {
+            url: amqp.url.clone(),
+            exchange: amqp.exchange.clone(),
+            prefix: amqp.queue_prefix.clone(),
+        };
+        return crate::rabbitmq::supervisor::run_on_broker(broker, &settings, store, stop).await;
+    }
+    #[cfg(not(feature = "rabbitmq"))]
+    if settings.amqp.is_some() {
+        return Err(Error::Unsupported(
+            "AMQP_URL is set, but this build of hexeract lacks its `rabbitmq` feature".to_owned(),
+        ));
+    }
     let worker = OutboxWorker::builder_shared(store)
         .from_registry()
         .configure(&settings)
         .build()?;
-    let stop = cancel.child_token();
     tokio::spawn(stop_on_signal(stop.clone()));
     worker.run(stop).await
 }

@@ -73,6 +73,13 @@ pub struct Claimed {
     pub recovered: bool,
 }
 
+/// Where [`DeliveryStore::relay`] sends outbox rows: a broker publish that returns `Ok` only
+/// once the broker confirmed every envelope.
+pub trait RelaySink: Send + Sync {
+    /// Publishes `envelopes`, in order, and waits for the broker's confirms.
+    fn publish<'a>(&'a self, envelopes: &'a [Envelope]) -> BoxFuture<'a, Result<(), String>>;
+}
+
 /// A store of outbox rows, deliveries and dead letters.
 pub trait DeliveryStore: Send + Sync + 'static {
     /// Creates or upgrades the schema. Idempotent; safe to run from several processes at once.
@@ -87,6 +94,17 @@ pub trait DeliveryStore: Send + Sync + 'static {
         &'a self,
         routes: &'a Routes,
         limit: u32,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Relays up to `limit` outbox rows, oldest first, to a broker: hands them to `sink` and
+    /// deletes them once it returned `Ok`, in one transaction that keeps them locked meanwhile,
+    /// so that other relays skip them and a crash or a failed publish leaves them for the next
+    /// pass (a row may then be published twice: at least once). Returns how many it relayed.
+    /// Used instead of [`expand`](DeliveryStore::expand) when a broker does the fan-out.
+    fn relay<'a>(
+        &'a self,
+        limit: u32,
+        sink: &'a dyn RelaySink,
     ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Claims up to `limit` due deliveries under `token`: counts the attempt and makes them due
@@ -127,6 +145,13 @@ pub trait DeliveryStore: Send + Sync + 'static {
     fn release<'a>(&'a self, token: Uuid, ids: &'a [i64])
         -> BoxFuture<'a, Result<u64, StoreError>>;
 
+    /// Records a dead letter that did not come from this store's deliveries: a message a broker
+    /// worker parked. Recording the same letter (same id) twice keeps one.
+    fn insert_dead_letter<'a>(
+        &'a self,
+        letter: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
     /// Dead letters, oldest first, at most `limit`.
     fn dead_letters(&self, limit: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>>;
 
@@ -162,6 +187,9 @@ pub enum StoreError {
     /// A schema or table name is not a plain SQL identifier.
     #[error(transparent)]
     Identifier(#[from] IdentifierError),
+    /// The relay's publish failed; the rows stay in the outbox.
+    #[error("relaying the outbox failed, the rows stay: {0}")]
+    Relay(String),
     /// A row could not be turned back into a message (corrupt headers).
     #[error("stored row {id} is unreadable: {problem}")]
     Corrupt {

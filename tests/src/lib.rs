@@ -1,3 +1,4 @@
 //! Integration and UI tests of Hexeract live in `tests/`; this library holds what they share.
 
+pub mod amqp;
 pub mod pg;

@@ -296,7 +296,7 @@ impl Handler<OrderPlaced> for Reserve {
             .lock()
             .unwrap()
             .push((order.order_id, "reserve", ctx.attempt()));
-        if order.order_id % 2 == 0 && ctx.attempt() == 1 {
+        if order.order_id.is_multiple_of(2) && ctx.attempt() == 1 {
             return Err("warehouse unavailable".into());
         }
         Ok(())

@@ -729,8 +729,10 @@ async fn later(_ping: Ping, ctx: &Context) -> HandlerOutcome {
 
 #[tokio::test]
 async fn retry_after_replaces_the_policy_delay() {
-    // The policy's delays are 1-5 ms: only retry_after can make the second call wait 200 ms.
-    let running = start(runtime("deferred"));
+    // The policy's first delay is 1 ms: only retry_after can make the second call wait 200 ms
+    // (within the longest delay, 1 s, which caps it).
+    let running =
+        start(runtime("deferred").retry_delays(Duration::from_millis(1), Duration::from_secs(1)));
     running.store.publish(&Ping { n: 1 }).await.unwrap();
     running.settle().await;
     running.stop().await;

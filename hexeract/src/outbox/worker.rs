@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::config::EnvSettings;
 use crate::context::Context;
-use crate::dispatch::{call_handler, Call};
+use crate::dispatch::{call_handler, spawn_grace_timer, Call};
 use crate::error::{Error, KnobChecks};
 use crate::handler::Handler;
 use crate::message::Message;
@@ -580,28 +580,17 @@ impl OutboxWorker {
     }
 }
 
-/// Fires `interrupt` once `grace` has passed after `cancel`.
-fn spawn_grace_timer(
-    cancel: CancellationToken,
-    interrupt: CancellationToken,
-    grace: Duration,
-) -> tokio_util::sync::DropGuard {
-    let stop_timer = CancellationToken::new();
-    let guard = stop_timer.clone().drop_guard();
-    tokio::spawn(async move {
-        tokio::select! {
-            () = stop_timer.cancelled() => {}
-            () = async { cancel.cancelled().await; tokio::time::sleep(grace).await } => interrupt.cancel(),
-        }
-    });
-    guard
-}
-
 /// What `ctx.publish` writes to in a worker: the store's outbox, in a transaction of its own,
 /// waking the worker.
-struct StorePublisher {
+pub(crate) struct StorePublisher {
     store: Arc<dyn DeliveryStore>,
     wake: Arc<Notify>,
+}
+
+impl StorePublisher {
+    pub(crate) fn new(store: Arc<dyn DeliveryStore>, wake: Arc<Notify>) -> StorePublisher {
+        StorePublisher { store, wake }
+    }
 }
 
 impl Publish for StorePublisher {

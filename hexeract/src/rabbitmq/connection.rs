@@ -46,12 +46,11 @@ impl RabbitMqConnection {
     /// Connects once, with `name` as the connection's name on the broker.
     pub async fn connect_named(url: &str, name: &str) -> Result<RabbitMqConnection, BusError> {
         let properties = ConnectionProperties::default().with_connection_name(name.into());
-        let inner = Connection::connect(url, properties).await.map_err(|error| {
-            BusError::Connection(format!(
-                "cannot connect to {}: {error}",
-                redact_url(url)
-            ))
-        })?;
+        let inner = Connection::connect(url, properties)
+            .await
+            .map_err(|error| {
+                BusError::Connection(format!("cannot connect to {}: {error}", redact_url(url)))
+            })?;
         Ok(RabbitMqConnection {
             inner: Arc::new(inner),
             name: name.into(),

@@ -47,6 +47,13 @@ pub const DEFAULT_WAIT_TIERS: [Duration; 10] = [
     Duration::from_secs(300),
 ];
 
+/// The handler queues' `x-delivery-limit` unless another is set: a backstop. The worker itself
+/// parks a message once its deliveries exceed `max_attempts`, counting the ones that never
+/// finished, so the broker's limit only acts when the worker cannot even look at the message.
+/// Kept apart from `MAX_DELIVERIES` on purpose: a quorum queue's arguments cannot change once
+/// declared, and changing `MAX_DELIVERIES` must not make the queues undeclarable.
+pub const DEFAULT_DELIVERY_LIMIT: u32 = 20;
+
 /// Longest name AMQP allows for an exchange, queue or routing key.
 const MAX_NAME_BYTES: usize = 255;
 
@@ -178,14 +185,14 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// The topology of every handler in `registry`, with the default exchange, prefix and
-    /// wait tiers and a delivery limit of 5.
+    /// The topology of every handler in `registry`, with the default exchange, prefix, wait
+    /// tiers and delivery limit.
     pub fn from_registry(registry: &Registry) -> Topology {
         Topology {
             exchange: DEFAULT_EXCHANGE.to_owned(),
             prefix: DEFAULT_PREFIX.to_owned(),
             wait_tiers: DEFAULT_WAIT_TIERS.to_vec(),
-            delivery_limit: 5,
+            delivery_limit: DEFAULT_DELIVERY_LIMIT,
             handlers: registry
                 .handlers()
                 .map(|info| (info.name.to_string(), info.message_type.to_owned()))
@@ -215,8 +222,9 @@ impl Topology {
         self
     }
 
-    /// The handler queues' `x-delivery-limit` (default 5): deliveries that end without an
-    /// ack (the consumer crashed or lost its connection) before the broker parks the message.
+    /// The handler queues' `x-delivery-limit` (default [`DEFAULT_DELIVERY_LIMIT`]): deliveries
+    /// that end without an ack (the consumer crashed or lost its connection) before the broker
+    /// parks the message.
     pub fn delivery_limit(mut self, limit: u32) -> Topology {
         self.delivery_limit = limit;
         self
@@ -336,7 +344,11 @@ impl Topology {
             .into_iter()
             .map(|exchange| exchange.name)
             .chain(self.queues().into_iter().map(|queue| queue.name))
-            .chain(self.bindings().into_iter().map(|binding| binding.routing_key));
+            .chain(
+                self.bindings()
+                    .into_iter()
+                    .map(|binding| binding.routing_key),
+            );
         for name in names {
             if let Err(problem) = check_name(&name) {
                 problems.push(problem);
@@ -488,7 +500,10 @@ mod tests {
         let secs = Duration::from_secs;
         assert_eq!(topology.tier_for(Duration::from_millis(800)), Some(secs(1)));
         assert_eq!(topology.tier_for(secs(1)), Some(secs(1)));
-        assert_eq!(topology.tier_for(Duration::from_millis(1001)), Some(secs(2)));
+        assert_eq!(
+            topology.tier_for(Duration::from_millis(1001)),
+            Some(secs(2))
+        );
         assert_eq!(topology.tier_for(secs(290)), Some(secs(300)));
         assert_eq!(topology.tier_for(secs(3600)), Some(secs(300)));
         assert_eq!(topology.wait_queue(secs(4)), "p.wait.4s");
@@ -522,6 +537,10 @@ mod tests {
         assert!(error.contains("at most 255 bytes"), "{error}");
         assert!(topology().validate().is_ok());
         let reserved = topology().exchange("amq.topic");
-        assert!(reserved.validate().unwrap_err().to_string().contains("amq."));
+        assert!(reserved
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("amq."));
     }
 }

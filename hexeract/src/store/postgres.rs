@@ -240,6 +240,9 @@ struct Statements {
     retry: String,
     dead_letter: String,
     dead_letters: String,
+    insert_dead_letter: String,
+    relay_take: String,
+    relay_delete: String,
     replay: String,
     purge: String,
     purge_inbox: String,
@@ -317,6 +320,19 @@ impl Statements {
                  FROM {s}.dead_letters
                  ORDER BY dead_lettered_at, id
                  LIMIT $1"
+            ),
+            relay_take: format!(
+                "SELECT id AS message_id, message_type, payload, headers, correlation_id,
+                        causation_id, created_at
+                 FROM {s}.outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+            ),
+            relay_delete: format!("DELETE FROM {s}.outbox WHERE id = ANY($1)"),
+            insert_dead_letter: format!(
+                "INSERT INTO {s}.dead_letters
+                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
+                      message_type, payload, headers, correlation_id, causation_id, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                 ON CONFLICT (id) DO NOTHING"
             ),
             replay: format!(
                 "WITH gone AS (
@@ -657,6 +673,65 @@ impl DeliveryStore for PgStore {
                     })
                 })
                 .collect()
+        })
+    }
+
+    fn relay<'a>(
+        &'a self,
+        limit_rows: u32,
+        sink: &'a dyn crate::store::RelaySink,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.pool.begin().await?;
+            let rows = sqlx::query(&self.sql.relay_take)
+                .bind(limit(limit_rows))
+                .fetch_all(&mut *tx)
+                .await?;
+            if rows.is_empty() {
+                tx.rollback().await?;
+                return Ok(0);
+            }
+            let envelopes = rows
+                .iter()
+                .map(|row| envelope_from_row(row, 0))
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Err(error) = sink.publish(&envelopes).await {
+                tx.rollback().await?;
+                return Err(StoreError::Relay(error));
+            }
+            let ids: Vec<Uuid> = envelopes.iter().map(|envelope| envelope.id).collect();
+            sqlx::query(&self.sql.relay_delete)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(ids.len() as u64)
+        })
+    }
+
+    fn insert_dead_letter<'a>(
+        &'a self,
+        letter: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let envelope = &letter.envelope;
+            sqlx::query(&self.sql.insert_dead_letter)
+                .bind(letter.id)
+                .bind(envelope.id)
+                .bind(letter.handler.as_deref())
+                .bind(letter.reason.as_str())
+                .bind(crate::dead_letter::truncate_detail(&letter.detail))
+                .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+                .bind(letter.dead_lettered_at)
+                .bind(envelope.message_type.as_str())
+                .bind(&envelope.payload[..])
+                .bind(Json(&envelope.headers))
+                .bind(envelope.correlation_id)
+                .bind(envelope.causation_id)
+                .bind(envelope.created_at)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
         })
     }
 

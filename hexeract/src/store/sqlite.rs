@@ -240,6 +240,9 @@ struct Statements {
     dead_letter_copy: String,
     dead_letter_delete: String,
     dead_letters: String,
+    insert_dead_letter: String,
+    relay_take: String,
+    relay_delete: String,
     replay_to_handler: String,
     replay_to_outbox: String,
     replay_delete: String,
@@ -319,6 +322,19 @@ impl Statements {
                  FROM {d} WHERE id = ?1 AND lease_owner = ?2"
             ),
             dead_letter_delete: format!("DELETE FROM {d} WHERE id = ?1 AND lease_owner = ?2"),
+            relay_take: format!(
+                "SELECT id AS message_id, message_type, payload, headers, correlation_id,
+                        causation_id, created_at
+                 FROM {o} ORDER BY id LIMIT ?1"
+            ),
+            relay_delete: format!("DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1))"),
+            insert_dead_letter: format!(
+                "INSERT INTO {dl}
+                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
+                      message_type, payload, headers, correlation_id, causation_id, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+                 ON CONFLICT (id) DO NOTHING"
+            ),
             dead_letters: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
                  FROM {dl}
@@ -709,6 +725,69 @@ impl DeliveryStore for SqliteStore {
                 .fetch_all(&self.pool)
                 .await?;
             rows.iter().map(dead_letter_from_row).collect()
+        })
+    }
+
+    fn relay<'a>(
+        &'a self,
+        limit_rows: u32,
+        sink: &'a dyn crate::store::RelaySink,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            // Holds SQLite's write lock across the publish: the embedded store has one relay.
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let rows = sqlx::query(&self.sql.relay_take)
+                .bind(limit(limit_rows))
+                .fetch_all(&mut *tx)
+                .await?;
+            if rows.is_empty() {
+                tx.rollback().await?;
+                return Ok(0);
+            }
+            let envelopes = rows
+                .iter()
+                .map(|row| envelope_from_row(row, 0))
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Err(error) = sink.publish(&envelopes).await {
+                tx.rollback().await?;
+                return Err(StoreError::Relay(error));
+            }
+            let ids: Vec<String> = envelopes
+                .iter()
+                .map(|envelope| envelope.id.hyphenated().to_string())
+                .collect();
+            sqlx::query(&self.sql.relay_delete)
+                .bind(Json(&ids))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(ids.len() as u64)
+        })
+    }
+
+    fn insert_dead_letter<'a>(
+        &'a self,
+        letter: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let envelope = &letter.envelope;
+            sqlx::query(&self.sql.insert_dead_letter)
+                .bind(letter.id.hyphenated())
+                .bind(envelope.id.hyphenated())
+                .bind(letter.handler.as_deref())
+                .bind(letter.reason.as_str())
+                .bind(crate::dead_letter::truncate_detail(&letter.detail))
+                .bind(i64::from(letter.attempts))
+                .bind(letter.dead_lettered_at.timestamp_millis())
+                .bind(envelope.message_type.as_str())
+                .bind(&envelope.payload[..])
+                .bind(Json(&envelope.headers))
+                .bind(envelope.correlation_id.map(Uuid::hyphenated))
+                .bind(envelope.causation_id.map(Uuid::hyphenated))
+                .bind(envelope.created_at)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
         })
     }
 

@@ -1,0 +1,141 @@
+//! [`OutboxRelay`]: moves outbox rows to the broker, deleting each only once the broker
+//! confirmed it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::envelope::Envelope;
+use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher};
+use crate::store::{DeliveryStore, RelaySink};
+
+/// Relays the transactional outbox to RabbitMQ: takes a batch of rows (locked, oldest first),
+/// publishes them to the exchange with confirms, and deletes them in the same transaction once
+/// every confirm came back. A crash or a failed publish leaves the rows for the next pass, so a
+/// message may be published twice, never lost. Several relays may share a store: each takes
+/// rows the others have not locked.
+///
+/// A non-empty pass is followed at once by the next; an empty one waits for `poll_interval`,
+/// or less when the store signals a new row (a publish in this process; on PostgreSQL, a commit
+/// of `outbox::enqueue` anywhere). Like the bus worker it never reconnects: `run` returns
+/// [`BusError::Connection`] when the broker connection is gone.
+///
+/// ```no_run
+/// # async fn example(store: std::sync::Arc<dyn hexeract::store::DeliveryStore>) -> Result<(), hexeract::rabbitmq::BusError> {
+/// use hexeract::rabbitmq::{OutboxRelay, RabbitMqConnection};
+/// use hexeract::CancellationToken;
+///
+/// let connection = RabbitMqConnection::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// let relay = OutboxRelay::new(store, &connection).await?.batch_size(100);
+/// relay.run(CancellationToken::new()).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct OutboxRelay {
+    store: Arc<dyn DeliveryStore>,
+    publisher: RabbitMqPublisher,
+    batch_size: u32,
+    poll_interval: Duration,
+}
+
+impl OutboxRelay {
+    /// A relay from `store` to the default exchange, publishing on a channel of `connection`;
+    /// `batch_size` 10 and `poll_interval` 100 ms (the outbox worker's library defaults).
+    pub async fn new(
+        store: Arc<dyn DeliveryStore>,
+        connection: &RabbitMqConnection,
+    ) -> Result<OutboxRelay, BusError> {
+        Ok(OutboxRelay {
+            store,
+            publisher: RabbitMqPublisher::new(connection).await?,
+            batch_size: 10,
+            poll_interval: Duration::from_millis(100),
+        })
+    }
+
+    /// Publishes to `exchange` instead of `hexeract`.
+    pub fn exchange(mut self, exchange: impl Into<String>) -> OutboxRelay {
+        self.publisher = self.publisher.exchange(exchange);
+        self
+    }
+
+    /// Rows per pass (default 10, at least 1).
+    pub fn batch_size(mut self, batch_size: u32) -> OutboxRelay {
+        self.batch_size = batch_size.max(1);
+        self
+    }
+
+    /// Wait after a pass that found nothing (default 100 ms).
+    pub fn poll_interval(mut self, interval: Duration) -> OutboxRelay {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Relays until `cancel` fires (between passes: a pass holding its transaction always
+    /// finishes), then returns `Ok(())`.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), BusError> {
+        let wake = match self.store.wakeups().await {
+            Ok(Some(wake)) => wake,
+            Ok(None) => Arc::new(Notify::new()),
+            Err(error) => {
+                tracing::warn!(%error, "cannot subscribe to outbox notifications; polling only");
+                Arc::new(Notify::new())
+            }
+        };
+        // The exchange may not exist yet (the bus worker declares the whole topology); a publish
+        // to a missing exchange would close the channel.
+        self.publisher.declare_exchange().await?;
+        let sink = Sink(&self.publisher);
+        tracing::info!(batch_size = self.batch_size, "outbox relay started");
+        while !cancel.is_cancelled() {
+            match self.store.relay(self.batch_size, &sink).await {
+                Ok(0) => self.idle(&cancel, &wake).await,
+                Ok(relayed) => tracing::trace!(relayed, "outbox rows relayed"),
+                Err(error) => {
+                    if !self.publisher.is_connected() {
+                        return Err(BusError::Connection(format!("outbox relay: {error}")));
+                    }
+                    tracing::warn!(%error, "outbox relay pass failed; retrying after the poll interval");
+                    self.idle(&cancel, &wake).await;
+                }
+            }
+        }
+        tracing::info!("outbox relay stopped");
+        Ok(())
+    }
+
+    async fn idle(&self, cancel: &CancellationToken, wake: &Notify) {
+        tokio::select! {
+            () = cancel.cancelled() => {}
+            () = wake.notified() => {}
+            () = tokio::time::sleep(self.poll_interval) => {}
+        }
+    }
+}
+
+struct Sink<'a>(&'a RabbitMqPublisher);
+
+impl RelaySink for Sink<'_> {
+    fn publish<'a>(&'a self, envelopes: &'a [Envelope]) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.0
+                .publish_all(envelopes)
+                .await
+                .map_err(|error| error.to_string())
+        })
+    }
+}
+
+impl fmt::Debug for OutboxRelay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxRelay")
+            .field("publisher", &self.publisher)
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .finish_non_exhaustive()
+    }
+}

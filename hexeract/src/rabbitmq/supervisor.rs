@@ -1,0 +1,144 @@
+//! `hexeract::run` on a broker: the outbox relay and the bus worker, each on a connection of its
+//! own, each restarted after a connection loss with the seed's loop: reconnect with backoff,
+//! declare the topology again, build a new worker.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::EnvSettings;
+use crate::error::{ConfigError, ConfigProblem, Error};
+use crate::outbox::StorePublisher;
+use crate::publish::Publish;
+use crate::rabbitmq::{BusError, OutboxRelay, RabbitMqConnection, RabbitMqWorkerBuilder, Topology};
+use crate::registry::Registry;
+use crate::store::DeliveryStore;
+
+/// The broker settings `hexeract::run` uses.
+#[derive(Clone, Debug)]
+pub(crate) struct BrokerSettings {
+    pub(crate) url: String,
+    pub(crate) exchange: String,
+    pub(crate) prefix: String,
+}
+
+/// Runs the relay and the bus worker until `cancel`, restarting either after a connection
+/// loss. Returns `Ok(())` once both stopped after the cancellation; an error only when the
+/// worker cannot be built (invalid settings or handlers), before anything started.
+pub(crate) async fn run_on_broker(
+    broker: BrokerSettings,
+    settings: &EnvSettings,
+    store: Arc<dyn DeliveryStore>,
+    cancel: CancellationToken,
+) -> Result<(), Error> {
+    let wake = store
+        .wakeups()
+        .await?
+        .unwrap_or_else(|| Arc::new(tokio::sync::Notify::new()));
+    let ctx_publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(store.clone(), wake));
+    let worker = |connection: RabbitMqConnection| {
+        RabbitMqWorkerBuilder::new(connection)
+            .from_registry()
+            .exchange(broker.exchange.clone())
+            .prefix(broker.prefix.clone())
+            .configure(settings)
+            .dead_letters(store.clone())
+            .publish_to(ctx_publisher.clone())
+            .build()
+    };
+    // Invalid handlers or names stop startup before any connection is made.
+    let topology = Topology::from_registry(&Registry::from_inventory()?)
+        .exchange(broker.exchange.clone())
+        .prefix(broker.prefix.clone());
+    topology.validate().map_err(|error| {
+        Error::Config(ConfigError {
+            problems: vec![ConfigProblem {
+                setting: "HEXERACT_QUEUE_PREFIX".to_owned(),
+                value: broker.prefix.clone(),
+                expected: error.to_string(),
+            }],
+        })
+    })?;
+    let queues = topology.queues().len();
+    tracing::info!(
+        broker = %crate::config::redact_url(&broker.url),
+        exchange = %broker.exchange,
+        queues,
+        "delivering through RabbitMQ"
+    );
+
+    let batch_size = settings.relay_batch_size.unwrap_or(100);
+    let poll_interval = settings
+        .relay_poll_interval
+        .unwrap_or(Duration::from_millis(500));
+    let relay = supervise("outbox relay", &cancel, || async {
+        let connection = connect(&broker.url, &format!("{}.relay", broker.prefix), &cancel).await?;
+        // Before the first publish: a message published before its queues are bound is
+        // routed nowhere, and the broker drops it.
+        topology.declare(&connection).await?;
+        let relay = OutboxRelay::new(store.clone(), &connection)
+            .await?
+            .exchange(broker.exchange.clone())
+            .batch_size(batch_size)
+            .poll_interval(poll_interval);
+        relay.run(cancel.clone()).await
+    });
+    let consumers = supervise("bus worker", &cancel, || async {
+        let connection =
+            connect(&broker.url, &format!("{}.consumer", broker.prefix), &cancel).await?;
+        // Checked above; a failure here is reported and retried like a connection loss.
+        let worker =
+            worker(connection).map_err(|error| BusError::InvalidName(error.to_string()))?;
+        worker.run(cancel.clone()).await
+    });
+    tokio::join!(relay, consumers);
+    Ok(())
+}
+
+/// Connects, retrying with backoff until it succeeds or `cancel` fires.
+async fn connect(
+    url: &str,
+    name: &str,
+    cancel: &CancellationToken,
+) -> Result<RabbitMqConnection, BusError> {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match RabbitMqConnection::connect_named(url, name).await {
+            Ok(connection) => return Ok(connection),
+            Err(error) => {
+                tracing::warn!(%error, connection = name, retry_in = ?delay, "cannot reach RabbitMQ");
+                tokio::select! {
+                    () = cancel.cancelled() => return Err(error),
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// Runs `start` again whenever it fails, with backoff, until it returns `Ok(())` (after a
+/// cancellation) or `cancel` fires.
+async fn supervise<F, Fut>(name: &str, cancel: &CancellationToken, start: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), BusError>>,
+{
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match start().await {
+            Ok(()) => return,
+            Err(_) if cancel.is_cancelled() => return,
+            Err(error) => {
+                tracing::error!(%error, retry_in = ?delay, "{name} stopped; restarting");
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}

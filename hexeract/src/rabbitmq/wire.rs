@@ -1,0 +1,487 @@
+//! The wire format: an [`Envelope`] as AMQP properties and headers, and back
+//! (`docs/wire-format.md` describes it for other producers and consumers).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use chrono::{DateTime, TimeZone, Utc};
+use lapin::message::Delivery;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::BasicProperties;
+use uuid::Uuid;
+
+use crate::dead_letter::DeadLetter;
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+
+/// The content type of every Hexeract payload.
+pub(crate) const CONTENT_TYPE: &str = "application/json";
+
+/// Longest reason detail carried in a parked message's headers, in bytes.
+pub(crate) const MAX_HEADER_DETAIL_BYTES: usize = 1024;
+
+/// Names of the AMQP headers Hexeract reads and writes.
+pub mod headers {
+    /// Handler calls already made for this message by earlier deliveries that failed: absent or
+    /// 0 on a fresh message. Hexeract counts attempts in this header of its own, never in
+    /// `x-death`, which RabbitMQ 3.13 and later ignore when a client sets it.
+    pub const ATTEMPTS: &str = "x-hexeract-attempts";
+    /// The id of the message whose handler published this one.
+    pub const CAUSATION_ID: &str = "x-causation-id";
+    /// When the message was first published, RFC 3339 with milliseconds (the `timestamp`
+    /// property has whole seconds only).
+    pub const CREATED_AT: &str = "x-created-at";
+    /// The message id as the producer gave it, when it was not a UUID (Hexeract then uses a
+    /// UUID derived from it).
+    pub const ORIGINAL_MESSAGE_ID: &str = "x-original-message-id";
+    /// On a parked message: why it was parked (one of the dead-letter reasons).
+    pub const REASON: &str = "x-hexeract-reason";
+    /// On a parked message: what happened, at most 1 KiB.
+    pub const DETAIL: &str = "x-hexeract-detail";
+    /// On a parked message: the handler that gave up.
+    pub const HANDLER: &str = "x-hexeract-handler";
+    /// On a parked message: the queue it was consumed from.
+    pub const QUEUE: &str = "x-hexeract-queue";
+    /// Set by quorum queues on a redelivery: how many earlier deliveries of this copy ended
+    /// without an ack.
+    pub const DELIVERY_COUNT: &str = "x-delivery-count";
+}
+
+/// Headers the broker manages, never copied onto a republished message.
+const BROKER_HEADERS: [&str; 4] = [
+    headers::DELIVERY_COUNT,
+    "x-death",
+    "x-first-death-reason",
+    "x-last-death-reason",
+];
+
+/// The properties of `envelope` as published, with `attempts_made` earlier calls.
+pub(crate) fn properties(envelope: &Envelope, attempts_made: u32) -> BasicProperties {
+    let mut table = FieldTable::default();
+    for (name, value) in &envelope.headers {
+        if let Ok(name) = ShortString::try_new(name.as_str()) {
+            table.insert(name, text(value));
+        }
+    }
+    if let Some(causation) = envelope.causation_id {
+        table.insert(headers::CAUSATION_ID.into(), text(&causation.to_string()));
+    }
+    table.insert(
+        headers::CREATED_AT.into(),
+        text(
+            &envelope
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        ),
+    );
+    if attempts_made > 0 {
+        table.insert(
+            headers::ATTEMPTS.into(),
+            AMQPValue::LongLongInt(i64::from(attempts_made)),
+        );
+    }
+    let mut properties = BasicProperties::default()
+        .with_message_id(envelope.id.to_string().into())
+        .with_content_type(CONTENT_TYPE.into())
+        .with_delivery_mode(2)
+        .with_timestamp(u64::try_from(envelope.created_at.timestamp()).unwrap_or(0))
+        .with_headers(table);
+    if let Ok(kind) = ShortString::try_new(envelope.message_type.as_str()) {
+        properties = properties.with_type(kind);
+    }
+    if let Some(correlation) = envelope.correlation_id {
+        properties = properties.with_correlation_id(correlation.to_string().into());
+    }
+    properties
+}
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value.as_bytes()))
+}
+
+/// Why a delivery cannot be handed to any handler.
+#[derive(Debug)]
+pub(crate) struct Unreadable {
+    pub(crate) reason: Reason,
+    pub(crate) detail: String,
+}
+
+/// Reads a delivery into an envelope whose `attempt` is the number of the call about to be
+/// made. The size is checked first, before anything is copied or parsed.
+pub(crate) fn read(
+    delivery: &Delivery,
+    exchange: &str,
+    max_payload_bytes: usize,
+) -> Result<Envelope, Unreadable> {
+    if delivery.data.len() > max_payload_bytes {
+        return Err(Unreadable {
+            reason: Reason::PAYLOAD_TOO_LARGE,
+            detail: format!(
+                "payload is {} bytes, more than max_payload_bytes ({max_payload_bytes}); it was \
+                 not decoded",
+                delivery.data.len()
+            ),
+        });
+    }
+    let properties = &delivery.properties;
+    let table = properties.headers().as_ref();
+    let (id, original_id) = match properties.message_id().as_ref().map(ShortString::as_str) {
+        None | Some("") => {
+            return Err(Unreadable {
+                reason: Reason::MESSAGE_ID_MISSING,
+                detail: "the delivery has no message_id property: without one, redeliveries \
+                         cannot be told apart from new messages"
+                    .to_owned(),
+            })
+        }
+        Some(id) => match Uuid::parse_str(id) {
+            Ok(uuid) => (uuid, None),
+            Err(_) => (derived_id(id), Some(id.to_owned())),
+        },
+    };
+    if let Some(content_type) = properties.content_type() {
+        let essence = content_type.as_str().split(';').next().unwrap_or("").trim();
+        if !essence.eq_ignore_ascii_case(CONTENT_TYPE) {
+            return Err(Unreadable {
+                reason: Reason::PAYLOAD_INVALID,
+                detail: format!(
+                    "content type {:?} is not {CONTENT_TYPE}",
+                    content_type.as_str()
+                ),
+            });
+        }
+    }
+    let message_type = match properties.kind() {
+        Some(kind) => kind.to_string(),
+        // Published straight to the message exchange, whose routing key is the type.
+        None if delivery.exchange.as_str() == exchange => delivery.routing_key.to_string(),
+        None => String::new(),
+    };
+    let mut envelope = Envelope::from_raw(message_type, Bytes::from(delivery.data.clone()));
+    envelope.id = id;
+    envelope.correlation_id = properties
+        .correlation_id()
+        .as_ref()
+        .and_then(|value| Uuid::parse_str(value.as_str()).ok());
+    let mut attempts_made = 0u64;
+    let mut redeliveries = None;
+    let mut created_at = None;
+    if let Some(table) = table {
+        for (name, value) in table.inner() {
+            match name.as_str() {
+                headers::ATTEMPTS => attempts_made = number(value).unwrap_or(0),
+                headers::DELIVERY_COUNT => redeliveries = number(value),
+                headers::CAUSATION_ID => {
+                    envelope.causation_id =
+                        string(value).and_then(|value| Uuid::parse_str(&value).ok());
+                }
+                headers::CREATED_AT => {
+                    created_at = string(value)
+                        .and_then(|value| DateTime::parse_from_rfc3339(&value).ok())
+                        .map(|at| at.with_timezone(&Utc));
+                }
+                name if name.starts_with("x-") => {}
+                name => {
+                    if let Some(value) = string(value) {
+                        envelope.headers.insert(name.to_owned(), value);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(original) = original_id {
+        envelope
+            .headers
+            .insert(headers::ORIGINAL_MESSAGE_ID.to_owned(), original);
+    }
+    envelope.created_at = created_at
+        .or_else(|| {
+            properties
+                .timestamp()
+                .and_then(|seconds| i64::try_from(seconds).ok())
+                .and_then(|seconds| Utc.timestamp_opt(seconds, 0).single())
+        })
+        .unwrap_or(envelope.created_at);
+    // A classic queue only says "redelivered"; a quorum queue counts.
+    let redeliveries = redeliveries.unwrap_or(u64::from(delivery.redelivered));
+    envelope.attempt = u32::try_from(attempts_made + redeliveries + 1).unwrap_or(u32::MAX);
+    Ok(envelope)
+}
+
+/// What a dead-letter record can keep of a delivery that could not be read.
+pub(crate) fn salvage(delivery: &Delivery, exchange: &str) -> Envelope {
+    let properties = &delivery.properties;
+    let mut envelope = Envelope::from_raw(
+        properties
+            .kind()
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| {
+                if delivery.exchange.as_str() == exchange {
+                    delivery.routing_key.to_string()
+                } else {
+                    String::new()
+                }
+            }),
+        Bytes::from(delivery.data.clone()),
+    );
+    if let Some(id) = properties.message_id() {
+        envelope.id = Uuid::parse_str(id.as_str()).unwrap_or_else(|_| derived_id(id.as_str()));
+    }
+    envelope.attempt = properties
+        .headers()
+        .as_ref()
+        .and_then(|table| table.inner().get(headers::ATTEMPTS))
+        .and_then(number)
+        .and_then(|attempts| u32::try_from(attempts).ok())
+        .unwrap_or(0);
+    envelope
+}
+
+/// A stable UUID for a producer's id that is not one (UUID v5 in a namespace of Hexeract's).
+fn derived_id(id: &str) -> Uuid {
+    const NAMESPACE: Uuid = Uuid::from_u128(0x6865_7865_7261_6374_2d61_6d71_702d_6964);
+    Uuid::new_v5(&NAMESPACE, id.as_bytes())
+}
+
+fn number(value: &AMQPValue) -> Option<u64> {
+    match value {
+        AMQPValue::ShortShortInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::ShortShortUInt(v) => Some(u64::from(*v)),
+        AMQPValue::ShortInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::ShortUInt(v) => Some(u64::from(*v)),
+        AMQPValue::LongInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::LongUInt(v) => Some(u64::from(*v)),
+        AMQPValue::LongLongInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::Timestamp(v) => Some(*v),
+        other => string(other).and_then(|text| text.trim().parse().ok()),
+    }
+}
+
+fn string(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(v) => std::str::from_utf8(v.as_bytes()).ok().map(str::to_owned),
+        AMQPValue::ShortString(v) => Some(v.to_string()),
+        _ => None,
+    }
+}
+
+/// The properties of a message republished for a retry: the original's, with the attempts made
+/// so far and without the broker's own bookkeeping.
+pub(crate) fn retry_properties(original: &BasicProperties, attempts_made: u32) -> BasicProperties {
+    let mut table = own_headers(original);
+    table.insert(
+        headers::ATTEMPTS.into(),
+        AMQPValue::LongLongInt(i64::from(attempts_made)),
+    );
+    original.clone().with_headers(table.into())
+}
+
+/// The properties of a message parked with `reason`: the original's, plus why.
+pub(crate) fn parked_properties(
+    original: &BasicProperties,
+    letter: &ParkedInfo<'_>,
+) -> BasicProperties {
+    let mut table = own_headers(original);
+    table.insert(headers::REASON.into(), text(letter.reason.as_str()));
+    table.insert(
+        headers::DETAIL.into(),
+        text(&truncate(letter.detail, MAX_HEADER_DETAIL_BYTES)),
+    );
+    if let Some(handler) = letter.handler {
+        table.insert(headers::HANDLER.into(), text(handler));
+    }
+    table.insert(headers::QUEUE.into(), text(letter.queue));
+    table.insert(
+        headers::ATTEMPTS.into(),
+        AMQPValue::LongLongInt(i64::from(letter.attempts)),
+    );
+    original.clone().with_headers(table.into())
+}
+
+/// Why and where a message is parked.
+pub(crate) struct ParkedInfo<'a> {
+    pub(crate) reason: &'a Reason,
+    pub(crate) detail: &'a str,
+    pub(crate) handler: Option<&'a str>,
+    pub(crate) queue: &'a str,
+    pub(crate) attempts: u32,
+}
+
+impl ParkedInfo<'_> {
+    /// The same, as a record for the `dead_letters` table.
+    pub(crate) fn dead_letter(&self, mut envelope: Envelope) -> DeadLetter {
+        envelope.attempt = self.attempts;
+        DeadLetter::new(
+            envelope,
+            self.handler.map(str::to_owned),
+            self.reason.clone(),
+            self.detail,
+        )
+    }
+}
+
+fn own_headers(original: &BasicProperties) -> BTreeMap<ShortString, AMQPValue> {
+    let mut table: BTreeMap<ShortString, AMQPValue> = original
+        .headers()
+        .as_ref()
+        .map(|table| table.inner().clone())
+        .unwrap_or_default();
+    for name in BROKER_HEADERS {
+        table.remove(name);
+    }
+    table
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(properties: BasicProperties, data: &[u8], redelivered: bool) -> Delivery {
+        let mut delivery = Delivery::mock(
+            1,
+            "hexeract".into(),
+            "OrderPlaced".into(),
+            redelivered,
+            data.to_vec(),
+        );
+        delivery.properties = properties;
+        delivery
+    }
+
+    #[test]
+    fn an_envelope_survives_the_trip_through_amqp_properties() {
+        let parent = Envelope::from_raw("Parent", &b"{}"[..]);
+        let envelope = Envelope::from_raw("OrderPlaced", &br#"{"order_id":7}"#[..])
+            .caused_by(&parent)
+            .with_header(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            );
+        let read = read(
+            &delivery(properties(&envelope, 2), &envelope.payload, false),
+            "hexeract",
+            1024,
+        )
+        .unwrap();
+        assert_eq!(read.id, envelope.id);
+        assert_eq!(read.message_type, "OrderPlaced");
+        assert_eq!(read.payload, envelope.payload);
+        assert_eq!(read.correlation_id, envelope.correlation_id);
+        assert_eq!(read.causation_id, Some(parent.id));
+        assert_eq!(read.headers, envelope.headers);
+        assert_eq!(
+            read.created_at.timestamp_millis(),
+            envelope.created_at.timestamp_millis()
+        );
+        assert_eq!(read.attempt, 3, "two calls made, this is the third");
+    }
+
+    #[test]
+    fn redeliveries_counted_by_the_broker_add_to_the_attempts() {
+        let envelope = Envelope::from_raw("OrderPlaced", &b"{}"[..]);
+        let mut props = properties(&envelope, 1);
+        let mut table = props.headers().clone().unwrap();
+        table.insert(headers::DELIVERY_COUNT.into(), AMQPValue::LongLongInt(2));
+        props = props.with_headers(table);
+        let read = read(&delivery(props, b"{}", true), "hexeract", 1024).unwrap();
+        assert_eq!(read.attempt, 4);
+        // A classic queue says only that it is a redelivery.
+        let read = read_plain(true);
+        assert_eq!(read.attempt, 2);
+        assert_eq!(read_plain(false).attempt, 1);
+    }
+
+    fn read_plain(redelivered: bool) -> Envelope {
+        let props = BasicProperties::default().with_message_id("m-1".into());
+        read(&delivery(props, b"{}", redelivered), "hexeract", 1024).unwrap()
+    }
+
+    #[test]
+    fn foreign_ids_map_to_stable_uuids_and_the_routing_key_gives_the_type() {
+        let a = read_plain(false);
+        let b = read_plain(false);
+        assert_eq!(a.id, b.id);
+        assert_eq!(a.header(headers::ORIGINAL_MESSAGE_ID), Some("m-1"));
+        assert_eq!(a.message_type, "OrderPlaced");
+    }
+
+    #[test]
+    fn unreadable_deliveries_get_their_reason_size_first() {
+        let big = delivery(BasicProperties::default(), &[b'x'; 2048], false);
+        let error = read(&big, "hexeract", 1024).unwrap_err();
+        assert_eq!(error.reason, Reason::PAYLOAD_TOO_LARGE);
+
+        let no_id = delivery(BasicProperties::default(), b"{}", false);
+        assert_eq!(
+            read(&no_id, "hexeract", 1024).unwrap_err().reason,
+            Reason::MESSAGE_ID_MISSING
+        );
+
+        let xml = delivery(
+            BasicProperties::default()
+                .with_message_id("m".into())
+                .with_content_type("text/xml".into()),
+            b"<a/>",
+            false,
+        );
+        assert_eq!(
+            read(&xml, "hexeract", 1024).unwrap_err().reason,
+            Reason::PAYLOAD_INVALID
+        );
+        let json_utf8 = delivery(
+            BasicProperties::default()
+                .with_message_id("m".into())
+                .with_content_type("application/json; charset=utf-8".into()),
+            b"{}",
+            false,
+        );
+        assert!(read(&json_utf8, "hexeract", 1024).is_ok());
+    }
+
+    #[test]
+    fn republished_messages_drop_the_brokers_bookkeeping_and_carry_the_reason() {
+        let envelope = Envelope::from_raw("OrderPlaced", &b"{}"[..]);
+        let mut props = properties(&envelope, 0);
+        let mut table = props.headers().clone().unwrap();
+        table.insert(headers::DELIVERY_COUNT.into(), AMQPValue::LongLongInt(3));
+        table.insert("x-death".into(), AMQPValue::LongLongInt(1));
+        props = props.with_headers(table);
+        let retried = retry_properties(&props, 2);
+        let inner = retried.headers().as_ref().unwrap().inner();
+        assert!(!inner.contains_key(headers::DELIVERY_COUNT));
+        assert!(!inner.contains_key("x-death"));
+        assert_eq!(
+            inner.get(headers::ATTEMPTS),
+            Some(&AMQPValue::LongLongInt(2))
+        );
+        assert_eq!(retried.message_id(), props.message_id());
+
+        let long = "é".repeat(2000);
+        let parked = parked_properties(
+            &props,
+            &ParkedInfo {
+                reason: &Reason::HANDLER_PANICKED,
+                detail: &long,
+                handler: Some("shop::reserve"),
+                queue: "hexeract.shop.reserve",
+                attempts: 5,
+            },
+        );
+        let inner = parked.headers().as_ref().unwrap().inner();
+        assert_eq!(inner.get(headers::REASON), Some(&text("handler_panicked")));
+        let detail = string(inner.get(headers::DETAIL).unwrap()).unwrap();
+        assert!(detail.len() <= MAX_HEADER_DETAIL_BYTES + "…".len());
+    }
+}

@@ -1,0 +1,1010 @@
+//! [`RabbitMqWorker`]: consumes handler queues, acks after the outcome, retries through the
+//! wait queues and parks what cannot be handled.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::{join_all, BoxFuture};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+};
+use lapin::types::FieldTable;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::context::Context;
+use crate::dispatch::{call_handler, spawn_grace_timer, Call};
+use crate::envelope::Envelope;
+use crate::error::{ConfigError, ConfigProblem, Error, KnobChecks};
+use crate::handler::Handler;
+use crate::message::Message;
+use crate::outcome::HandlerOutcome;
+use crate::publish::{Publish, PublishError};
+use crate::rabbitmq::acks::{AckTracker, Acks};
+use crate::rabbitmq::topology::{parking_queue, short, Queue};
+use crate::rabbitmq::wire::{self, ParkedInfo};
+use crate::rabbitmq::{
+    ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology, DEFAULT_EXCHANGE,
+    DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
+};
+use crate::reason::Reason;
+use crate::registry::{HandlerOptions, RegisteredHandler, Registry};
+use crate::retry::RetryPolicy;
+use crate::runtime::Registration;
+use crate::store::DeliveryStore;
+
+/// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
+/// `max_payload_bytes` 1 MiB, handler timeout 30 s, shutdown grace 8 s, confirm timeout 30 s.
+///
+/// ```no_run
+/// # use hexeract::{Context, Handler, Message};
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+/// # #[message(type = "OrderPlaced")]
+/// # struct OrderPlaced { order_id: u64 }
+/// # struct MyHandler;
+/// # impl Handler<OrderPlaced> for MyHandler {
+/// #     type Output = Result<(), std::io::Error>;
+/// #     async fn handle(&self, _: OrderPlaced, _: &Context) -> Self::Output { Ok(()) }
+/// # }
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use hexeract::rabbitmq::{RabbitMqConnection, RabbitMqWorkerBuilder};
+/// use hexeract::CancellationToken;
+///
+/// let uri = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// let cancel = CancellationToken::new();
+/// loop {
+///     let connection =
+///         RabbitMqConnection::connect_with_retry(uri, 5, Duration::from_millis(500)).await?;
+///     let worker = RabbitMqWorkerBuilder::new(connection)
+///         .register_handler::<OrderPlaced, _>(MyHandler)
+///         .build()?;
+///     match worker.run(cancel.clone()).await {
+///         Ok(()) => break,
+///         Err(error) => {
+///             tracing::error!(%error, "bus worker stopped, restarting");
+///             tokio::time::sleep(Duration::from_secs(1)).await;
+///         }
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[must_use]
+pub struct RabbitMqWorkerBuilder {
+    connection: RabbitMqConnection,
+    registry: Option<Registry>,
+    registrations: Vec<Registration>,
+    exchange: String,
+    prefix: String,
+    wait_tiers: Vec<Duration>,
+    queue: Option<String>,
+    dead_letter_routing_key: Option<String>,
+    prefetch: u32,
+    max_attempts: u32,
+    max_payload_bytes: usize,
+    retry: RetryPolicy,
+    handler_timeout: Duration,
+    shutdown_grace: Duration,
+    confirm_timeout: Duration,
+    declare: bool,
+    dead_letters: Option<Arc<dyn DeliveryStore>>,
+    publisher: Option<Arc<dyn Publish>>,
+}
+
+impl RabbitMqWorkerBuilder {
+    /// A worker on `connection`, with no handlers yet.
+    pub fn new(connection: RabbitMqConnection) -> RabbitMqWorkerBuilder {
+        RabbitMqWorkerBuilder {
+            connection,
+            registry: Some(Registry::new()),
+            registrations: Vec::new(),
+            exchange: DEFAULT_EXCHANGE.to_owned(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            wait_tiers: DEFAULT_WAIT_TIERS.to_vec(),
+            queue: None,
+            dead_letter_routing_key: None,
+            prefetch: 16,
+            max_attempts: 5,
+            max_payload_bytes: 1024 * 1024,
+            retry: RetryPolicy::default(),
+            handler_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(8),
+            confirm_timeout: Duration::from_secs(30),
+            declare: true,
+            dead_letters: None,
+            publisher: None,
+        }
+    }
+
+    /// Every `#[handler]` in the program (plus those registered with
+    /// [`register_handler`](RabbitMqWorkerBuilder::register_handler)).
+    pub fn from_registry(mut self) -> RabbitMqWorkerBuilder {
+        self.registry = None;
+        self
+    }
+
+    /// These handlers (plus those registered with `register_handler`).
+    pub fn registry(mut self, registry: Registry) -> RabbitMqWorkerBuilder {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Adds a handler written as a type; its name is the type's path.
+    pub fn register_handler<M: Message, H: Handler<M>>(self, handler: H) -> RabbitMqWorkerBuilder {
+        self.register_handler_with::<M, H>(handler, HandlerOptions::new())
+    }
+
+    /// Adds a handler written as a type, with its name, timeout or concurrency.
+    pub fn register_handler_with<M: Message, H: Handler<M>>(
+        mut self,
+        handler: H,
+        options: HandlerOptions,
+    ) -> RabbitMqWorkerBuilder {
+        self.registrations.push(Box::new(move |registry| {
+            registry.register::<M, H>(handler, options)
+        }));
+        self
+    }
+
+    /// The message exchange (default `hexeract`).
+    pub fn exchange(mut self, exchange: impl Into<String>) -> RabbitMqWorkerBuilder {
+        self.exchange = exchange.into();
+        self
+    }
+
+    /// The prefix of queue names (default `hexeract`): each handler consumes
+    /// `<prefix>.<handler name>`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> RabbitMqWorkerBuilder {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The wait queues' delays (default 1 s, 2 s, 4 s … 256 s, 300 s). A retry waits in the
+    /// shortest tier at least as long as its backoff.
+    pub fn wait_tiers(
+        mut self,
+        tiers: impl IntoIterator<Item = Duration>,
+    ) -> RabbitMqWorkerBuilder {
+        self.wait_tiers = tiers.into_iter().collect();
+        self
+    }
+
+    /// Consumes this one queue, managed by you, instead of a queue per handler; each message
+    /// goes to the handler of its type (so each type may have only one handler here). The
+    /// queue must exist; retries come back to it.
+    pub fn queue(mut self, queue: impl Into<String>) -> RabbitMqWorkerBuilder {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// With [`queue`](RabbitMqWorkerBuilder::queue): the parking queue (default
+    /// `<queue>.parked`), where messages that cannot be handled are published through the
+    /// default exchange.
+    pub fn dead_letter_routing_key(mut self, key: impl Into<String>) -> RabbitMqWorkerBuilder {
+        self.dead_letter_routing_key = Some(key.into());
+        self
+    }
+
+    /// Deliveries the broker may have in flight per queue at once (default 16, at most
+    /// 65 535): the most handler calls of one queue running together.
+    pub fn prefetch(mut self, prefetch: u32) -> RabbitMqWorkerBuilder {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Handler calls per message in total (default 5); then the message is parked.
+    pub fn max_attempts(mut self, max_attempts: u32) -> RabbitMqWorkerBuilder {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Largest payload handed to a handler (default 1 MiB), checked before the payload is
+    /// copied or decoded; a larger one is parked as `payload_too_large`. Pair it with the
+    /// broker's `max_message_size`: the broker has buffered the frame already.
+    pub fn max_payload_bytes(mut self, max: usize) -> RabbitMqWorkerBuilder {
+        self.max_payload_bytes = max;
+        self
+    }
+
+    /// First and longest delay between calls (default 1 s and 300 s).
+    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> RabbitMqWorkerBuilder {
+        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self
+    }
+
+    /// Timeout of a handler call unless the handler sets its own (default 30 s).
+    pub fn handler_timeout(mut self, timeout: Duration) -> RabbitMqWorkerBuilder {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// How long a cancelled worker lets running handlers finish (default 8 s). Calls still
+    /// running then are given back to the queue.
+    pub fn shutdown_grace(mut self, grace: Duration) -> RabbitMqWorkerBuilder {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// How long a retry or parking publish waits for the broker's confirm (default 30 s).
+    pub fn confirm_timeout(mut self, timeout: Duration) -> RabbitMqWorkerBuilder {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// Declare nothing: the topology exists already (default: declare it at start).
+    pub fn skip_declare(mut self) -> RabbitMqWorkerBuilder {
+        self.declare = false;
+        self
+    }
+
+    /// Also records every parked message in this store's `dead_letters` table.
+    pub fn dead_letters(mut self, store: Arc<dyn DeliveryStore>) -> RabbitMqWorkerBuilder {
+        self.dead_letters = Some(store);
+        self
+    }
+
+    /// Where `ctx.publish` sends follow-up messages (default: straight to the exchange, with
+    /// confirms; `hexeract::run` gives the outbox).
+    pub fn publish_to(mut self, publisher: Arc<dyn Publish>) -> RabbitMqWorkerBuilder {
+        self.publisher = Some(publisher);
+        self
+    }
+
+    /// Applies the environment's settings (see `docs/configuration.md`): what
+    /// `hexeract::run` uses.
+    pub(crate) fn configure(
+        mut self,
+        settings: &crate::config::EnvSettings,
+    ) -> RabbitMqWorkerBuilder {
+        if let Some(max) = settings.max_deliveries {
+            self.max_attempts = max.get();
+        }
+        if let Some(delay) = settings.retry_max_delay {
+            self.retry = self.retry.max_delay(delay);
+        }
+        if let Some(timeout) = settings.handler_timeout {
+            self.handler_timeout = timeout;
+        }
+        if let Some(grace) = settings.shutdown_grace {
+            self.shutdown_grace = grace;
+        }
+        self
+    }
+
+    /// Checks the knobs and registers the handlers.
+    pub fn build(self) -> Result<RabbitMqWorker, Error> {
+        let mut checks = KnobChecks::default()
+            .at_least_one("prefetch", self.prefetch.into())
+            .at_least_one("max_attempts", self.max_attempts.into())
+            .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
+            .not_zero("handler_timeout", self.handler_timeout)
+            .not_zero("confirm_timeout", self.confirm_timeout);
+        if self.prefetch > u32::from(u16::MAX) {
+            checks = checks.problem(
+                "prefetch",
+                self.prefetch.to_string(),
+                "at most 65535 (AMQP's limit)",
+            );
+        }
+        if self.wait_tiers.is_empty() || self.wait_tiers.iter().any(Duration::is_zero) {
+            checks = checks.problem(
+                "wait_tiers",
+                format!("{:?}", self.wait_tiers),
+                "at least one delay, each longer than zero",
+            );
+        }
+        if self.dead_letter_routing_key.is_some() && self.queue.is_none() {
+            checks = checks.problem(
+                "dead_letter_routing_key",
+                self.dead_letter_routing_key.clone().unwrap_or_default(),
+                "only with queue(…): handler queues park in <queue>.parked",
+            );
+        }
+        checks.finish()?;
+        let mut registry = match self.registry {
+            Some(registry) => registry,
+            None => Registry::from_inventory()?,
+        };
+        for registration in self.registrations {
+            registration(&mut registry)?;
+        }
+        let topology = Topology::from_registry(&registry)
+            .exchange(self.exchange.clone())
+            .prefix(self.prefix)
+            .wait_tiers(self.wait_tiers);
+        topology
+            .validate()
+            .map_err(|error| config_problem("topology", "names", &error.to_string()))?;
+        let runner = |handler: &Arc<RegisteredHandler>| Runner {
+            name: Arc::from(&*handler.info().name),
+            permits: handler
+                .info()
+                .concurrency
+                .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
+            handler: handler.clone(),
+        };
+        let consumers = match &self.queue {
+            Some(queue) => {
+                let mut by_type = HashMap::new();
+                for info in registry.handlers() {
+                    let handler = registry.get(&info.name).expect("listed");
+                    if by_type
+                        .insert(info.message_type.to_owned(), runner(handler))
+                        .is_some()
+                    {
+                        return Err(config_problem(
+                            "queue",
+                            queue,
+                            &format!(
+                                "one handler per message type: {:?} has several, and one queue \
+                                 delivers each message once; leave queue(…) unset to give each \
+                                 handler a queue of its own",
+                                info.message_type
+                            ),
+                        ));
+                    }
+                }
+                vec![QueueConsumer {
+                    parking: self
+                        .dead_letter_routing_key
+                        .clone()
+                        .unwrap_or_else(|| parking_queue(queue)),
+                    queue: queue.clone(),
+                    route: Route::ByType(by_type),
+                }]
+            }
+            None => topology
+                .handler_queues()
+                .into_iter()
+                .map(|place| {
+                    let handler = registry.get(&place.handler).expect("listed");
+                    QueueConsumer {
+                        queue: place.queue,
+                        parking: place.parking,
+                        route: Route::One {
+                            message_type: place.message_type,
+                            runner: runner(handler),
+                        },
+                    }
+                })
+                .collect(),
+        };
+        for info in registry.handlers() {
+            tracing::debug!(handler = %info.name, message_type = info.message_type, "bus handler");
+        }
+        Ok(RabbitMqWorker {
+            shared: Arc::new(Shared {
+                connection: self.connection,
+                topology,
+                exchange: self.exchange,
+                consumers,
+                prefetch: u16::try_from(self.prefetch).expect("checked above"),
+                max_payload_bytes: self.max_payload_bytes,
+                retry: self
+                    .retry
+                    .max_deliveries(NonZeroU32::new(self.max_attempts).expect("checked above")),
+                handler_timeout: self.handler_timeout,
+                shutdown_grace: self.shutdown_grace,
+                confirm_timeout: self.confirm_timeout,
+                declare: self.declare,
+                dead_letters: self.dead_letters,
+                publisher: self.publisher,
+            }),
+        })
+    }
+}
+
+fn config_problem(setting: &str, value: &str, expected: &str) -> Error {
+    Error::Config(ConfigError {
+        problems: vec![ConfigProblem {
+            setting: setting.to_owned(),
+            value: value.to_owned(),
+            expected: expected.to_owned(),
+        }],
+    })
+}
+
+impl fmt::Debug for RabbitMqWorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqWorkerBuilder")
+            .field("connection", &self.connection)
+            .field("exchange", &self.exchange)
+            .field("prefix", &self.prefix)
+            .field("queue", &self.queue)
+            .field("prefetch", &self.prefetch)
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Consumes RabbitMQ queues and calls their handlers, until cancelled or until the connection is
+/// lost.
+///
+/// Each handler queue gets a channel and a consumer of its own, with `prefetch` deliveries in
+/// flight. A delivery is acked only once its outcome is settled: after the handler succeeded,
+/// after its retry was republished to a wait queue and confirmed, or after it was parked and the
+/// park confirmed. Acks are coalesced with `multiple`.
+///
+/// The worker never reconnects on its own: [`run`](RabbitMqWorker::run) returns
+/// [`BusError::Connection`] when a consumer stream ends without a cancellation, and the caller
+/// (the runtime's supervisor) reconnects and builds a new worker.
+pub struct RabbitMqWorker {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    connection: RabbitMqConnection,
+    topology: Topology,
+    exchange: String,
+    consumers: Vec<QueueConsumer>,
+    prefetch: u16,
+    max_payload_bytes: usize,
+    retry: RetryPolicy,
+    handler_timeout: Duration,
+    shutdown_grace: Duration,
+    confirm_timeout: Duration,
+    declare: bool,
+    dead_letters: Option<Arc<dyn DeliveryStore>>,
+    publisher: Option<Arc<dyn Publish>>,
+}
+
+struct QueueConsumer {
+    queue: String,
+    parking: String,
+    route: Route,
+}
+
+enum Route {
+    /// A handler's own queue.
+    One {
+        message_type: String,
+        runner: Runner,
+    },
+    /// A queue of several types, each to its handler.
+    ByType(HashMap<String, Runner>),
+}
+
+impl Route {
+    fn runner(&self, message_type: &str) -> Option<&Runner> {
+        match self {
+            Route::One {
+                message_type: own,
+                runner,
+            } => (own == message_type).then_some(runner),
+            Route::ByType(runners) => runners.get(message_type),
+        }
+    }
+
+    fn handler_name(&self) -> Option<&str> {
+        match self {
+            Route::One { runner, .. } => Some(&runner.name),
+            Route::ByType(_) => None,
+        }
+    }
+}
+
+struct Runner {
+    handler: Arc<RegisteredHandler>,
+    name: Arc<str>,
+    permits: Option<Arc<Semaphore>>,
+}
+
+/// How a delivery ended, for its ack.
+enum Settled {
+    /// Handled, retried or parked: ack it.
+    Ack,
+    /// Give it back to the queue (the call was given up on at shutdown, or a republish
+    /// failed): the broker delivers it again, counting the delivery.
+    Requeue,
+}
+
+impl fmt::Debug for RabbitMqWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqWorker")
+            .field(
+                "queues",
+                &self
+                    .shared
+                    .consumers
+                    .iter()
+                    .map(|consumer| &consumer.queue)
+                    .collect::<Vec<_>>(),
+            )
+            .field("prefetch", &self.shared.prefetch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitMqWorker {
+    /// A builder on `connection`.
+    pub fn builder(connection: RabbitMqConnection) -> RabbitMqWorkerBuilder {
+        RabbitMqWorkerBuilder::new(connection)
+    }
+
+    /// The queues this worker consumes.
+    pub fn queues(&self) -> Vec<&str> {
+        self.shared
+            .consumers
+            .iter()
+            .map(|consumer| consumer.queue.as_str())
+            .collect()
+    }
+
+    /// The topology the worker declares (unless told not to).
+    pub fn topology(&self) -> &Topology {
+        &self.shared.topology
+    }
+
+    /// Declares the topology, then consumes until `cancel` fires: stops taking deliveries, lets
+    /// running calls finish (up to the shutdown grace), acks what is settled and returns
+    /// `Ok(())`. Returns [`BusError::Connection`] when a consumer stream ends without a
+    /// cancellation (the connection or a channel is gone).
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), BusError> {
+        let shared = self.shared;
+        if shared.consumers.is_empty() {
+            tracing::info!("RabbitMQ worker has no handlers; idle until cancelled");
+            cancel.cancelled().await;
+            return Ok(());
+        }
+        if shared.declare {
+            shared.declare().await?;
+        }
+        let publisher = Arc::new(
+            RabbitMqPublisher::new(&shared.connection)
+                .await?
+                .exchange(shared.exchange.clone())
+                .confirm_timeout(shared.confirm_timeout),
+        );
+        let ctx_publisher: Arc<dyn Publish> = match &shared.publisher {
+            Some(publisher) => publisher.clone(),
+            None => Arc::new(DirectPublisher(publisher.clone())),
+        };
+        let interrupt = CancellationToken::new();
+        let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), shared.shutdown_grace);
+        // One consumer's loss stops the others: the worker is rebuilt as a whole.
+        let stop = cancel.child_token();
+        tracing::info!(
+            queues = shared.consumers.len(),
+            connection = shared.connection.name(),
+            "RabbitMQ worker started"
+        );
+        let results = join_all(shared.consumers.iter().map(|consumer| {
+            let consume = ConsumeLoop {
+                shared: &shared,
+                consumer,
+                publisher: &publisher,
+                ctx_publisher: &ctx_publisher,
+                cancel: &cancel,
+                interrupt: &interrupt,
+            };
+            let stop = stop.clone();
+            async move {
+                let result = consume.run(&stop).await;
+                if result.is_err() {
+                    stop.cancel();
+                }
+                result
+            }
+        }))
+        .await;
+        if cancel.is_cancelled() {
+            tracing::info!("RabbitMQ worker stopped");
+            return Ok(());
+        }
+        let error = results
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or_else(|| BusError::Connection("the consumers stopped".to_owned()));
+        tracing::warn!(%error, "RabbitMQ worker lost its connection");
+        Err(error)
+    }
+}
+
+impl Shared {
+    async fn declare(&self) -> Result<(), BusError> {
+        match self.consumers.first().map(|consumer| &consumer.route) {
+            Some(Route::ByType(_)) => {
+                // The queue is the user's; the wait tiers and the parking queue are ours.
+                let consumer = &self.consumers[0];
+                let mut queues: Vec<Queue> = self
+                    .topology
+                    .queues()
+                    .into_iter()
+                    .filter(|queue| queue.message_ttl.is_some())
+                    .collect();
+                queues.push(Queue::classic(consumer.parking.clone()));
+                let exchanges = self.topology.exchanges();
+                let bindings: Vec<_> = self
+                    .topology
+                    .bindings()
+                    .into_iter()
+                    .filter(|binding| binding.exchange != self.exchange)
+                    .collect();
+                ensure_topology(&self.connection, &exchanges, &queues, &bindings).await
+            }
+            _ => self.topology.declare(&self.connection).await,
+        }
+    }
+}
+
+/// One queue's consumer: deliveries in, handler calls, acks out.
+struct ConsumeLoop<'a> {
+    shared: &'a Shared,
+    consumer: &'a QueueConsumer,
+    publisher: &'a Arc<RabbitMqPublisher>,
+    ctx_publisher: &'a Arc<dyn Publish>,
+    cancel: &'a CancellationToken,
+    interrupt: &'a CancellationToken,
+}
+
+impl ConsumeLoop<'_> {
+    async fn run(&self, stop: &CancellationToken) -> Result<(), BusError> {
+        let shared = self.shared;
+        let channel = shared.connection.channel().await?;
+        channel
+            .basic_qos(shared.prefetch, BasicQosOptions { global: false })
+            .await
+            .map_err(|error| BusError::transport("basic.qos", error))?;
+        let tag = format!("{}:{}", shared.connection.name(), Uuid::now_v7().simple());
+        let mut deliveries = channel
+            .basic_consume(
+                short(&self.consumer.queue)?,
+                short(&tag)?,
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|error| {
+                BusError::transport(format!("consuming {:?}", self.consumer.queue), error)
+            })?;
+        let (acks, ack_sender) = spawn_ack_sender(channel.clone(), self.consumer.queue.clone());
+        let mut tracker = AckTracker::default();
+        let mut running: FuturesUnordered<BoxFuture<'_, (u64, Settled)>> = FuturesUnordered::new();
+        // Ack when half the window is settled, or whenever nothing else is ready.
+        let batch = usize::from(shared.prefetch).div_ceil(2);
+        let lost = loop {
+            if tracker.settled() >= batch {
+                let _ = acks.send(tracker.take(false));
+            }
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break None,
+                Some((tag, settled)) = running.next(), if !running.is_empty() => {
+                    settle(&mut tracker, tag, settled);
+                }
+                next = deliveries.next() => match next {
+                    Some(Ok(delivery)) => {
+                        tracker.received(delivery.delivery_tag);
+                        running.push(Box::pin(self.process(delivery)));
+                    }
+                    // The stream fails only when the channel or connection is gone.
+                    Some(Err(error)) => break Some(BusError::Connection(format!(
+                        "the consumer of {:?} failed: {error}", self.consumer.queue))),
+                    None => break Some(BusError::Connection(format!(
+                        "the consumer of {:?} ended (connection or channel closed)",
+                        self.consumer.queue
+                    ))),
+                },
+                () = std::future::ready(()), if tracker.settled() > 0 => {
+                    let _ = acks.send(tracker.take(true));
+                }
+            }
+        };
+        if lost.is_none() {
+            // Stop taking deliveries; those the broker already sent and no call has started on
+            // go back to the queue when the channel closes.
+            let _ = channel
+                .basic_cancel(short(&tag)?, BasicCancelOptions::default())
+                .await;
+        }
+        // Calls already running finish (up to the grace; then they are given back) and are
+        // settled, even after a connection loss: their outcome is logged, and their deliveries
+        // come back anyway.
+        while let Some((tag, settled)) = running.next().await {
+            settle(&mut tracker, tag, settled);
+            let _ = acks.send(tracker.take(false));
+        }
+        let _ = acks.send(tracker.take(true));
+        drop(acks);
+        let _ = tokio::time::timeout(Duration::from_secs(5), ack_sender).await;
+        if let Some(error) = lost {
+            return Err(error);
+        }
+        let _ = channel.close(200, "worker stopped".into()).await;
+        Ok(())
+    }
+
+    /// Handles one delivery to its end: called, then acked, retried or parked.
+    async fn process(&self, delivery: Delivery) -> (u64, Settled) {
+        let tag = delivery.delivery_tag;
+        let shared = self.shared;
+        let envelope = match wire::read(&delivery, &shared.exchange, shared.max_payload_bytes) {
+            Ok(envelope) => envelope,
+            Err(unreadable) => {
+                let attempts = wire::salvage(&delivery, &shared.exchange).attempt;
+                let info = ParkedInfo {
+                    reason: &unreadable.reason,
+                    detail: &unreadable.detail,
+                    handler: self.consumer.route.handler_name(),
+                    queue: &self.consumer.queue,
+                    attempts,
+                };
+                return (tag, self.park(&delivery, None, &info).await);
+            }
+        };
+        let max = shared.retry.max_deliveries_value();
+        if envelope.attempt > max {
+            // The broker redelivered it after calls that never finished (the consumer died or
+            // lost its connection mid-call), and the budget is spent.
+            let detail = format!(
+                "the last {max} call(s) never finished: the consumer died or lost its connection \
+                 during the call (a message that crashes the process?)"
+            );
+            let info = ParkedInfo {
+                reason: &Reason::MAX_DELIVERIES_EXCEEDED,
+                detail: &detail,
+                handler: self.consumer.route.handler_name(),
+                queue: &self.consumer.queue,
+                attempts: max,
+            };
+            return (tag, self.park(&delivery, Some(envelope), &info).await);
+        }
+        let runner = self.consumer.route.runner(&envelope.message_type);
+        let outcome = match runner {
+            Some(runner) => match self.call(runner, &envelope).await {
+                Some(outcome) => outcome,
+                None => return (tag, Settled::Requeue),
+            },
+            None => {
+                let missing = BusError::MissingHandler {
+                    message_type: envelope.message_type.clone(),
+                };
+                tracing::warn!(message_id = %envelope.id, queue = %self.consumer.queue, %missing, "no handler");
+                HandlerOutcome::Retry {
+                    reason: Reason::UNKNOWN_MESSAGE_TYPE,
+                    detail: format!("{missing} on queue {:?}", self.consumer.queue),
+                    after: None,
+                }
+            }
+        };
+        let handler = runner.map(|runner| &*runner.name);
+        match outcome {
+            HandlerOutcome::Ack => (tag, Settled::Ack),
+            HandlerOutcome::DeadLetter { reason, detail } => {
+                let info = ParkedInfo {
+                    reason: &reason,
+                    detail: &detail,
+                    handler,
+                    queue: &self.consumer.queue,
+                    attempts: envelope.attempt,
+                };
+                (tag, self.park(&delivery, Some(envelope), &info).await)
+            }
+            HandlerOutcome::Retry {
+                reason,
+                detail,
+                after,
+            } => {
+                if shared.retry.is_exhausted(envelope.attempt) {
+                    let info = ParkedInfo {
+                        reason: &reason,
+                        detail: &detail,
+                        handler,
+                        queue: &self.consumer.queue,
+                        attempts: envelope.attempt,
+                    };
+                    return (tag, self.park(&delivery, Some(envelope), &info).await);
+                }
+                let delay = shared.retry.delay_after(envelope.attempt, after);
+                (tag, self.retry(&delivery, &envelope, delay, &detail).await)
+            }
+        }
+    }
+
+    /// Calls the handler; `None` when the call was given up on at shutdown.
+    async fn call(&self, runner: &Runner, envelope: &Envelope) -> Option<HandlerOutcome> {
+        let _permit = match &runner.permits {
+            Some(permits) => Some(permits.acquire().await.expect("never closed")),
+            None => None,
+        };
+        let ctx = Context::new(
+            envelope.clone(),
+            runner.name.clone(),
+            self.cancel.child_token(),
+            self.ctx_publisher.clone(),
+        );
+        let span = tracing::info_span!(
+            "hexeract.handle",
+            message_id = %envelope.id,
+            message_type = %envelope.message_type,
+            handler = %runner.name,
+            attempt = envelope.attempt,
+        );
+        let timeout = runner
+            .handler
+            .info()
+            .timeout
+            .unwrap_or(self.shared.handler_timeout);
+        match call_handler(runner.handler.clone(), ctx, timeout, self.interrupt)
+            .instrument(span)
+            .await
+        {
+            Call::Finished(outcome) => Some(outcome),
+            Call::Interrupted => None,
+        }
+    }
+
+    /// Republishes to the wait tier of `delay`; acked once the broker confirmed it.
+    async fn retry(
+        &self,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        delay: Duration,
+        detail: &str,
+    ) -> Settled {
+        let topology = &self.shared.topology;
+        let tier = topology.tier_for(delay).expect("wait tiers are not empty");
+        let wait = topology.wait_queue(tier);
+        let published = self
+            .publisher
+            .publish_raw(
+                &wait,
+                &self.consumer.queue,
+                &delivery.data,
+                wire::retry_properties(&delivery.properties, envelope.attempt),
+                true,
+            )
+            .await;
+        match published {
+            Ok(()) => {
+                tracing::warn!(
+                    message_id = %envelope.id,
+                    queue = %self.consumer.queue,
+                    attempt = envelope.attempt,
+                    retry_in = ?tier,
+                    detail,
+                    "handler failed; will retry"
+                );
+                Settled::Ack
+            }
+            Err(error) => {
+                tracing::error!(
+                    message_id = %envelope.id,
+                    %error,
+                    "could not republish a retry; the delivery goes back to its queue"
+                );
+                Settled::Requeue
+            }
+        }
+    }
+
+    /// Publishes the message unchanged, with its reason, to the parking queue, and records it
+    /// in `dead_letters` when a store is configured; acked once the park is confirmed.
+    async fn park(
+        &self,
+        delivery: &Delivery,
+        envelope: Option<Envelope>,
+        info: &ParkedInfo<'_>,
+    ) -> Settled {
+        let shared = self.shared;
+        let published = self
+            .publisher
+            .publish_raw(
+                "",
+                &self.consumer.parking,
+                &delivery.data,
+                wire::parked_properties(&delivery.properties, info),
+                true,
+            )
+            .await;
+        let envelope = envelope.unwrap_or_else(|| wire::salvage(delivery, &shared.exchange));
+        if let Err(error) = published {
+            tracing::error!(
+                message_id = %envelope.id,
+                parking = %self.consumer.parking,
+                %error,
+                "could not park a message; the delivery goes back to its queue"
+            );
+            return Settled::Requeue;
+        }
+        tracing::error!(
+            message_id = %envelope.id,
+            queue = %self.consumer.queue,
+            reason = %info.reason,
+            detail = info.detail,
+            attempts = info.attempts,
+            "message parked"
+        );
+        if let Some(store) = &shared.dead_letters {
+            let letter = info.dead_letter(envelope);
+            if let Err(error) = store.insert_dead_letter(&letter).await {
+                // The parking queue holds it: nothing is lost, the table misses a row.
+                tracing::error!(
+                    message_id = %letter.envelope.id,
+                    %error,
+                    "parked message not recorded in dead_letters"
+                );
+            }
+        }
+        Settled::Ack
+    }
+}
+
+fn settle(tracker: &mut AckTracker, tag: u64, settled: Settled) {
+    match settled {
+        Settled::Ack => tracker.settle(tag),
+        Settled::Requeue => tracker.requeue(tag),
+    }
+}
+
+/// Sends a channel's acks in the order they were decided (a `multiple` ack must never overtake
+/// the one before it), off the consumer's path.
+fn spawn_ack_sender(
+    channel: lapin::Channel,
+    queue: String,
+) -> (mpsc::UnboundedSender<Acks>, tokio::task::JoinHandle<()>) {
+    let (sender, mut receiver) = mpsc::unbounded_channel::<Acks>();
+    let task = tokio::spawn(async move {
+        while let Some(acks) = receiver.recv().await {
+            if acks.is_empty() {
+                continue;
+            }
+            if let Err(error) = send_acks(&channel, acks).await {
+                // The channel is gone: unacked deliveries come back, and the consumer stream
+                // ends, which stops the worker.
+                tracing::warn!(%queue, %error, "acks not sent; those deliveries will be redelivered");
+                return;
+            }
+        }
+    });
+    (sender, task)
+}
+
+async fn send_acks(channel: &lapin::Channel, acks: Acks) -> Result<(), lapin::Error> {
+    for tag in acks.requeue {
+        channel
+            .basic_nack(
+                tag,
+                BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                },
+            )
+            .await?;
+    }
+    if let Some(tag) = acks.up_to {
+        channel
+            .basic_ack(tag, BasicAckOptions { multiple: true })
+            .await?;
+    }
+    for tag in acks.singles {
+        channel
+            .basic_ack(tag, BasicAckOptions { multiple: false })
+            .await?;
+    }
+    Ok(())
+}
+
+/// `ctx.publish` without an outbox: straight to the exchange, confirmed.
+struct DirectPublisher(Arc<RabbitMqPublisher>);
+
+impl Publish for DirectPublisher {
+    fn publish_envelope(&self, envelope: Envelope) -> BoxFuture<'_, Result<Uuid, PublishError>> {
+        Box::pin(async move {
+            let id = envelope.id;
+            self.0
+                .publish(&envelope)
+                .await
+                .map_err(|error| PublishError::Transport(error.to_string()))?;
+            Ok(id)
+        })
+    }
+}

@@ -1,0 +1,546 @@
+//! The RabbitMQ worker on a real broker: delivery and fan-out, retries through the wait queues
+//! with the attempt count kept, parking with reasons, prefetch, shutdown.
+//!
+//! Needs RabbitMQ at `TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`). Each
+//! test declares its own exchange and queues (a prefix of its own) and deletes them at the end.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hexeract::rabbitmq::{
+    headers, RabbitMqPublisher, RabbitMqWorker, RabbitMqWorkerBuilder, Topology,
+};
+use hexeract::{
+    CancellationToken, Context, Envelope, Handler, HandlerOptions, HandlerOutcome, Message,
+    Registry,
+};
+use hexeract_tests::amqp::TestBroker;
+use lapin::types::AMQPValue;
+use lapin::BasicProperties;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "test.OrderPlaced")]
+struct OrderPlaced {
+    order_id: u32,
+}
+
+/// One call: (order, handler, attempt).
+type Call = (u32, &'static str, u32);
+
+/// Every call.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<Call>>>);
+
+impl Calls {
+    fn all(&self) -> Vec<Call> {
+        self.0.lock().unwrap().clone()
+    }
+
+    async fn wait_for(&self, count: usize, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.0.lock().unwrap().len() < count {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} of {count} calls within {limit:?}",
+                self.0.lock().unwrap().len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Succeeds.
+struct Record(Calls, &'static str);
+
+impl Handler<OrderPlaced> for Record {
+    type Output = Result<(), String>;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push((order.order_id, self.1, ctx.attempt()));
+        Ok(())
+    }
+}
+
+/// Fails the first `failures` calls of each message.
+struct FailFirst(Calls, u32);
+
+impl Handler<OrderPlaced> for FailFirst {
+    type Output = Result<(), String>;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push((order.order_id, "flaky", ctx.attempt()));
+        if ctx.attempt() <= self.1 {
+            Err(format!("failing call {}", ctx.attempt()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn worker(
+    broker: &TestBroker,
+    connection: hexeract::rabbitmq::RabbitMqConnection,
+) -> RabbitMqWorkerBuilder {
+    RabbitMqWorkerBuilder::new(connection)
+        .registry(Registry::new())
+        .exchange(broker.exchange.clone())
+        .prefix(broker.prefix.clone())
+        .wait_tiers([
+            Duration::from_millis(50),
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+        ])
+        .retry_delays(Duration::from_millis(50), Duration::from_millis(200))
+}
+
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), hexeract::rabbitmq::BusError>>,
+    topology: Topology,
+}
+
+impl Running {
+    fn start(worker: RabbitMqWorker) -> Running {
+        let topology = worker.topology().clone();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(worker.run(cancel.clone()));
+        Running {
+            cancel,
+            task,
+            topology,
+        }
+    }
+
+    async fn stop(self) -> Topology {
+        self.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("run returns soon after cancel")
+            .unwrap()
+            .expect("run returns Ok(()) on cancel");
+        self.topology
+    }
+}
+
+/// Waits until the worker consumes every one of its handler queues (it declares its topology
+/// first).
+async fn declared(broker: &TestBroker, topology: &Topology) {
+    let queues: Vec<String> = topology
+        .queues()
+        .into_iter()
+        .filter(|queue| queue.kind == hexeract::rabbitmq::QueueKind::Quorum)
+        .map(|queue| queue.name)
+        .collect();
+    for _ in 0..400 {
+        let mut consumed = 0;
+        for queue in &queues {
+            if broker.consumers(queue).await.unwrap_or(0) > 0 {
+                consumed += 1;
+            }
+        }
+        if consumed == queues.len() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the worker did not start consuming {queues:?}");
+}
+
+async fn publisher(broker: &TestBroker) -> RabbitMqPublisher {
+    RabbitMqPublisher::new(&broker.connection)
+        .await
+        .unwrap()
+        .exchange(broker.exchange.clone())
+}
+
+fn header<'a>(message: &'a lapin::message::BasicGetMessage, name: &str) -> Option<&'a AMQPValue> {
+    message
+        .delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|table| table.inner().get(name))
+}
+
+fn text(value: Option<&AMQPValue>) -> String {
+    match value {
+        Some(AMQPValue::LongString(text)) => String::from_utf8_lossy(text.as_bytes()).into_owned(),
+        other => panic!("not a string header: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_handler_of_a_type_gets_every_message() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let worker = worker(&broker, broker.connect("hexeract-tests-fanout").await)
+        .register_handler_with::<OrderPlaced, _>(
+            Record(calls.clone(), "a"),
+            HandlerOptions::new().name("shop::a"),
+        )
+        .register_handler_with::<OrderPlaced, _>(
+            Record(calls.clone(), "b"),
+            HandlerOptions::new().name("shop::b"),
+        )
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+
+    let publisher = publisher(&broker).await;
+    let envelopes: Vec<Envelope> = (0..200)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    publisher.publish_all(&envelopes).await.unwrap();
+    calls.wait_for(400, Duration::from_secs(30)).await;
+    let topology = running.stop().await;
+
+    let mut seen: HashMap<(u32, &str), u32> = HashMap::new();
+    for (order, handler, attempt) in calls.all() {
+        assert_eq!(attempt, 1);
+        *seen.entry((order, handler)).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 400, "every (message, handler) pair");
+    for queue in ["shop.a", "shop.b"] {
+        let name = format!("{}.{queue}", broker.prefix);
+        assert_eq!(broker.ready(&name).await, 0, "{name} drained and acked");
+    }
+    broker.delete(&topology).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_waits_in_a_tier_and_comes_back_with_its_attempt_count_across_a_restart() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let build = |connection| {
+        worker(&broker, connection)
+            .register_handler_with::<OrderPlaced, _>(
+                FailFirst(calls.clone(), 2),
+                HandlerOptions::new().name("flaky"),
+            )
+            .build()
+            .unwrap()
+    };
+    let running = Running::start(build(broker.connect("hexeract-tests-retry-1").await));
+    declared(&broker, &running.topology).await;
+    let publisher = publisher(&broker).await;
+    publisher
+        .publish(&Envelope::new(&OrderPlaced { order_id: 1 }).unwrap())
+        .await
+        .unwrap();
+    calls.wait_for(1, Duration::from_secs(10)).await;
+    // The first call failed; its retry waits in a tier while this worker stops and another starts.
+    running.stop().await;
+    let running = Running::start(build(broker.connect("hexeract-tests-retry-2").await));
+    calls.wait_for(3, Duration::from_secs(10)).await;
+    let topology = running.stop().await;
+    let attempts: Vec<u32> = calls.all().iter().map(|call| call.2).collect();
+    assert_eq!(attempts, [1, 2, 3], "the count survived the restart");
+    broker.delete(&topology).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_failing_is_parked_after_max_attempts_with_its_reason() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let worker = worker(&broker, broker.connect("hexeract-tests-park").await)
+        .register_handler_with::<OrderPlaced, _>(
+            FailFirst(calls.clone(), u32::MAX),
+            HandlerOptions::new().name("always_fails"),
+        )
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let envelope = Envelope::new(&OrderPlaced { order_id: 9 }).unwrap();
+    publisher(&broker).await.publish(&envelope).await.unwrap();
+    let parking = running.topology.parking_queue_for("always_fails");
+    let parked = broker.wait_for(&parking, 1, Duration::from_secs(10)).await;
+    let topology = running.stop().await;
+
+    assert_eq!(calls.all().len(), 3, "three calls, then parked");
+    let message = &parked[0];
+    assert_eq!(
+        message.delivery.data,
+        envelope.payload.to_vec(),
+        "original bytes"
+    );
+    assert_eq!(
+        message
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        envelope.id.to_string()
+    );
+    assert_eq!(
+        text(header(message, headers::REASON)),
+        "max_deliveries_exceeded"
+    );
+    assert_eq!(text(header(message, headers::DETAIL)), "failing call 3");
+    assert_eq!(text(header(message, headers::HANDLER)), "always_fails");
+    assert_eq!(
+        header(message, headers::ATTEMPTS),
+        Some(&AMQPValue::LongLongInt(3))
+    );
+    broker.delete(&topology).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_from_a_plain_client_is_parked_with_its_reason() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let worker = worker(&broker, broker.connect("hexeract-tests-poison").await)
+        .register_handler_with::<OrderPlaced, _>(
+            Record(calls.clone(), "ok"),
+            HandlerOptions::new().name("poison"),
+        )
+        .max_payload_bytes(1024)
+        .max_attempts(2)
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let json = |id: &str| {
+        BasicProperties::default()
+            .with_message_id(id.into())
+            .with_content_type("application/json".into())
+            .with_type("test.OrderPlaced".into())
+    };
+    let queue = running.topology.queue_for("poison");
+    // Oversize, invalid JSON, no message id, wrong content type: straight from the exchange.
+    broker
+        .publish_raw("test.OrderPlaced", &vec![b' '; 4096], json("too-large"))
+        .await;
+    broker
+        .publish_raw("test.OrderPlaced", b"{not json", json("invalid"))
+        .await;
+    broker
+        .publish_raw(
+            "test.OrderPlaced",
+            br#"{"order_id":1}"#,
+            BasicProperties::default().with_type("test.OrderPlaced".into()),
+        )
+        .await;
+    broker
+        .publish_raw(
+            "test.OrderPlaced",
+            b"<order/>",
+            json("xml").with_content_type("application/xml".into()),
+        )
+        .await;
+    // A type this queue's handler does not handle, put into its queue directly.
+    broker
+        .publish_to(
+            "",
+            &queue,
+            b"{}",
+            json("unknown").with_type("test.Nobody".into()),
+        )
+        .await;
+    // And a good one, which still goes through.
+    broker
+        .publish_raw(
+            "test.OrderPlaced",
+            br#"{"order_id":7}"#,
+            json(&Uuid::now_v7().to_string()),
+        )
+        .await;
+
+    let parking = running.topology.parking_queue_for("poison");
+    let parked = broker.wait_for(&parking, 5, Duration::from_secs(15)).await;
+    calls.wait_for(1, Duration::from_secs(5)).await;
+    let topology = running.stop().await;
+
+    let mut reasons: Vec<(String, String)> = parked
+        .iter()
+        .map(|message| {
+            let id = message
+                .delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+                .unwrap_or_else(|| "(none)".into());
+            (id, text(header(message, headers::REASON)))
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            ("(none)".to_owned(), "message_id_missing".to_owned()),
+            ("invalid".to_owned(), "payload_invalid".to_owned()),
+            ("too-large".to_owned(), "payload_too_large".to_owned()),
+            ("unknown".to_owned(), "unknown_message_type".to_owned()),
+            ("xml".to_owned(), "payload_invalid".to_owned()),
+        ]
+    );
+    assert_eq!(calls.all(), [(7, "ok", 1)], "the good message went through");
+    assert_eq!(broker.ready(&queue).await, 0);
+    broker.delete(&topology).await;
+}
+
+/// Counts calls in flight and the most seen at once.
+struct Slow {
+    in_flight: Arc<AtomicU32>,
+    most: Arc<AtomicU32>,
+    done: Arc<AtomicU32>,
+}
+
+impl Handler<OrderPlaced> for Slow {
+    type Output = Result<(), String>;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.done.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_more_than_prefetch_calls_run_at_once_and_cancel_finishes_the_calls_in_flight() {
+    let broker = TestBroker::new().await;
+    let (in_flight, most, done) = (
+        Arc::default(),
+        Arc::<AtomicU32>::default(),
+        Arc::<AtomicU32>::default(),
+    );
+    let worker = worker(&broker, broker.connect("hexeract-tests-prefetch").await)
+        .register_handler_with::<OrderPlaced, _>(
+            Slow {
+                in_flight,
+                most: most.clone(),
+                done: done.clone(),
+            },
+            HandlerOptions::new().name("slow"),
+        )
+        .prefetch(4)
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let envelopes: Vec<Envelope> = (0..100)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    publisher(&broker)
+        .await
+        .publish_all(&envelopes)
+        .await
+        .unwrap();
+    while done.load(Ordering::SeqCst) < 20 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let queue = running.topology.queue_for("slow");
+    let topology = running.stop().await;
+    let finished = done.load(Ordering::SeqCst);
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        4,
+        "prefetch 4: four calls at once, never more"
+    );
+    // Every finished call was acked; the rest went back to the queue, none lost.
+    assert_eq!(broker.ready(&queue).await, 100 - finished);
+    broker.delete(&topology).await;
+}
+
+#[tokio::test]
+async fn build_rejects_invalid_knobs_all_at_once() {
+    let broker = TestBroker::new().await;
+    let error = RabbitMqWorkerBuilder::new(broker.connection.clone())
+        .registry(Registry::new())
+        .prefetch(0)
+        .max_attempts(0)
+        .max_payload_bytes(0)
+        .wait_tiers([])
+        .dead_letter_routing_key("parked")
+        .build()
+        .unwrap_err()
+        .to_string();
+    for knob in [
+        "prefetch",
+        "max_attempts",
+        "max_payload_bytes",
+        "wait_tiers",
+        "dead_letter_routing_key",
+    ] {
+        assert!(error.contains(knob), "{knob} missing from: {error}");
+    }
+    let error = RabbitMqWorkerBuilder::new(broker.connection.clone())
+        .registry(Registry::new())
+        .prefetch(70_000)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("65535"), "{error}");
+}
+
+/// Returns `HandlerOutcome::dead_letter` at once.
+struct Reject;
+
+impl Handler<OrderPlaced> for Reject {
+    type Output = HandlerOutcome;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+        HandlerOutcome::dead_letter("sku_unknown", "no such SKU")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_outcome_parks_at_once_and_is_recorded_in_dead_letters() {
+    let broker = TestBroker::new().await;
+    let dir = std::env::temp_dir().join(format!("hexeract-amqp-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = hexeract::store::sqlite::SqliteStore::open(dir.join("dead.db"))
+        .await
+        .unwrap();
+    hexeract::store::DeliveryStore::migrate(&store)
+        .await
+        .unwrap();
+    let store = Arc::new(store);
+    let worker = worker(&broker, broker.connect("hexeract-tests-reject").await)
+        .register_handler_with::<OrderPlaced, _>(Reject, HandlerOptions::new().name("reject"))
+        .dead_letters(store.clone())
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let envelope = Envelope::new(&OrderPlaced { order_id: 3 }).unwrap();
+    publisher(&broker).await.publish(&envelope).await.unwrap();
+    let parked = broker
+        .wait_for(
+            &running.topology.parking_queue_for("reject"),
+            1,
+            Duration::from_secs(10),
+        )
+        .await;
+    let topology = running.stop().await;
+    assert_eq!(text(header(&parked[0], headers::REASON)), "sku_unknown");
+
+    let letters = hexeract::store::DeliveryStore::dead_letters(&*store, 10)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(letter.envelope.id, envelope.id);
+    assert_eq!(letter.envelope.payload, envelope.payload);
+    assert_eq!(letter.reason.as_str(), "sku_unknown");
+    assert_eq!(letter.detail, "no such SKU");
+    assert_eq!(letter.handler.as_deref(), Some("reject"));
+    assert_eq!(letter.attempts, 1);
+    broker.delete(&topology).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
