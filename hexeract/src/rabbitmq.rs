@@ -13,6 +13,8 @@
 //! - [`RabbitMqWorker`]: consumes handler queues, acks after the outcome, retries through the
 //!   wait queues, parks what cannot be handled;
 //! - [`RabbitMqPublisher`]: publishes envelopes with publisher confirms;
+//! - [`RabbitMqTransport`]: direct publishing that reconnects and retries once after a broker
+//!   blip;
 //! - [`OutboxRelay`]: moves the transactional outbox to the exchange, a row deleted only once
 //!   the broker confirmed it.
 //!
@@ -29,6 +31,7 @@ mod publisher;
 mod relay;
 pub(crate) mod supervisor;
 mod topology;
+mod transport;
 mod wire;
 mod worker;
 
@@ -39,6 +42,7 @@ pub use topology::{
     ensure_topology, Binding, Exchange, Queue, QueueKind, Topology, DEFAULT_DELIVERY_LIMIT,
     DEFAULT_EXCHANGE, DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
 };
+pub use transport::RabbitMqTransport;
 pub use wire::headers;
 pub use worker::{RabbitMqWorker, RabbitMqWorkerBuilder};
 

@@ -544,3 +544,210 @@ async fn a_dead_letter_outcome_parks_at_once_and_is_recorded_in_dead_letters() {
     broker.delete(&topology).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_publish_during_a_reconnect_succeeds_and_mandatory_fails_when_unroutable() {
+    let broker = TestBroker::new().await;
+    let mut registry = Registry::new();
+    registry
+        .register::<OrderPlaced, _>(
+            Record(Calls::default(), "x"),
+            HandlerOptions::new().name("direct"),
+        )
+        .unwrap();
+    let topology = Topology::from_registry(&registry)
+        .exchange(broker.exchange.clone())
+        .prefix(broker.prefix.clone());
+    topology.declare(&broker.connection).await.unwrap();
+    let name = format!("{}.transport", broker.prefix);
+    let transport = hexeract::rabbitmq::RabbitMqTransport::connect_named(
+        &hexeract_tests::amqp::amqp_url(),
+        &name,
+        &broker.exchange,
+    )
+    .await
+    .unwrap();
+    transport
+        .publish(&Envelope::new(&OrderPlaced { order_id: 1 }).unwrap())
+        .await
+        .unwrap();
+
+    let closed =
+        tokio::task::spawn_blocking(move || hexeract_tests::amqp::close_connections_named(&name))
+            .await
+            .unwrap();
+    assert_eq!(closed, 1);
+    // The connection is gone: this publish reconnects and is retried once.
+    transport
+        .publish(&Envelope::new(&OrderPlaced { order_id: 2 }).unwrap())
+        .await
+        .expect("the publish in the reconnect window went through");
+    assert_eq!(
+        transport.reconnects(),
+        1,
+        "it found the connection closed and reconnected"
+    );
+    let queue = topology.queue_for("direct");
+    let arrived = broker.wait_for(&queue, 2, Duration::from_secs(10)).await;
+    assert_eq!(arrived.len(), 2, "both publishes reached the queue");
+
+    let unroutable = Envelope::from_raw("test.NobodyListens", &b"{}"[..]);
+    let error = transport.publish_mandatory(&unroutable).await.unwrap_err();
+    assert!(
+        matches!(error, hexeract::rabbitmq::BusError::NotConfirmed { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("unroutable"), "{error}");
+    // Without mandatory, an event nobody subscribes to is not an error.
+    transport.publish(&unroutable).await.unwrap();
+    broker.delete(&topology).await;
+}
+
+/// What a handler saw of one message: id, correlation and causation ids, `traceparent`,
+/// attempt.
+type Sight = (Uuid, Option<Uuid>, Option<Uuid>, Option<String>, u32);
+
+/// Every sight.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<Sight>>>);
+
+struct Inspect(Seen);
+
+impl Handler<OrderPlaced> for Inspect {
+    type Output = Result<(), String>;
+    async fn handle(&self, _order: OrderPlaced, ctx: &Context) -> Self::Output {
+        self.0 .0.lock().unwrap().push((
+            ctx.message_id(),
+            ctx.correlation_id(),
+            ctx.causation_id(),
+            ctx.header("traceparent").map(str::to_owned),
+            ctx.attempt(),
+        ));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_amqp_clients_following_the_wire_format_page_interoperate() {
+    let broker = TestBroker::new().await;
+    let seen = Seen::default();
+    let worker = worker(&broker, broker.connect("hexeract-tests-wire").await)
+        .register_handler_with::<OrderPlaced, _>(
+            Inspect(seen.clone()),
+            HandlerOptions::new().name("wire"),
+        )
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+
+    // In: a producer that is not Hexeract, using only docs/wire-format.md.
+    let correlation = Uuid::now_v7();
+    let causation = Uuid::now_v7();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut table = lapin::types::FieldTable::default();
+    table.insert(
+        "x-causation-id".into(),
+        AMQPValue::LongString(causation.to_string().as_str().into()),
+    );
+    table.insert(
+        "traceparent".into(),
+        AMQPValue::LongString(traceparent.into()),
+    );
+    let properties = BasicProperties::default()
+        .with_message_id("order-42-placed".into())
+        .with_type("test.OrderPlaced".into())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_correlation_id(correlation.to_string().as_str().into())
+        .with_headers(table);
+    broker
+        .publish_raw(
+            "test.OrderPlaced",
+            br#"{"order_id":42}"#,
+            properties.clone(),
+        )
+        .await;
+    // The same message id again is the same message to Hexeract (a stable derived UUID).
+    broker
+        .publish_raw("test.OrderPlaced", br#"{"order_id":42}"#, properties)
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while seen.0.lock().unwrap().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the handler got both deliveries"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let topology = running.stop().await;
+    let calls = seen.0.lock().unwrap().clone();
+    assert_eq!(calls[0].0, calls[1].0, "one message id for both deliveries");
+    assert_eq!(calls[0].1, Some(correlation));
+    assert_eq!(calls[0].2, Some(causation));
+    assert_eq!(calls[0].3.as_deref(), Some(traceparent));
+    assert_eq!(calls[0].4, 1);
+
+    // Out: what a consumer that is not Hexeract finds on a message Hexeract published.
+    let channel = broker.connection.lapin().create_channel().await.unwrap();
+    let plain = format!("{}.plain", broker.prefix);
+    channel
+        .queue_declare(
+            plain.as_str().into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            plain.as_str().into(),
+            broker.exchange.as_str().into(),
+            "test.OrderPlaced".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let parent = Envelope::new(&OrderPlaced { order_id: 1 }).unwrap();
+    let envelope = Envelope::new(&OrderPlaced { order_id: 2 })
+        .unwrap()
+        .caused_by(&parent)
+        .with_header("traceparent", traceparent);
+    publisher(&broker).await.publish(&envelope).await.unwrap();
+    let got = broker.wait_for(&plain, 1, Duration::from_secs(10)).await;
+    let delivery = &got[0].delivery;
+    let properties = &delivery.properties;
+    assert_eq!(delivery.routing_key.as_str(), "test.OrderPlaced");
+    assert_eq!(
+        properties.message_id().as_ref().unwrap().as_str(),
+        envelope.id.to_string()
+    );
+    assert_eq!(
+        properties.kind().as_ref().unwrap().as_str(),
+        "test.OrderPlaced"
+    );
+    assert_eq!(
+        properties.content_type().as_ref().unwrap().as_str(),
+        "application/json"
+    );
+    assert_eq!(*properties.delivery_mode(), Some(2));
+    assert_eq!(
+        properties.correlation_id().as_ref().unwrap().as_str(),
+        parent.id.to_string()
+    );
+    assert_eq!(
+        text(header(&got[0], headers::CAUSATION_ID)),
+        parent.id.to_string()
+    );
+    assert_eq!(text(header(&got[0], "traceparent")), traceparent);
+    assert!(
+        header(&got[0], headers::ATTEMPTS).is_none(),
+        "a fresh message carries no attempts"
+    );
+    assert_eq!(delivery.data, envelope.payload.to_vec());
+    let _ = channel
+        .queue_delete(plain.as_str().into(), Default::default())
+        .await;
+    broker.delete(&topology).await;
+}

@@ -112,6 +112,12 @@ impl RabbitMqConnection {
         self.inner.status().connected()
     }
 
+    /// `true` while the broker blocks this connection's publishes (`connection.blocked`: a
+    /// memory or disk alarm).
+    pub fn is_blocked(&self) -> bool {
+        self.inner.status().blocked()
+    }
+
     /// The lapin connection, for what Hexeract does not wrap.
     pub fn lapin(&self) -> &Connection {
         &self.inner

@@ -33,6 +33,7 @@ use crate::rabbitmq::{BusError, RabbitMqConnection, DEFAULT_EXCHANGE};
 /// # }
 /// ```
 pub struct RabbitMqPublisher {
+    connection: RabbitMqConnection,
     channel: lapin::Channel,
     exchange: String,
     window: Arc<Semaphore>,
@@ -52,6 +53,7 @@ impl RabbitMqPublisher {
             .await
             .map_err(|error| BusError::transport("confirm.select", error))?;
         Ok(RabbitMqPublisher {
+            connection: connection.clone(),
             channel,
             exchange: DEFAULT_EXCHANGE.to_owned(),
             window: Arc::new(Semaphore::new(DEFAULT_CONFIRM_WINDOW)),
@@ -194,6 +196,29 @@ impl RabbitMqPublisher {
         self.confirmed(pending, &message_id).await
     }
 
+    /// Waits while the broker blocks the connection (`connection.blocked`), up to the confirm
+    /// timeout: publishing then would only fill buffers the broker does not read.
+    async fn unblocked(&self) -> Result<(), BusError> {
+        if !self.connection.is_blocked() {
+            return Ok(());
+        }
+        tracing::warn!("the broker blocks publishing (a memory or disk alarm); waiting");
+        let deadline = tokio::time::Instant::now() + self.confirm_timeout;
+        while self.connection.is_blocked() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BusError::NotConfirmed {
+                    message_id: "(not sent)".to_owned(),
+                    detail: format!(
+                        "the broker kept the connection blocked for {:?}",
+                        self.confirm_timeout
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
     /// A place in the confirm window.
     async fn place(&self) -> OwnedSemaphorePermit {
         self.window
@@ -212,6 +237,7 @@ impl RabbitMqPublisher {
         properties: BasicProperties,
         mandatory: bool,
     ) -> Result<Pending, BusError> {
+        self.unblocked().await?;
         let confirm = self
             .channel
             .basic_publish(

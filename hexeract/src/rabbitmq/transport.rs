@@ -1,0 +1,200 @@
+//! [`RabbitMqTransport`]: direct publishing that rides out a broker blip.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+use crate::publish::{Publish, PublishError};
+use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher, DEFAULT_EXCHANGE};
+
+/// Publishes straight to the broker, with confirms, and recovers from a lost connection: a
+/// publish that fails because the connection or channel is gone reconnects (with backoff, up
+/// to `reconnect_timeout`), declares the exchange again and is retried once. A broker that
+/// stays unreachable surfaces as [`BusError::Connection`]; one that refuses the message as
+/// [`BusError::NotConfirmed`] or [`BusError::Transport`].
+///
+/// This survives a broker blip, not a crash of this process: when a message must not be lost
+/// with the process, write it to the outbox in your transaction
+/// ([`outbox::enqueue`](crate::outbox::enqueue)) and let the relay publish it.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use hexeract::rabbitmq::RabbitMqTransport;
+/// use hexeract::{Envelope, Message};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "PriceChanged")]
+/// struct PriceChanged { sku: String, cents: i64 }
+///
+/// let transport = RabbitMqTransport::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// let envelope = Envelope::new(&PriceChanged { sku: "SKU-1".into(), cents: 990 })?;
+/// transport.publish(&envelope).await?;
+/// // Fails when no queue is bound for the type (the broker returns the message):
+/// transport.publish_mandatory(&envelope).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct RabbitMqTransport {
+    connection: Mutex<RabbitMqConnection>,
+    publisher: Mutex<Arc<RabbitMqPublisher>>,
+    exchange: String,
+    reconnect_timeout: Duration,
+    reconnects: AtomicU64,
+}
+
+impl RabbitMqTransport {
+    /// Connects to `url` (connection name `hexeract-publisher`) and publishes to `hexeract`.
+    pub async fn connect(url: &str) -> Result<RabbitMqTransport, BusError> {
+        RabbitMqTransport::connect_named(url, "hexeract-publisher", DEFAULT_EXCHANGE).await
+    }
+
+    /// Connects to `url` with the connection name `name` and publishes to `exchange` (declared
+    /// if missing: durable, topic).
+    pub async fn connect_named(
+        url: &str,
+        name: &str,
+        exchange: &str,
+    ) -> Result<RabbitMqTransport, BusError> {
+        let connection = RabbitMqConnection::connect_named(url, name).await?;
+        let publisher = open_publisher(&connection, exchange).await?;
+        Ok(RabbitMqTransport {
+            connection: Mutex::new(connection),
+            publisher: Mutex::new(publisher),
+            exchange: exchange.to_owned(),
+            reconnect_timeout: Duration::from_secs(30),
+            reconnects: AtomicU64::new(0),
+        })
+    }
+
+    /// How long a publish that lost its connection keeps trying to reconnect (default 30 s).
+    pub fn reconnect_timeout(mut self, timeout: Duration) -> RabbitMqTransport {
+        self.reconnect_timeout = timeout;
+        self
+    }
+
+    /// Publishes `envelope` and waits for the broker's confirm; an event no queue is bound for
+    /// is not an error.
+    pub async fn publish(&self, envelope: &Envelope) -> Result<(), BusError> {
+        self.with_retry(|publisher| async move { publisher.publish(envelope).await })
+            .await
+    }
+
+    /// Publishes `envelope` and fails with [`BusError::NotConfirmed`] when no queue is bound
+    /// for its type.
+    pub async fn publish_mandatory(&self, envelope: &Envelope) -> Result<(), BusError> {
+        self.with_retry(|publisher| async move { publisher.publish_mandatory(envelope).await })
+            .await
+    }
+
+    /// How many times a publish found the connection lost and reconnected.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// `true` while the broker has blocked the connection (a memory or disk alarm): publishes
+    /// wait meanwhile, up to their confirm timeout.
+    pub async fn is_blocked(&self) -> bool {
+        self.connection.lock().await.is_blocked()
+    }
+
+    async fn with_retry<'a, F, Fut>(&'a self, publish: F) -> Result<(), BusError>
+    where
+        F: Fn(Arc<RabbitMqPublisher>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), BusError>> + 'a,
+    {
+        let publisher = self.publisher.lock().await.clone();
+        match publish(publisher.clone()).await {
+            Err(BusError::Connection(detail)) | Err(BusError::Transport { detail, .. })
+                if !publisher.is_connected() =>
+            {
+                tracing::warn!(
+                    detail,
+                    "publish failed on a lost connection; reconnecting to retry once"
+                );
+                let publisher = self.reconnect(&publisher).await?;
+                publish(publisher).await
+            }
+            other => other,
+        }
+    }
+
+    /// A working publisher: the current one if another publish already reconnected, else a new
+    /// connection, retried with backoff until `reconnect_timeout`.
+    async fn reconnect(
+        &self,
+        failed: &Arc<RabbitMqPublisher>,
+    ) -> Result<Arc<RabbitMqPublisher>, BusError> {
+        let mut current = self.publisher.lock().await;
+        if !Arc::ptr_eq(&current, failed) && current.is_connected() {
+            return Ok(current.clone());
+        }
+        let deadline = tokio::time::Instant::now() + self.reconnect_timeout;
+        let mut delay = Duration::from_millis(100);
+        let mut connection = self.connection.lock().await;
+        loop {
+            let attempt = async {
+                let fresh = connection.reconnect().await?;
+                let publisher = open_publisher(&fresh, &self.exchange).await?;
+                Ok::<_, BusError>((fresh, publisher))
+            };
+            match attempt.await {
+                Ok((fresh, publisher)) => {
+                    *connection = fresh;
+                    *current = publisher.clone();
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(connection = connection.name(), "publisher reconnected");
+                    return Ok(publisher);
+                }
+                Err(error) if tokio::time::Instant::now() + delay >= deadline => {
+                    return Err(BusError::Connection(format!(
+                        "the broker stayed unreachable for {:?}: {error}",
+                        self.reconnect_timeout
+                    )))
+                }
+                Err(error) => {
+                    tracing::warn!(%error, retry_in = ?delay, "publisher reconnect failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+async fn open_publisher(
+    connection: &RabbitMqConnection,
+    exchange: &str,
+) -> Result<Arc<RabbitMqPublisher>, BusError> {
+    let publisher = RabbitMqPublisher::new(connection)
+        .await?
+        .exchange(exchange.to_owned());
+    publisher.declare_exchange().await?;
+    Ok(Arc::new(publisher))
+}
+
+impl Publish for RabbitMqTransport {
+    fn publish_envelope(&self, envelope: Envelope) -> BoxFuture<'_, Result<Uuid, PublishError>> {
+        Box::pin(async move {
+            let id = envelope.id;
+            self.publish(&envelope)
+                .await
+                .map_err(|error| PublishError::Transport(error.to_string()))?;
+            Ok(id)
+        })
+    }
+}
+
+impl fmt::Debug for RabbitMqTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqTransport")
+            .field("exchange", &self.exchange)
+            .field("reconnect_timeout", &self.reconnect_timeout)
+            .finish_non_exhaustive()
+    }
+}
