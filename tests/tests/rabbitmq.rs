@@ -751,3 +751,34 @@ async fn plain_amqp_clients_following_the_wire_format_page_interoperate() {
         .await;
     broker.delete(&topology).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_returns_a_connection_error_when_its_connection_is_closed_and_ok_only_on_cancel() {
+    let broker = TestBroker::new().await;
+    let name = format!("{}.worker", broker.prefix);
+    let calls = Calls::default();
+    let worker = worker(&broker, broker.connect(&name).await)
+        .register_handler_with::<OrderPlaced, _>(
+            Record(calls, "x"),
+            HandlerOptions::new().name("closed"),
+        )
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let closed =
+        tokio::task::spawn_blocking(move || hexeract_tests::amqp::close_connections_named(&name))
+            .await
+            .unwrap();
+    assert_eq!(closed, 1);
+    let result = tokio::time::timeout(Duration::from_secs(20), running.task)
+        .await
+        .expect("run returns once its connection is gone")
+        .unwrap();
+    assert!(
+        matches!(result, Err(hexeract::rabbitmq::BusError::Connection(_))),
+        "{result:?}"
+    );
+    assert!(!running.cancel.is_cancelled());
+    broker.delete(&running.topology).await;
+}

@@ -433,6 +433,11 @@ impl fmt::Debug for RabbitMqWorkerBuilder {
 /// after its retry was republished to a wait queue and confirmed, or after it was parked and the
 /// park confirmed. Acks are coalesced with `multiple`.
 ///
+/// Acks go through the channel by delivery tag, on a connection without lapin's automatic
+/// recovery: a channel that is gone shows as an error and the end of the consumer stream, never
+/// as an ack that silently did nothing (lapin's `Acker::ack` answers `Ok(false)` on a channel
+/// reset by recovery). Unacked deliveries then come back from the broker.
+///
 /// The worker never reconnects on its own: [`run`](RabbitMqWorker::run) returns
 /// [`BusError::Connection`] when a consumer stream ends without a cancellation, and the caller
 /// (the runtime's supervisor) reconnects and builds a new worker.
