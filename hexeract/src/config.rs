@@ -201,7 +201,7 @@ impl EnvSettings {
                     setting: name.to_owned(),
                     value: "(set)".to_owned(),
                     expected: format!(
-                        "unset: this version of Hexeract delivers through the database only and does not have {transport} yet"
+                        "unset: this version of Hexeract has no {transport} transport yet (AMQP_URL selects RabbitMQ)"
                     ),
                 });
             }

@@ -72,6 +72,11 @@ mod outcome;
 mod publish;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+
+/// The guides of `docs/` that carry examples, compiled as doctests so that they stay true.
+#[cfg(all(doctest, feature = "rabbitmq"))]
+#[doc = include_str!("../../docs/rabbitmq.md")]
+pub struct RabbitMqGuide;
 mod reason;
 mod registry;
 mod retry;

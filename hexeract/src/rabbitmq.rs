@@ -39,8 +39,8 @@ pub use connection::{redact_url, RabbitMqConnection};
 pub use publisher::RabbitMqPublisher;
 pub use relay::OutboxRelay;
 pub use topology::{
-    ensure_topology, Binding, Exchange, Queue, QueueKind, Topology, DEFAULT_DELIVERY_LIMIT,
-    DEFAULT_EXCHANGE, DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
+    ensure_topology, tiers_for, Binding, Exchange, Queue, QueueKind, Topology,
+    DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
 };
 pub use transport::RabbitMqTransport;
 pub use wire::headers;

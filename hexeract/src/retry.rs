@@ -67,6 +67,11 @@ impl RetryPolicy {
         self
     }
 
+    /// The first and the longest delay.
+    pub fn delays(&self) -> (Duration, Duration) {
+        (self.initial_delay, self.max_delay)
+    }
+
     /// The configured number of calls.
     pub fn max_deliveries_value(&self) -> u32 {
         self.max_deliveries.get()

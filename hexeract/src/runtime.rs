@@ -38,6 +38,12 @@ use crate::retry::RetryPolicy;
 /// delivers them to every handler, with the process defaults of `docs/configuration.md`
 /// (batches of 100, polls every 500 ms when idle, woken at once by publishes).
 ///
+/// With `AMQP_URL` set, the broker does the fan-out instead: an
+/// [`OutboxRelay`](crate::rabbitmq::OutboxRelay) publishes the outbox to the exchange (a row is
+/// deleted once the broker confirmed it), and a [`RabbitMqWorker`](crate::rabbitmq::RabbitMqWorker)
+/// consumes every handler's queue; both are restarted after a lost connection
+/// (`docs/rabbitmq.md`).
+///
 /// Returns `Ok(())` after a cancellation, once the handlers running have finished (up to the
 /// shutdown grace, 8 s), and only then; an invalid configuration, an unreachable database or
 /// two handlers with the same name are an error before anything starts.

@@ -782,3 +782,36 @@ async fn run_returns_a_connection_error_when_its_connection_is_closed_and_ok_onl
     assert!(!running.cancel.is_cancelled());
     broker.delete(&running.topology).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_published_without_a_type_keeps_its_type_through_a_retry() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let worker = worker(&broker, broker.connect("hexeract-tests-untyped").await)
+        .register_handler_with::<OrderPlaced, _>(
+            FailFirst(calls.clone(), 1),
+            HandlerOptions::new().name("untyped"),
+        )
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    // Only the routing key says what it is.
+    broker
+        .publish_raw(
+            "test.OrderPlaced",
+            br#"{"order_id":5}"#,
+            BasicProperties::default().with_message_id(Uuid::now_v7().to_string().as_str().into()),
+        )
+        .await;
+    calls.wait_for(2, Duration::from_secs(10)).await;
+    let parking = running.topology.parking_queue_for("untyped");
+    let topology = running.stop().await;
+    assert_eq!(
+        calls.all(),
+        [(5, "flaky", 1), (5, "flaky", 2)],
+        "failed, then handled on the retry"
+    );
+    assert_eq!(broker.ready(&parking).await, 0, "nothing parked");
+    broker.delete(&topology).await;
+}

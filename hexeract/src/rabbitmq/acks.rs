@@ -12,18 +12,24 @@ use std::collections::BTreeMap;
 enum State {
     Pending,
     Settled,
-    /// To be given back to the queue (`nack` with `requeue`), before any `multiple` ack covers
-    /// it: a `multiple` ack would acknowledge it too, and the message would be lost.
+    /// To be given back to the queue after a call that started (`reject` with `requeue`: the
+    /// broker counts it), before any `multiple` ack covers it: a `multiple` ack would
+    /// acknowledge it too, and the message would be lost.
     Requeue,
-    /// Acked or nacked already.
+    /// To be given back to the queue without a call (`nack` with `requeue`, which RabbitMQ 4.3
+    /// and later do not count as a delivery), before any `multiple` ack covers it.
+    Return,
+    /// Acked, rejected or nacked already.
     Done,
 }
 
-/// The acks to send, in this order: the requeues first.
+/// The acks to send, in this order: the requeues and returns first.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Acks {
-    /// Give these back to the queue one by one (`nack`, `requeue = true`).
+    /// Give these back to the queue one by one, counted (`reject`, `requeue = true`).
     pub(crate) requeue: Vec<u64>,
+    /// Give these back to the queue one by one, never started (`nack`, `requeue = true`).
+    pub(crate) give_back: Vec<u64>,
     /// Ack everything up to this tag (`multiple = true`).
     pub(crate) up_to: Option<u64>,
     /// Ack these tags one by one (`multiple = false`).
@@ -32,7 +38,10 @@ pub(crate) struct Acks {
 
 impl Acks {
     pub(crate) fn is_empty(&self) -> bool {
-        self.requeue.is_empty() && self.up_to.is_none() && self.singles.is_empty()
+        self.requeue.is_empty()
+            && self.give_back.is_empty()
+            && self.up_to.is_none()
+            && self.singles.is_empty()
     }
 }
 
@@ -61,14 +70,24 @@ impl AckTracker {
         }
     }
 
-    /// A delivery is to be delivered again (its call was given up on at shutdown): it will be
-    /// nacked with `requeue`, never acked.
+    /// A delivery is to be delivered again after a call that started (given up on at
+    /// shutdown, or its retry could not be published): rejected with `requeue`, never acked.
     pub(crate) fn requeue(&mut self, tag: u64) {
+        self.mark(tag, State::Requeue);
+    }
+
+    /// A delivery is to be delivered again without having been started (the worker stopped
+    /// first): nacked with `requeue`, never acked.
+    pub(crate) fn give_back(&mut self, tag: u64) {
+        self.mark(tag, State::Return);
+    }
+
+    fn mark(&mut self, tag: u64, to: State) {
         if let Some(state) = self.tags.get_mut(&tag) {
             if *state == State::Settled {
                 self.settled -= 1;
             }
-            *state = State::Requeue;
+            *state = to;
         }
     }
 
@@ -99,6 +118,7 @@ impl AckTracker {
                 State::Pending => break,
                 State::Settled => last_settled = Some(*tag),
                 State::Requeue => acks.requeue.push(*tag),
+                State::Return => acks.give_back.push(*tag),
                 State::Done => {}
             }
             run_end = Some(*tag);
@@ -125,6 +145,10 @@ impl AckTracker {
                 State::Requeue => {
                     *state = State::Done;
                     acks.requeue.push(*tag);
+                }
+                State::Return => {
+                    *state = State::Done;
+                    acks.give_back.push(*tag);
                 }
                 _ => {}
             }
@@ -208,7 +232,7 @@ mod tests {
             Acks {
                 requeue: vec![1],
                 up_to: Some(2),
-                singles: vec![]
+                ..Acks::default()
             }
         );
         // Beyond a pending tag, a requeue is sent at once, an ack only when asked.
@@ -224,5 +248,22 @@ mod tests {
         assert_eq!(acks.take(false).up_to, Some(3));
         assert!(acks.take(true).is_empty());
         assert_eq!(acks.pending(), 0);
+    }
+
+    #[test]
+    fn deliveries_never_started_are_given_back_apart_from_requeued_ones() {
+        let mut acks = tracker(1..=3);
+        acks.give_back(1);
+        acks.requeue(2);
+        acks.settle(3);
+        assert_eq!(
+            acks.take(true),
+            Acks {
+                requeue: vec![2],
+                give_back: vec![1],
+                up_to: Some(3),
+                singles: vec![]
+            }
+        );
     }
 }

@@ -26,7 +26,7 @@ pub(crate) struct BrokerSettings {
 
 /// Runs the relay and the bus worker until `cancel`, restarting either after a connection
 /// loss. Returns `Ok(())` once both stopped after the cancellation; an error only when the
-/// worker cannot be built (invalid settings or handlers), before anything started.
+/// handlers or names are invalid, found before anything started.
 pub(crate) async fn run_on_broker(
     broker: BrokerSettings,
     settings: &EnvSettings,
@@ -49,14 +49,19 @@ pub(crate) async fn run_on_broker(
             .build()
     };
     // Invalid handlers or names stop startup before any connection is made.
+    // The worker's own wait tiers: the default backoff's, up to RETRY_MAX_DELAY_MS.
+    let longest = settings.retry_max_delay.unwrap_or(Duration::from_secs(300));
     let topology = Topology::from_registry(&Registry::from_inventory()?)
         .exchange(broker.exchange.clone())
-        .prefix(broker.prefix.clone());
+        .prefix(broker.prefix.clone())
+        .wait_tiers(crate::rabbitmq::tiers_for(Duration::from_secs(1), longest));
     topology.validate().map_err(|error| {
         Error::Config(ConfigError {
             problems: vec![ConfigProblem {
-                setting: "HEXERACT_QUEUE_PREFIX".to_owned(),
-                value: broker.prefix.clone(),
+                setting: "queue and exchange names (HEXERACT_QUEUE_PREFIX, HEXERACT_EXCHANGE, \
+                          handler names, message types)"
+                    .to_owned(),
+                value: format!("prefix {:?}, exchange {:?}", broker.prefix, broker.exchange),
                 expected: error.to_string(),
             }],
         })
@@ -126,12 +131,19 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<(), BusError>>,
 {
-    let mut delay = Duration::from_millis(250);
+    const FIRST_DELAY: Duration = Duration::from_millis(250);
+    let mut delay = FIRST_DELAY;
     loop {
+        let started = tokio::time::Instant::now();
         match start().await {
             Ok(()) => return,
             Err(_) if cancel.is_cancelled() => return,
             Err(error) => {
+                // A loop that ran a while before failing starts its backoff over: an outage
+                // days after the last one is not met with the longest delay.
+                if started.elapsed() > Duration::from_secs(30) {
+                    delay = FIRST_DELAY;
+                }
                 tracing::error!(%error, retry_in = ?delay, "{name} stopped; restarting");
                 tokio::select! {
                     () = cancel.cancelled() => return,

@@ -54,6 +54,31 @@ pub const DEFAULT_WAIT_TIERS: [Duration; 10] = [
 /// declared, and changing `MAX_DELIVERIES` must not make the queues undeclarable.
 pub const DEFAULT_DELIVERY_LIMIT: u32 = 20;
 
+/// The wait tiers of a backoff from `initial` doubling up to `max`: `initial`, `2 × initial` …
+/// while shorter than `max`, then `max` (at most 32 tiers). The default backoff, 1 s to 300 s,
+/// gives [`DEFAULT_WAIT_TIERS`]. Jitter shortens a delay by up to a fifth, so delays of one
+/// doubling step share a tier: retries that failed together come back together.
+///
+/// ```
+/// use std::time::Duration;
+/// use hexeract::rabbitmq::{tiers_for, DEFAULT_WAIT_TIERS};
+///
+/// let secs = Duration::from_secs;
+/// assert_eq!(tiers_for(secs(1), secs(300)), DEFAULT_WAIT_TIERS);
+/// assert_eq!(tiers_for(secs(1), secs(10)), [secs(1), secs(2), secs(4), secs(8), secs(10)]);
+/// ```
+pub fn tiers_for(initial: Duration, max: Duration) -> Vec<Duration> {
+    let initial = initial.max(Duration::from_millis(1));
+    let mut tiers = Vec::new();
+    let mut tier = initial;
+    while tier < max && tiers.len() < 31 {
+        tiers.push(tier);
+        tier = tier.saturating_mul(2);
+    }
+    tiers.push(max.max(initial));
+    tiers
+}
+
 /// Longest name AMQP allows for an exchange, queue or routing key.
 const MAX_NAME_BYTES: usize = 255;
 
@@ -332,8 +357,8 @@ impl Topology {
         bindings
     }
 
-    /// Every name this topology would declare, checked: not empty, at most 255 bytes, not in
-    /// the broker's reserved `amq.` namespace.
+    /// Every name this topology would declare, checked: at most 255 bytes, exchanges and queues
+    /// not in the broker's reserved `amq.` namespace, no two handlers on one queue.
     pub fn validate(&self) -> Result<(), BusError> {
         let mut problems = Vec::new();
         if self.wait_tiers.is_empty() || self.wait_tiers.iter().any(Duration::is_zero) {
@@ -343,15 +368,25 @@ impl Topology {
             .exchanges()
             .into_iter()
             .map(|exchange| exchange.name)
-            .chain(self.queues().into_iter().map(|queue| queue.name))
-            .chain(
-                self.bindings()
-                    .into_iter()
-                    .map(|binding| binding.routing_key),
-            );
+            .chain(self.queues().into_iter().map(|queue| queue.name));
         for name in names {
-            if let Err(problem) = check_name(&name) {
+            if let Err(problem) = check_name(&name, true) {
                 problems.push(problem);
+            }
+        }
+        for binding in self.bindings() {
+            if let Err(problem) = check_name(&binding.routing_key, false) {
+                problems.push(problem);
+            }
+        }
+        let mut owners: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+        for (handler, _) in &self.handlers {
+            if let Some(other) = owners.insert(self.queue_for(handler), handler) {
+                problems.push(format!(
+                    "handlers `{other}` and `{handler}` would share the queue {:?} (`::` is \
+                     written as `.`): rename one",
+                    self.queue_for(handler)
+                ));
             }
         }
         if problems.is_empty() {
@@ -388,7 +423,7 @@ fn tier_label(tier: Duration) -> String {
     }
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+fn check_name(name: &str, reserved_checked: bool) -> Result<(), String> {
     if name.len() > MAX_NAME_BYTES {
         return Err(format!(
             "{name:?} is {} bytes long; AMQP names are at most {MAX_NAME_BYTES} bytes \
@@ -396,7 +431,7 @@ fn check_name(name: &str) -> Result<(), String> {
             name.len()
         ));
     }
-    if name.starts_with("amq.") {
+    if reserved_checked && name.starts_with("amq.") {
         return Err(format!(
             "{name:?} starts with `amq.`, which the broker reserves"
         ));

@@ -48,11 +48,15 @@ pub mod headers {
 }
 
 /// Headers the broker manages, never copied onto a republished message.
-const BROKER_HEADERS: [&str; 4] = [
+const BROKER_HEADERS: [&str; 8] = [
     headers::DELIVERY_COUNT,
     "x-death",
     "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-first-death-queue",
     "x-last-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
 ];
 
 /// The properties of `envelope` as published, with `attempts_made` earlier calls.
@@ -267,14 +271,26 @@ fn string(value: &AMQPValue) -> Option<String> {
 }
 
 /// The properties of a message republished for a retry: the original's, with the attempts made
-/// so far and without the broker's own bookkeeping.
-pub(crate) fn retry_properties(original: &BasicProperties, attempts_made: u32) -> BasicProperties {
+/// so far and without the broker's own bookkeeping. The copy comes back through the default
+/// exchange, whose routing key is the queue's name, so it carries its type in `type` even when
+/// the producer gave it only as the routing key.
+pub(crate) fn retry_properties(
+    original: &BasicProperties,
+    message_type: &str,
+    attempts_made: u32,
+) -> BasicProperties {
     let mut table = own_headers(original);
     table.insert(
         headers::ATTEMPTS.into(),
         AMQPValue::LongLongInt(i64::from(attempts_made)),
     );
-    original.clone().with_headers(table.into())
+    let mut properties = original.clone().with_headers(table.into());
+    if properties.kind().is_none() && !message_type.is_empty() {
+        if let Ok(kind) = ShortString::try_new(message_type) {
+            properties = properties.with_type(kind);
+        }
+    }
+    properties
 }
 
 /// The properties of a message parked with `reason`: the original's, plus why.
@@ -458,7 +474,7 @@ mod tests {
         table.insert(headers::DELIVERY_COUNT.into(), AMQPValue::LongLongInt(3));
         table.insert("x-death".into(), AMQPValue::LongLongInt(1));
         props = props.with_headers(table);
-        let retried = retry_properties(&props, 2);
+        let retried = retry_properties(&props, "OrderPlaced", 2);
         let inner = retried.headers().as_ref().unwrap().inner();
         assert!(!inner.contains_key(headers::DELIVERY_COUNT));
         assert!(!inner.contains_key("x-death"));
@@ -467,6 +483,13 @@ mod tests {
             Some(&AMQPValue::LongLongInt(2))
         );
         assert_eq!(retried.message_id(), props.message_id());
+        // A producer that gave the type only as the routing key: the copy carries it.
+        let untyped = BasicProperties::default().with_message_id("m".into());
+        let retried = retry_properties(&untyped, "OrderPlaced", 1);
+        assert_eq!(
+            retried.kind().as_ref().map(ShortString::as_str),
+            Some("OrderPlaced")
+        );
 
         let long = "é".repeat(2000);
         let parked = parked_properties(

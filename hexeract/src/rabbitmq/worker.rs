@@ -12,6 +12,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicRejectOptions,
 };
 use lapin::types::FieldTable;
 use tokio::sync::{mpsc, Semaphore};
@@ -32,7 +33,7 @@ use crate::rabbitmq::topology::{parking_queue, short, Queue};
 use crate::rabbitmq::wire::{self, ParkedInfo};
 use crate::rabbitmq::{
     ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology, DEFAULT_EXCHANGE,
-    DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
+    DEFAULT_PREFIX,
 };
 use crate::reason::Reason;
 use crate::registry::{HandlerOptions, RegisteredHandler, Registry};
@@ -84,7 +85,7 @@ pub struct RabbitMqWorkerBuilder {
     registrations: Vec<Registration>,
     exchange: String,
     prefix: String,
-    wait_tiers: Vec<Duration>,
+    wait_tiers: Option<Vec<Duration>>,
     queue: Option<String>,
     dead_letter_routing_key: Option<String>,
     prefetch: u32,
@@ -108,7 +109,7 @@ impl RabbitMqWorkerBuilder {
             registrations: Vec::new(),
             exchange: DEFAULT_EXCHANGE.to_owned(),
             prefix: DEFAULT_PREFIX.to_owned(),
-            wait_tiers: DEFAULT_WAIT_TIERS.to_vec(),
+            wait_tiers: None,
             queue: None,
             dead_letter_routing_key: None,
             prefetch: 16,
@@ -167,13 +168,14 @@ impl RabbitMqWorkerBuilder {
         self
     }
 
-    /// The wait queues' delays (default 1 s, 2 s, 4 s … 256 s, 300 s). A retry waits in the
-    /// shortest tier at least as long as its backoff.
+    /// The wait queues' delays. A retry waits in the shortest tier at least as long as its
+    /// backoff. Default: the retry delays doubling from the first to the longest
+    /// ([`tiers_for`](crate::rabbitmq::tiers_for); 1 s, 2 s, 4 s … 256 s, 300 s by default).
     pub fn wait_tiers(
         mut self,
         tiers: impl IntoIterator<Item = Duration>,
     ) -> RabbitMqWorkerBuilder {
-        self.wait_tiers = tiers.into_iter().collect();
+        self.wait_tiers = Some(tiers.into_iter().collect());
         self
     }
 
@@ -294,10 +296,15 @@ impl RabbitMqWorkerBuilder {
                 "at most 65535 (AMQP's limit)",
             );
         }
-        if self.wait_tiers.is_empty() || self.wait_tiers.iter().any(Duration::is_zero) {
+        let (initial, longest) = self.retry.delays();
+        let wait_tiers = self
+            .wait_tiers
+            .clone()
+            .unwrap_or_else(|| crate::rabbitmq::tiers_for(initial, longest));
+        if wait_tiers.is_empty() || wait_tiers.iter().any(Duration::is_zero) {
             checks = checks.problem(
                 "wait_tiers",
-                format!("{:?}", self.wait_tiers),
+                format!("{wait_tiers:?}"),
                 "at least one delay, each longer than zero",
             );
         }
@@ -319,10 +326,14 @@ impl RabbitMqWorkerBuilder {
         let topology = Topology::from_registry(&registry)
             .exchange(self.exchange.clone())
             .prefix(self.prefix)
-            .wait_tiers(self.wait_tiers);
-        topology
-            .validate()
-            .map_err(|error| config_problem("topology", "names", &error.to_string()))?;
+            .wait_tiers(wait_tiers);
+        topology.validate().map_err(|error| {
+            config_problem(
+                "queue and exchange names",
+                "(see below)",
+                &error.to_string(),
+            )
+        })?;
         let runner = |handler: &Arc<RegisteredHandler>| Runner {
             name: Arc::from(&*handler.info().name),
             permits: handler
@@ -506,9 +517,11 @@ struct Runner {
 enum Settled {
     /// Handled, retried or parked: ack it.
     Ack,
-    /// Give it back to the queue (the call was given up on at shutdown, or a republish
+    /// Give it back to the queue after a call (given up on at shutdown, or its republish
     /// failed): the broker delivers it again, counting the delivery.
     Requeue,
+    /// Give it back to the queue without a call (the worker stopped before it started).
+    GiveBack,
 }
 
 impl fmt::Debug for RabbitMqWorker {
@@ -704,11 +717,18 @@ impl ConsumeLoop<'_> {
             }
         };
         if lost.is_none() {
-            // Stop taking deliveries; those the broker already sent and no call has started on
-            // go back to the queue when the channel closes.
+            // Stop taking deliveries, and give back those the broker already sent that no call
+            // has started on (`nack`: RabbitMQ 4.3 and later do not count these as deliveries;
+            // older brokers count any returned delivery).
             let _ = channel
                 .basic_cancel(short(&tag)?, BasicCancelOptions::default())
                 .await;
+            while let Ok(Some(Ok(delivery))) =
+                tokio::time::timeout(Duration::from_millis(20), deliveries.next()).await
+            {
+                tracker.received(delivery.delivery_tag);
+                tracker.give_back(delivery.delivery_tag);
+            }
         }
         // Calls already running finish (up to the grace; then they are given back) and are
         // settled, even after a connection loss: their outcome is logged, and their deliveries
@@ -765,8 +785,8 @@ impl ConsumeLoop<'_> {
         let runner = self.consumer.route.runner(&envelope.message_type);
         let outcome = match runner {
             Some(runner) => match self.call(runner, &envelope).await {
-                Some(outcome) => outcome,
-                None => return (tag, Settled::Requeue),
+                Ok(outcome) => outcome,
+                Err(settled) => return (tag, settled),
             },
             None => {
                 let missing = BusError::MissingHandler {
@@ -780,7 +800,9 @@ impl ConsumeLoop<'_> {
                 }
             }
         };
-        let handler = runner.map(|runner| &*runner.name);
+        let handler = runner
+            .map(|runner| &*runner.name)
+            .or_else(|| self.consumer.route.handler_name());
         match outcome {
             HandlerOutcome::Ack => (tag, Settled::Ack),
             HandlerOutcome::DeadLetter { reason, detail } => {
@@ -814,12 +836,22 @@ impl ConsumeLoop<'_> {
         }
     }
 
-    /// Calls the handler; `None` when the call was given up on at shutdown.
-    async fn call(&self, runner: &Runner, envelope: &Envelope) -> Option<HandlerOutcome> {
+    /// Calls the handler; `Err` with how to give the delivery back when the worker stopped
+    /// before the call started, or gave up on it at shutdown.
+    async fn call(&self, runner: &Runner, envelope: &Envelope) -> Result<HandlerOutcome, Settled> {
         let _permit = match &runner.permits {
-            Some(permits) => Some(permits.acquire().await.expect("never closed")),
+            // A delivery still waiting for its handler's permit when the worker stops has not
+            // started: it goes back to the queue.
+            Some(permits) => tokio::select! {
+                biased;
+                permit = permits.acquire() => Some(permit.expect("never closed")),
+                () = self.cancel.cancelled() => return Err(Settled::GiveBack),
+            },
             None => None,
         };
+        if self.interrupt.is_cancelled() {
+            return Err(Settled::GiveBack);
+        }
         let ctx = Context::new(
             envelope.clone(),
             runner.name.clone(),
@@ -842,8 +874,8 @@ impl ConsumeLoop<'_> {
             .instrument(span)
             .await
         {
-            Call::Finished(outcome) => Some(outcome),
-            Call::Interrupted => None,
+            Call::Finished(outcome) => Ok(outcome),
+            Call::Interrupted => Err(Settled::Requeue),
         }
     }
 
@@ -864,7 +896,11 @@ impl ConsumeLoop<'_> {
                 &wait,
                 &self.consumer.queue,
                 &delivery.data,
-                wire::retry_properties(&delivery.properties, envelope.attempt),
+                wire::retry_properties(
+                    &delivery.properties,
+                    &envelope.message_type,
+                    envelope.attempt,
+                ),
                 true,
             )
             .await;
@@ -947,6 +983,7 @@ fn settle(tracker: &mut AckTracker, tag: u64, settled: Settled) {
     match settled {
         Settled::Ack => tracker.settle(tag),
         Settled::Requeue => tracker.requeue(tag),
+        Settled::GiveBack => tracker.give_back(tag),
     }
 }
 
@@ -974,7 +1011,14 @@ fn spawn_ack_sender(
 }
 
 async fn send_acks(channel: &lapin::Channel, acks: Acks) -> Result<(), lapin::Error> {
+    // `reject`, not `nack`: since RabbitMQ 4.3 a requeue by `nack` no longer increments a
+    // quorum queue's `x-delivery-count`, and the attempt would not be counted.
     for tag in acks.requeue {
+        channel
+            .basic_reject(tag, BasicRejectOptions { requeue: true })
+            .await?;
+    }
+    for tag in acks.give_back {
         channel
             .basic_nack(
                 tag,
