@@ -219,26 +219,20 @@ pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "(not a URL)".to_owned();
     };
-    let (authority, tail) = match rest.find('/') {
-        Some(at) => rest.split_at(at),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((credentials, host)) => {
+    // Query and fragment may carry a password too (`?password=`): they are never shown.
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    // The credentials end at the last `@`: a password may hold an unencoded `/` or `@`.
+    match rest.rsplit_once('@') {
+        Some((credentials, host_and_path)) => {
             let user = credentials.split(':').next().unwrap_or("");
             let hidden = if credentials.contains(':') {
                 ":***"
             } else {
                 ""
             };
-            // Query parameters may carry a password too (`?password=`).
-            let tail = tail.split('?').next().unwrap_or("");
-            format!("{scheme}://{user}{hidden}@{host}{tail}")
+            format!("{scheme}://{user}{hidden}@{host_and_path}")
         }
-        None => format!(
-            "{scheme}://{authority}{}",
-            tail.split('?').next().unwrap_or("")
-        ),
+        None => format!("{scheme}://{rest}"),
     }
 }
 
@@ -359,5 +353,11 @@ mod tests {
         assert_eq!(redact_url("postgres://h/d?password=p"), "postgres://h/d");
         assert_eq!(redact_url("postgres://u:p@h"), "postgres://u:***@h");
         assert_eq!(redact_url("nonsense"), "(not a URL)");
+        // Unencoded `/` and `@` in a password stay hidden.
+        assert_eq!(
+            redact_url("amqp://app:pa/ss@host/%2f"),
+            "amqp://app:***@host/%2f"
+        );
+        assert_eq!(redact_url("amqp://app:p@ss@host"), "amqp://app:***@host");
     }
 }

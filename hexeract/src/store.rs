@@ -74,10 +74,25 @@ pub struct Claimed {
 }
 
 /// Where [`DeliveryStore::relay`] sends outbox rows: a broker publish that returns `Ok` only
-/// once the broker confirmed every envelope.
+/// once the broker confirmed every envelope it took.
 pub trait RelaySink: Send + Sync {
-    /// Publishes `envelopes`, in order, and waits for the broker's confirms.
-    fn publish<'a>(&'a self, envelopes: &'a [Envelope]) -> BoxFuture<'a, Result<(), String>>;
+    /// Publishes `envelopes`, in order, and waits for the broker's confirms. Returns the ones
+    /// that can never be published (a message type that cannot be a routing key), with why:
+    /// the store dead-letters those instead of trying them again forever. `Err` when the
+    /// publish failed and may succeed later: every row stays.
+    fn publish<'a>(
+        &'a self,
+        envelopes: &'a [Envelope],
+    ) -> BoxFuture<'a, Result<Vec<Unpublishable>, String>>;
+}
+
+/// An outbox row the broker can never take, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unpublishable {
+    /// The message's id.
+    pub id: Uuid,
+    /// What is wrong with it.
+    pub detail: String,
 }
 
 /// A store of outbox rows, deliveries and dead letters.
@@ -97,7 +112,8 @@ pub trait DeliveryStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Relays up to `limit` outbox rows, oldest first, to a broker: hands them to `sink` and
-    /// deletes them once it returned `Ok`, in one transaction that keeps them locked meanwhile,
+    /// deletes them once it returned `Ok` (moving those it could never publish to the dead
+    /// letters as `payload_invalid`), in one transaction that keeps them locked meanwhile,
     /// so that other relays skip them and a crash or a failed publish leaves them for the next
     /// pass (a row may then be published twice: at least once). Returns how many it relayed.
     /// Used instead of [`expand`](DeliveryStore::expand) when a broker does the fan-out.

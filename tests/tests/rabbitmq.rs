@@ -815,3 +815,129 @@ async fn a_message_published_without_a_type_keeps_its_type_through_a_retry() {
     assert_eq!(broker.ready(&parking).await, 0, "nothing parked");
     broker.delete(&topology).await;
 }
+
+#[tokio::test]
+async fn connection_errors_never_show_the_password() {
+    for url in [
+        "amqp://app:s3cr/et@127.0.0.1:1/%2f",
+        "amqp://app:s3cr/et@127.0.0.1:1/%2f?heartbeat=oops",
+        "amqp://app:s3cr/et@[not a host/%2f",
+    ] {
+        let error = hexeract::rabbitmq::RabbitMqConnection::connect(url)
+            .await
+            .unwrap_err();
+        let shown = format!("{error} {error:?}");
+        assert!(!shown.contains("s3cr"), "{url}: {shown}");
+        assert!(shown.contains("app:***@"), "{url}: {shown}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_the_outbox_and_dead_letters_a_row_it_can_never_publish() {
+    use hexeract::store::DeliveryStore;
+
+    let broker = TestBroker::new().await;
+    let mut registry = Registry::new();
+    registry
+        .register::<OrderPlaced, _>(
+            Record(Calls::default(), "x"),
+            HandlerOptions::new().name("relayed"),
+        )
+        .unwrap();
+    let topology = Topology::from_registry(&registry)
+        .exchange(broker.exchange.clone())
+        .prefix(broker.prefix.clone());
+    topology.declare(&broker.connection).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("hexeract-relay-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = hexeract::store::sqlite::SqliteStore::open(dir.join("outbox.db"))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    // The oldest row cannot be published (its type is no routing key); it must not hold back
+    // the others.
+    let poison = Envelope::from_raw("x".repeat(300), &b"{}"[..]);
+    let mut rows = vec![poison.clone()];
+    rows.extend((0..250).map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap()));
+    store.publish(rows).await.unwrap();
+    let store = Arc::new(store);
+
+    let relay = hexeract::rabbitmq::OutboxRelay::new(store.clone(), &broker.connection)
+        .await
+        .unwrap()
+        .exchange(broker.exchange.clone())
+        .batch_size(100)
+        .poll_interval(Duration::from_millis(10));
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(relay.run(cancel.clone()));
+    let queue = topology.queue_for("relayed");
+    let arrived = broker.wait_for(&queue, 250, Duration::from_secs(20)).await;
+    while store.backlog().await.unwrap() > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+
+    assert_eq!(arrived.len(), 250, "every good row was published once");
+    let letters = store.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].envelope.id, poison.id);
+    assert_eq!(letters[0].reason, hexeract::Reason::PAYLOAD_INVALID);
+    assert!(
+        letters[0].detail.contains("routing key"),
+        "{}",
+        letters[0].detail
+    );
+    broker.delete(&topology).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_parking_queue_is_declared_again_and_nothing_is_lost() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let worker = worker(&broker, broker.connect("hexeract-tests-reparking").await)
+        .register_handler_with::<OrderPlaced, _>(
+            Record(calls.clone(), "ok"),
+            HandlerOptions::new().name("reparking"),
+        )
+        .prefetch(1)
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let parking = running.topology.parking_queue_for("reparking");
+    // An operator deletes the parking queue while the worker runs.
+    let channel = broker.connection.lapin().create_channel().await.unwrap();
+    channel
+        .queue_delete(parking.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let json = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_type("test.OrderPlaced".into());
+    broker
+        .publish_raw(
+            "test.OrderPlaced",
+            b"{broken",
+            json.clone().with_message_id("broken".into()),
+        )
+        .await;
+    broker
+        .publish_raw(
+            "test.OrderPlaced",
+            br#"{"order_id":8}"#,
+            json.with_message_id(Uuid::now_v7().to_string().as_str().into()),
+        )
+        .await;
+    let parked = broker.wait_for(&parking, 1, Duration::from_secs(10)).await;
+    calls.wait_for(1, Duration::from_secs(10)).await;
+    let topology = running.stop().await;
+    assert_eq!(text(header(&parked[0], headers::REASON)), "payload_invalid");
+    assert_eq!(
+        calls.all(),
+        [(8, "ok", 1)],
+        "the message behind it was not held back"
+    );
+    broker.delete(&topology).await;
+}

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Envelope;
 use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher};
-use crate::store::{DeliveryStore, RelaySink};
+use crate::store::{DeliveryStore, RelaySink, Unpublishable};
 
 /// Relays the transactional outbox to RabbitMQ: takes a batch of rows (locked, oldest first),
 /// publishes them to the exchange with confirms, and deletes them in the same transaction once
@@ -120,12 +120,34 @@ impl OutboxRelay {
 struct Sink<'a>(&'a RabbitMqPublisher);
 
 impl RelaySink for Sink<'_> {
-    fn publish<'a>(&'a self, envelopes: &'a [Envelope]) -> BoxFuture<'a, Result<(), String>> {
+    fn publish<'a>(
+        &'a self,
+        envelopes: &'a [Envelope],
+    ) -> BoxFuture<'a, Result<Vec<Unpublishable>, String>> {
         Box::pin(async move {
-            self.0
-                .publish_all(envelopes)
-                .await
-                .map_err(|error| error.to_string())
+            // A type that cannot be a routing key never will be: dead-letter it rather than
+            // hold back every row behind it.
+            let (good, bad): (Vec<&Envelope>, Vec<&Envelope>) =
+                envelopes.iter().partition(|envelope| {
+                    !envelope.message_type.is_empty() && envelope.message_type.len() <= 255
+                });
+            if bad.is_empty() {
+                self.0.publish_all(envelopes).await
+            } else {
+                let good: Vec<Envelope> = good.into_iter().cloned().collect();
+                self.0.publish_all(&good).await
+            }
+            .map_err(|error| error.to_string())?;
+            Ok(bad
+                .into_iter()
+                .map(|envelope| Unpublishable {
+                    id: envelope.id,
+                    detail: format!(
+                        "message type of {} bytes cannot be a routing key (1 to 255 bytes)",
+                        envelope.message_type.len()
+                    ),
+                })
+                .collect())
         })
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -585,10 +586,11 @@ impl RabbitMqWorker {
             Some(publisher) => publisher.clone(),
             None => Arc::new(DirectPublisher(publisher.clone())),
         };
-        let interrupt = CancellationToken::new();
-        let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), shared.shutdown_grace);
-        // One consumer's loss stops the others: the worker is rebuilt as a whole.
+        // One consumer's loss (or the publisher's) stops the others: the worker is rebuilt as a
+        // whole. The shutdown grace runs from either stop.
         let stop = cancel.child_token();
+        let interrupt = CancellationToken::new();
+        let _grace = spawn_grace_timer(stop.clone(), interrupt.clone(), shared.shutdown_grace);
         tracing::info!(
             queues = shared.consumers.len(),
             connection = shared.connection.name(),
@@ -600,14 +602,14 @@ impl RabbitMqWorker {
                 consumer,
                 publisher: &publisher,
                 ctx_publisher: &ctx_publisher,
-                cancel: &cancel,
+                stop: &stop,
                 interrupt: &interrupt,
+                lost: AtomicBool::new(false),
             };
-            let stop = stop.clone();
             async move {
-                let result = consume.run(&stop).await;
+                let result = consume.run().await;
                 if result.is_err() {
-                    stop.cancel();
+                    consume.stop.cancel();
                 }
                 result
             }
@@ -620,7 +622,13 @@ impl RabbitMqWorker {
         let error = results
             .into_iter()
             .find_map(Result::err)
-            .unwrap_or_else(|| BusError::Connection("the consumers stopped".to_owned()));
+            .unwrap_or_else(|| {
+                BusError::Connection(
+                    "the channel for retries and parking closed (a publish the broker refused, or \
+                     a lost connection)"
+                        .to_owned(),
+                )
+            });
         tracing::warn!(%error, "RabbitMQ worker lost its connection");
         Err(error)
     }
@@ -659,12 +667,17 @@ struct ConsumeLoop<'a> {
     consumer: &'a QueueConsumer,
     publisher: &'a Arc<RabbitMqPublisher>,
     ctx_publisher: &'a Arc<dyn Publish>,
-    cancel: &'a CancellationToken,
+    /// Fires on cancellation and when any part of the worker lost its connection.
+    stop: &'a CancellationToken,
     interrupt: &'a CancellationToken,
+    /// This consumer's stream ended: its acks can no longer reach the broker, so nothing more
+    /// is started (the broker delivers every unacked delivery again).
+    lost: AtomicBool,
 }
 
 impl ConsumeLoop<'_> {
-    async fn run(&self, stop: &CancellationToken) -> Result<(), BusError> {
+    async fn run(&self) -> Result<(), BusError> {
+        let stop = self.stop;
         let shared = self.shared;
         let channel = shared.connection.channel().await?;
         channel
@@ -696,7 +709,10 @@ impl ConsumeLoop<'_> {
                 biased;
                 () = stop.cancelled() => break None,
                 Some((tag, settled)) = running.next(), if !running.is_empty() => {
-                    settle(&mut tracker, tag, settled);
+                    if settle(&mut tracker, tag, settled) {
+                        // A delivery to give back is sent at once: nothing else might flush it.
+                        let _ = acks.send(tracker.take(false));
+                    }
                 }
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
@@ -733,13 +749,24 @@ impl ConsumeLoop<'_> {
         // Calls already running finish (up to the grace; then they are given back) and are
         // settled, even after a connection loss: their outcome is logged, and their deliveries
         // come back anyway.
+        if lost.is_some() {
+            self.lost.store(true, Ordering::SeqCst);
+        }
         while let Some((tag, settled)) = running.next().await {
             settle(&mut tracker, tag, settled);
             let _ = acks.send(tracker.take(false));
         }
         let _ = acks.send(tracker.take(true));
         drop(acks);
-        let _ = tokio::time::timeout(Duration::from_secs(5), ack_sender).await;
+        // Every ack is sent before the channel closes; a sender stuck on a dead connection is
+        // given up on (those deliveries come back).
+        let mut ack_sender = ack_sender;
+        if tokio::time::timeout(Duration::from_secs(30), &mut ack_sender)
+            .await
+            .is_err()
+        {
+            ack_sender.abort();
+        }
         if let Some(error) = lost {
             return Err(error);
         }
@@ -751,6 +778,9 @@ impl ConsumeLoop<'_> {
     async fn process(&self, delivery: Delivery) -> (u64, Settled) {
         let tag = delivery.delivery_tag;
         let shared = self.shared;
+        if self.lost.load(Ordering::SeqCst) {
+            return (tag, Settled::GiveBack);
+        }
         let envelope = match wire::read(&delivery, &shared.exchange, shared.max_payload_bytes) {
             Ok(envelope) => envelope,
             Err(unreadable) => {
@@ -845,17 +875,17 @@ impl ConsumeLoop<'_> {
             Some(permits) => tokio::select! {
                 biased;
                 permit = permits.acquire() => Some(permit.expect("never closed")),
-                () = self.cancel.cancelled() => return Err(Settled::GiveBack),
+                () = self.stop.cancelled() => return Err(Settled::GiveBack),
             },
             None => None,
         };
-        if self.interrupt.is_cancelled() {
+        if self.interrupt.is_cancelled() || self.lost.load(Ordering::SeqCst) {
             return Err(Settled::GiveBack);
         }
         let ctx = Context::new(
             envelope.clone(),
             runner.name.clone(),
-            self.cancel.child_token(),
+            self.stop.child_token(),
             self.ctx_publisher.clone(),
         );
         let span = tracing::info_span!(
@@ -879,6 +909,25 @@ impl ConsumeLoop<'_> {
         }
     }
 
+    /// After a republish the broker refused: a second before the delivery goes back, so that a
+    /// lasting refusal does not spin through the queue's delivery limit in milliseconds.
+    async fn pause_before_requeue(&self) {
+        tokio::select! {
+            () = self.stop.cancelled() => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+
+    /// A publish failed and its channel is gone (the broker closes a channel after some
+    /// refusals, such as a missing exchange): no retry or park can succeed any more, so the
+    /// worker stops and is rebuilt, with a new channel, by its supervisor.
+    fn stop_if_publisher_lost(&self) {
+        if !self.publisher.is_connected() {
+            tracing::error!("the channel for retries and parking is closed; stopping the worker");
+            self.stop.cancel();
+        }
+    }
+
     /// Republishes to the wait tier of `delay`; acked once the broker confirmed it.
     async fn retry(
         &self,
@@ -887,23 +936,52 @@ impl ConsumeLoop<'_> {
         delay: Duration,
         detail: &str,
     ) -> Settled {
+        if self.lost.load(Ordering::SeqCst) {
+            // The broker delivers it again anyway: a copy in the wait tier would be a second.
+            return Settled::Requeue;
+        }
         let topology = &self.shared.topology;
         let tier = topology.tier_for(delay).expect("wait tiers are not empty");
         let wait = topology.wait_queue(tier);
-        let published = self
-            .publisher
-            .publish_raw(
+        let properties = wire::retry_properties(
+            &delivery.properties,
+            &envelope.message_type,
+            envelope.attempt,
+        );
+        let publish = || {
+            self.publisher.publish_raw(
                 &wait,
                 &self.consumer.queue,
                 &delivery.data,
-                wire::retry_properties(
-                    &delivery.properties,
-                    &envelope.message_type,
-                    envelope.attempt,
-                ),
+                properties.clone(),
                 true,
             )
-            .await;
+        };
+        let mut published = publish().await;
+        if is_unroutable(&published) {
+            // The wait tier is gone (deleted by hand?): declare it again and retry once.
+            let exchanges: Vec<_> = topology
+                .exchanges()
+                .into_iter()
+                .filter(|exchange| exchange.name == wait)
+                .collect();
+            let queues: Vec<_> = topology
+                .queues()
+                .into_iter()
+                .filter(|queue| queue.name == wait)
+                .collect();
+            let bindings: Vec<_> = topology
+                .bindings()
+                .into_iter()
+                .filter(|binding| binding.queue == wait)
+                .collect();
+            if ensure_topology(&self.shared.connection, &exchanges, &queues, &bindings)
+                .await
+                .is_ok()
+            {
+                published = publish().await;
+            }
+        }
         match published {
             Ok(()) => {
                 tracing::warn!(
@@ -922,6 +1000,8 @@ impl ConsumeLoop<'_> {
                     %error,
                     "could not republish a retry; the delivery goes back to its queue"
                 );
+                self.stop_if_publisher_lost();
+                self.pause_before_requeue().await;
                 Settled::Requeue
             }
         }
@@ -936,16 +1016,29 @@ impl ConsumeLoop<'_> {
         info: &ParkedInfo<'_>,
     ) -> Settled {
         let shared = self.shared;
-        let published = self
-            .publisher
-            .publish_raw(
+        if self.lost.load(Ordering::SeqCst) {
+            return Settled::Requeue;
+        }
+        let publish = || {
+            self.publisher.publish_raw(
                 "",
                 &self.consumer.parking,
                 &delivery.data,
                 wire::parked_properties(&delivery.properties, info),
                 true,
             )
-            .await;
+        };
+        let mut published = publish().await;
+        if is_unroutable(&published) {
+            // The parking queue is gone (deleted by hand?): declare it again and retry once.
+            let parking = Queue::classic(self.consumer.parking.clone());
+            if ensure_topology(&shared.connection, &[], &[parking], &[])
+                .await
+                .is_ok()
+            {
+                published = publish().await;
+            }
+        }
         let envelope = envelope.unwrap_or_else(|| wire::salvage(delivery, &shared.exchange));
         if let Err(error) = published {
             tracing::error!(
@@ -954,6 +1047,8 @@ impl ConsumeLoop<'_> {
                 %error,
                 "could not park a message; the delivery goes back to its queue"
             );
+            self.stop_if_publisher_lost();
+            self.pause_before_requeue().await;
             return Settled::Requeue;
         }
         tracing::error!(
@@ -979,11 +1074,26 @@ impl ConsumeLoop<'_> {
     }
 }
 
-fn settle(tracker: &mut AckTracker, tag: u64, settled: Settled) {
+/// `true` when the broker returned the message: nothing is bound where it was sent.
+fn is_unroutable(published: &Result<(), BusError>) -> bool {
+    matches!(published, Err(BusError::NotConfirmed { detail, .. }) if detail.contains("unroutable"))
+}
+
+/// Records how a delivery ended; `true` when it is to be given back.
+fn settle(tracker: &mut AckTracker, tag: u64, settled: Settled) -> bool {
     match settled {
-        Settled::Ack => tracker.settle(tag),
-        Settled::Requeue => tracker.requeue(tag),
-        Settled::GiveBack => tracker.give_back(tag),
+        Settled::Ack => {
+            tracker.settle(tag);
+            false
+        }
+        Settled::Requeue => {
+            tracker.requeue(tag);
+            true
+        }
+        Settled::GiveBack => {
+            tracker.give_back(tag);
+            true
+        }
     }
 }
 

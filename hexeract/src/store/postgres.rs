@@ -695,9 +695,41 @@ impl DeliveryStore for PgStore {
                 .iter()
                 .map(|row| envelope_from_row(row, 0))
                 .collect::<Result<Vec<_>, _>>()?;
-            if let Err(error) = sink.publish(&envelopes).await {
-                tx.rollback().await?;
-                return Err(StoreError::Relay(error));
+            let unpublishable = match sink.publish(&envelopes).await {
+                Ok(unpublishable) => unpublishable,
+                Err(error) => {
+                    tx.rollback().await?;
+                    return Err(StoreError::Relay(error));
+                }
+            };
+            for rejected in &unpublishable {
+                let Some(envelope) = envelopes.iter().find(|envelope| envelope.id == rejected.id)
+                else {
+                    continue;
+                };
+                tracing::error!(message_id = %envelope.id, detail = %rejected.detail, "outbox row cannot be published; dead-lettered");
+                let letter = DeadLetter::new(
+                    envelope.clone(),
+                    None,
+                    Reason::PAYLOAD_INVALID,
+                    &rejected.detail,
+                );
+                sqlx::query(&self.sql.insert_dead_letter)
+                    .bind(letter.id)
+                    .bind(envelope.id)
+                    .bind(None::<&str>)
+                    .bind(letter.reason.as_str())
+                    .bind(crate::dead_letter::truncate_detail(&letter.detail))
+                    .bind(0_i32)
+                    .bind(letter.dead_lettered_at)
+                    .bind(envelope.message_type.as_str())
+                    .bind(&envelope.payload[..])
+                    .bind(Json(&envelope.headers))
+                    .bind(envelope.correlation_id)
+                    .bind(envelope.causation_id)
+                    .bind(envelope.created_at)
+                    .execute(&mut *tx)
+                    .await?;
             }
             let ids: Vec<Uuid> = envelopes.iter().map(|envelope| envelope.id).collect();
             sqlx::query(&self.sql.relay_delete)

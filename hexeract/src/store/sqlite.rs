@@ -748,9 +748,41 @@ impl DeliveryStore for SqliteStore {
                 .iter()
                 .map(|row| envelope_from_row(row, 0))
                 .collect::<Result<Vec<_>, _>>()?;
-            if let Err(error) = sink.publish(&envelopes).await {
-                tx.rollback().await?;
-                return Err(StoreError::Relay(error));
+            let unpublishable = match sink.publish(&envelopes).await {
+                Ok(unpublishable) => unpublishable,
+                Err(error) => {
+                    tx.rollback().await?;
+                    return Err(StoreError::Relay(error));
+                }
+            };
+            for rejected in &unpublishable {
+                let Some(envelope) = envelopes.iter().find(|envelope| envelope.id == rejected.id)
+                else {
+                    continue;
+                };
+                tracing::error!(message_id = %envelope.id, detail = %rejected.detail, "outbox row cannot be published; dead-lettered");
+                let letter = DeadLetter::new(
+                    envelope.clone(),
+                    None,
+                    Reason::PAYLOAD_INVALID,
+                    &rejected.detail,
+                );
+                sqlx::query(&self.sql.insert_dead_letter)
+                    .bind(letter.id.hyphenated())
+                    .bind(envelope.id.hyphenated())
+                    .bind(None::<&str>)
+                    .bind(letter.reason.as_str())
+                    .bind(crate::dead_letter::truncate_detail(&letter.detail))
+                    .bind(0_i64)
+                    .bind(letter.dead_lettered_at.timestamp_millis())
+                    .bind(envelope.message_type.as_str())
+                    .bind(&envelope.payload[..])
+                    .bind(Json(&envelope.headers))
+                    .bind(envelope.correlation_id.map(Uuid::hyphenated))
+                    .bind(envelope.causation_id.map(Uuid::hyphenated))
+                    .bind(envelope.created_at)
+                    .execute(&mut *tx)
+                    .await?;
             }
             let ids: Vec<String> = envelopes
                 .iter()
