@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 
 mod outbox;
+mod rabbitmq;
 
 use hexeract::{
     handler, CancellationToken, Context, Envelope, InMemoryStore, Message, Registry, Runtime,
@@ -93,6 +94,15 @@ fn main() {
     }
     if wanted("outbox_latency") {
         multi.block_on(outbox::latency(if quick { 50 } else { 500 }));
+    }
+    if wanted("rabbitmq_consume") {
+        multi.block_on(rabbitmq::consume(20_000 * scale));
+    }
+    if wanted("rabbitmq_publish") {
+        multi.block_on(rabbitmq::publish(20_000 * scale));
+    }
+    if wanted("rabbitmq_relay") {
+        multi.block_on(rabbitmq::relay(10_000 * scale));
     }
 }
 
