@@ -126,7 +126,11 @@ async fn a_message_that_kills_its_consumer_is_parked_after_max_attempts_and_the_
                 kills.push(line);
                 child.kill();
             }
-            None => break,
+            None => {
+                // Let this child send its last acks (at most 1 ms late) before it is stopped.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                break;
+            }
         }
         assert!(
             kills.len() <= max_attempts as usize,

@@ -161,8 +161,18 @@ pub(crate) fn read(
         None if delivery.exchange.as_str() == exchange => delivery.routing_key.to_string(),
         None => String::new(),
     };
-    let mut envelope = Envelope::from_raw(message_type, Bytes::from(delivery.data.clone()));
-    envelope.id = id;
+    // Built whole: `Envelope::from_raw` would draw a fresh id and read the clock, both
+    // overwritten here (a `getrandom` call per delivery).
+    let mut envelope = Envelope {
+        id,
+        message_type,
+        payload: Bytes::from(delivery.data.clone()),
+        correlation_id: None,
+        causation_id: None,
+        headers: BTreeMap::new(),
+        attempt: 0,
+        created_at: DateTime::<Utc>::UNIX_EPOCH,
+    };
     envelope.correlation_id = properties
         .correlation_id()
         .as_ref()
@@ -205,7 +215,7 @@ pub(crate) fn read(
                 .and_then(|seconds| i64::try_from(seconds).ok())
                 .and_then(|seconds| Utc.timestamp_opt(seconds, 0).single())
         })
-        .unwrap_or(envelope.created_at);
+        .unwrap_or_else(Utc::now);
     // A classic queue only says "redelivered"; a quorum queue counts.
     let redeliveries = redeliveries.unwrap_or(u64::from(delivery.redelivered));
     envelope.attempt = u32::try_from(attempts_made + redeliveries + 1).unwrap_or(u32::MAX);

@@ -699,11 +699,16 @@ impl ConsumeLoop<'_> {
         let (acks, ack_sender) = spawn_ack_sender(channel.clone(), self.consumer.queue.clone());
         let mut tracker = AckTracker::default();
         let mut running: FuturesUnordered<BoxFuture<'_, (u64, Settled)>> = FuturesUnordered::new();
-        // Ack when half the window is settled, or whenever nothing else is ready.
+        // Ack when half the window is settled, or 1 ms after the loop first found nothing else
+        // to do: a steady stream is acked once per half window, a lull at most 1 ms late.
         let batch = usize::from(shared.prefetch).div_ceil(2);
+        let idle_flush = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(idle_flush);
+        let mut flush_armed = false;
         let lost = loop {
             if tracker.settled() >= batch {
                 let _ = acks.send(tracker.take(false));
+                flush_armed = false;
             }
             tokio::select! {
                 biased;
@@ -727,8 +732,15 @@ impl ConsumeLoop<'_> {
                         self.consumer.queue
                     ))),
                 },
-                () = std::future::ready(()), if tracker.settled() > 0 => {
+                () = &mut idle_flush, if flush_armed => {
                     let _ = acks.send(tracker.take(true));
+                    flush_armed = false;
+                }
+                () = std::future::ready(()), if !flush_armed && tracker.settled() > 0 => {
+                    idle_flush
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + Duration::from_millis(1));
+                    flush_armed = true;
                 }
             }
         };
