@@ -57,7 +57,8 @@ pub(crate) fn truncate_detail(detail: &str) -> String {
     truncate(detail, MAX_DETAIL_BYTES)
 }
 
-fn truncate(text: &str, max: usize) -> String {
+/// `text` cut to at most `max` bytes at a character boundary, with `…` when cut.
+pub(crate) fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
     }

@@ -10,7 +10,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use uuid::Uuid;
 
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{truncate, DeadLetter};
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 
@@ -357,17 +357,6 @@ fn own_headers(original: &BasicProperties) -> BTreeMap<ShortString, AMQPValue> {
         table.remove(name);
     }
     table
-}
-
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 #[cfg(test)]

@@ -509,6 +509,28 @@ fn envelope_from_row(row: &PgRow, attempts: i32) -> Result<Envelope, StoreError>
     Ok(envelope)
 }
 
+/// The `insert_dead_letter` statement with `letter` bound.
+fn insert_dead_letter<'q>(
+    sql: &'q str,
+    letter: &'q DeadLetter,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let envelope = &letter.envelope;
+    sqlx::query(sql)
+        .bind(letter.id)
+        .bind(envelope.id)
+        .bind(letter.handler.as_deref())
+        .bind(letter.reason.as_str())
+        .bind(crate::dead_letter::truncate_detail(&letter.detail))
+        .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+        .bind(letter.dead_lettered_at)
+        .bind(envelope.message_type.as_str())
+        .bind(&envelope.payload[..])
+        .bind(Json(&envelope.headers))
+        .bind(envelope.correlation_id)
+        .bind(envelope.causation_id)
+        .bind(envelope.created_at)
+}
+
 fn limit(value: u32) -> i64 {
     i64::from(value)
 }
@@ -714,20 +736,7 @@ impl DeliveryStore for PgStore {
                     Reason::PAYLOAD_INVALID,
                     &rejected.detail,
                 );
-                sqlx::query(&self.sql.insert_dead_letter)
-                    .bind(letter.id)
-                    .bind(envelope.id)
-                    .bind(None::<&str>)
-                    .bind(letter.reason.as_str())
-                    .bind(crate::dead_letter::truncate_detail(&letter.detail))
-                    .bind(0_i32)
-                    .bind(letter.dead_lettered_at)
-                    .bind(envelope.message_type.as_str())
-                    .bind(&envelope.payload[..])
-                    .bind(Json(&envelope.headers))
-                    .bind(envelope.correlation_id)
-                    .bind(envelope.causation_id)
-                    .bind(envelope.created_at)
+                insert_dead_letter(&self.sql.insert_dead_letter, &letter)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -746,21 +755,7 @@ impl DeliveryStore for PgStore {
         letter: &'a DeadLetter,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let envelope = &letter.envelope;
-            sqlx::query(&self.sql.insert_dead_letter)
-                .bind(letter.id)
-                .bind(envelope.id)
-                .bind(letter.handler.as_deref())
-                .bind(letter.reason.as_str())
-                .bind(crate::dead_letter::truncate_detail(&letter.detail))
-                .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
-                .bind(letter.dead_lettered_at)
-                .bind(envelope.message_type.as_str())
-                .bind(&envelope.payload[..])
-                .bind(Json(&envelope.headers))
-                .bind(envelope.correlation_id)
-                .bind(envelope.causation_id)
-                .bind(envelope.created_at)
+            insert_dead_letter(&self.sql.insert_dead_letter, letter)
                 .execute(&self.pool)
                 .await?;
             Ok(())

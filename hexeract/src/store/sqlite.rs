@@ -552,6 +552,28 @@ fn dead_letter_from_row(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
     })
 }
 
+/// The `insert_dead_letter` statement with `letter` bound.
+fn insert_dead_letter<'q>(
+    sql: &'q str,
+    letter: &'q DeadLetter,
+) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+    let envelope = &letter.envelope;
+    sqlx::query(sql)
+        .bind(letter.id.hyphenated())
+        .bind(envelope.id.hyphenated())
+        .bind(letter.handler.as_deref())
+        .bind(letter.reason.as_str())
+        .bind(crate::dead_letter::truncate_detail(&letter.detail))
+        .bind(i64::from(letter.attempts))
+        .bind(letter.dead_lettered_at.timestamp_millis())
+        .bind(envelope.message_type.as_str())
+        .bind(&envelope.payload[..])
+        .bind(Json(&envelope.headers))
+        .bind(envelope.correlation_id.map(Uuid::hyphenated))
+        .bind(envelope.causation_id.map(Uuid::hyphenated))
+        .bind(envelope.created_at)
+}
+
 fn limit(value: u32) -> i64 {
     i64::from(value)
 }
@@ -767,20 +789,7 @@ impl DeliveryStore for SqliteStore {
                     Reason::PAYLOAD_INVALID,
                     &rejected.detail,
                 );
-                sqlx::query(&self.sql.insert_dead_letter)
-                    .bind(letter.id.hyphenated())
-                    .bind(envelope.id.hyphenated())
-                    .bind(None::<&str>)
-                    .bind(letter.reason.as_str())
-                    .bind(crate::dead_letter::truncate_detail(&letter.detail))
-                    .bind(0_i64)
-                    .bind(letter.dead_lettered_at.timestamp_millis())
-                    .bind(envelope.message_type.as_str())
-                    .bind(&envelope.payload[..])
-                    .bind(Json(&envelope.headers))
-                    .bind(envelope.correlation_id.map(Uuid::hyphenated))
-                    .bind(envelope.causation_id.map(Uuid::hyphenated))
-                    .bind(envelope.created_at)
+                insert_dead_letter(&self.sql.insert_dead_letter, &letter)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -802,21 +811,7 @@ impl DeliveryStore for SqliteStore {
         letter: &'a DeadLetter,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let envelope = &letter.envelope;
-            sqlx::query(&self.sql.insert_dead_letter)
-                .bind(letter.id.hyphenated())
-                .bind(envelope.id.hyphenated())
-                .bind(letter.handler.as_deref())
-                .bind(letter.reason.as_str())
-                .bind(crate::dead_letter::truncate_detail(&letter.detail))
-                .bind(i64::from(letter.attempts))
-                .bind(letter.dead_lettered_at.timestamp_millis())
-                .bind(envelope.message_type.as_str())
-                .bind(&envelope.payload[..])
-                .bind(Json(&envelope.headers))
-                .bind(envelope.correlation_id.map(Uuid::hyphenated))
-                .bind(envelope.causation_id.map(Uuid::hyphenated))
-                .bind(envelope.created_at)
+            insert_dead_letter(&self.sql.insert_dead_letter, letter)
                 .execute(&self.pool)
                 .await?;
             Ok(())

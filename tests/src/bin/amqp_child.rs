@@ -5,7 +5,7 @@
 //! AMQP_CHILD_URL=amqp://… amqp_child <exchange> <prefix> <max_attempts>
 //! ```
 //!
-//! It runs one [`RabbitMqWorker`] with one handler of `crash.Task`, named `crash.work`, on a
+//! It runs one [`RabbitMqWorker`](hexeract::rabbitmq::RabbitMqWorker) with one handler of `crash.Task`, named `crash.work`, on a
 //! connection named `<prefix>.child`. A normal task prints `done <n>`; a task marked `hang`
 //! prints `hang <n> <attempt>` and then never returns, so the test can kill the process in the
 //! middle of the call. It prints `ready` once the worker consumes its queue. The URL comes
