@@ -192,6 +192,55 @@ pub trait DeliveryStore: Send + Sync + 'static {
     }
 }
 
+/// The store's wake-up signal ([`DeliveryStore::wakeups`]), or one that never fires when the
+/// store has none or cannot subscribe: then the caller relies on polling alone.
+pub(crate) async fn wake_signal(store: &dyn DeliveryStore) -> Arc<Notify> {
+    match store.wakeups().await {
+        Ok(Some(wake)) => wake,
+        Ok(None) => Arc::new(Notify::new()),
+        Err(error) => {
+            tracing::warn!(%error, "cannot subscribe to outbox notifications; polling only");
+            Arc::new(Notify::new())
+        }
+    }
+}
+
+/// What a poll loop does after a pass that found nothing: waits for `interval`, a wake-up or
+/// the cancellation, whichever comes first.
+pub(crate) async fn idle(
+    cancel: &tokio_util::sync::CancellationToken,
+    wake: &Notify,
+    interval: Duration,
+) {
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = wake.notified() => {}
+        () = tokio::time::sleep(interval) => {}
+    }
+}
+
+/// The dead letters of the outbox rows a relay could never publish (reason `payload_invalid`,
+/// no handler, no call made): what both stores' `relay` records.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn unpublishable_letters(
+    envelopes: &[Envelope],
+    unpublishable: &[Unpublishable],
+) -> Vec<DeadLetter> {
+    unpublishable
+        .iter()
+        .filter_map(|rejected| {
+            let envelope = envelopes.iter().find(|envelope| envelope.id == rejected.id)?;
+            tracing::error!(message_id = %envelope.id, detail = %rejected.detail, "outbox row cannot be published; dead-lettered");
+            Some(DeadLetter::new(
+                envelope.clone(),
+                None,
+                Reason::PAYLOAD_INVALID,
+                &rejected.detail,
+            ))
+        })
+        .collect()
+}
+
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -341,14 +341,7 @@ impl OutboxWorker {
         let wake = match (&self.wake, self.polling_only) {
             (Some(wake), _) => wake.clone(),
             (None, true) => Arc::new(Notify::new()),
-            (None, false) => match self.store.wakeups().await {
-                Ok(Some(wake)) => wake,
-                Ok(None) => Arc::new(Notify::new()),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot subscribe to outbox notifications; polling only");
-                    Arc::new(Notify::new())
-                }
-            },
+            (None, false) => crate::store::wake_signal(&*self.store).await,
         };
         let publisher: Arc<dyn Publish> = Arc::new(StorePublisher {
             store: self.store.clone(),
@@ -357,24 +350,16 @@ impl OutboxWorker {
         tracing::info!(handlers = self.handlers.len(), "outbox worker started");
         while !cancel.is_cancelled() {
             match self.cycle(&cancel, &interrupt, &publisher).await {
-                Ok(0) => self.idle(&cancel, &wake).await,
+                Ok(0) => crate::store::idle(&cancel, &wake, self.poll_interval).await,
                 Ok(_) => {}
                 Err(error) => {
                     tracing::warn!(%error, "outbox worker cycle failed; retrying after the poll interval");
-                    self.idle(&cancel, &wake).await;
+                    crate::store::idle(&cancel, &wake, self.poll_interval).await;
                 }
             }
         }
         tracing::info!("outbox worker stopped");
         Ok(())
-    }
-
-    async fn idle(&self, cancel: &CancellationToken, wake: &Notify) {
-        tokio::select! {
-            () = cancel.cancelled() => {}
-            () = wake.notified() => {}
-            () = tokio::time::sleep(self.poll_interval) => {}
-        }
     }
 
     /// One expand-claim-call-settle pass; returns how many deliveries it handled.

@@ -6,12 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Envelope;
 use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher};
-use crate::store::{DeliveryStore, RelaySink, Unpublishable};
+use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
 
 /// Relays the transactional outbox to RabbitMQ: takes a batch of rows (locked, oldest first),
 /// publishes them to the exchange with confirms, and deletes them in the same transaction once
@@ -78,14 +77,7 @@ impl OutboxRelay {
     /// Relays until `cancel` fires (between passes: a pass holding its transaction always
     /// finishes), then returns `Ok(())`.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), BusError> {
-        let wake = match self.store.wakeups().await {
-            Ok(Some(wake)) => wake,
-            Ok(None) => Arc::new(Notify::new()),
-            Err(error) => {
-                tracing::warn!(%error, "cannot subscribe to outbox notifications; polling only");
-                Arc::new(Notify::new())
-            }
-        };
+        let wake = store::wake_signal(&*self.store).await;
         // The exchange may not exist yet (the bus worker declares the whole topology); a publish
         // to a missing exchange would close the channel.
         self.publisher.declare_exchange().await?;
@@ -93,27 +85,19 @@ impl OutboxRelay {
         tracing::info!(batch_size = self.batch_size, "outbox relay started");
         while !cancel.is_cancelled() {
             match self.store.relay(self.batch_size, &sink).await {
-                Ok(0) => self.idle(&cancel, &wake).await,
+                Ok(0) => store::idle(&cancel, &wake, self.poll_interval).await,
                 Ok(relayed) => tracing::trace!(relayed, "outbox rows relayed"),
                 Err(error) => {
                     if !self.publisher.is_connected() {
                         return Err(BusError::Connection(format!("outbox relay: {error}")));
                     }
                     tracing::warn!(%error, "outbox relay pass failed; retrying after the poll interval");
-                    self.idle(&cancel, &wake).await;
+                    store::idle(&cancel, &wake, self.poll_interval).await;
                 }
             }
         }
         tracing::info!("outbox relay stopped");
         Ok(())
-    }
-
-    async fn idle(&self, cancel: &CancellationToken, wake: &Notify) {
-        tokio::select! {
-            () = cancel.cancelled() => {}
-            () = wake.notified() => {}
-            () = tokio::time::sleep(self.poll_interval) => {}
-        }
     }
 }
 

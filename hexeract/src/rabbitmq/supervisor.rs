@@ -33,10 +33,7 @@ pub(crate) async fn run_on_broker(
     store: Arc<dyn DeliveryStore>,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
-    let wake = store
-        .wakeups()
-        .await?
-        .unwrap_or_else(|| Arc::new(tokio::sync::Notify::new()));
+    let wake = crate::store::wake_signal(&*store).await;
     let ctx_publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(store.clone(), wake));
     let worker = |connection: RabbitMqConnection| {
         RabbitMqWorkerBuilder::new(connection)

@@ -796,15 +796,15 @@ impl ConsumeLoop<'_> {
         let envelope = match wire::read(&delivery, &shared.exchange, shared.max_payload_bytes) {
             Ok(envelope) => envelope,
             Err(unreadable) => {
-                let attempts = wire::salvage(&delivery, &shared.exchange).attempt;
+                let salvaged = wire::salvage(&delivery, &shared.exchange);
                 let info = ParkedInfo {
                     reason: &unreadable.reason,
                     detail: &unreadable.detail,
                     handler: self.consumer.route.handler_name(),
                     queue: &self.consumer.queue,
-                    attempts,
+                    attempts: salvaged.attempt,
                 };
-                return (tag, self.park(&delivery, None, &info).await);
+                return (tag, self.park(&delivery, salvaged, &info).await);
             }
         };
         let max = shared.retry.max_deliveries_value();
@@ -822,7 +822,7 @@ impl ConsumeLoop<'_> {
                 queue: &self.consumer.queue,
                 attempts: max,
             };
-            return (tag, self.park(&delivery, Some(envelope), &info).await);
+            return (tag, self.park(&delivery, envelope, &info).await);
         }
         let runner = self.consumer.route.runner(&envelope.message_type);
         let outcome = match runner {
@@ -855,7 +855,7 @@ impl ConsumeLoop<'_> {
                     queue: &self.consumer.queue,
                     attempts: envelope.attempt,
                 };
-                (tag, self.park(&delivery, Some(envelope), &info).await)
+                (tag, self.park(&delivery, envelope, &info).await)
             }
             HandlerOutcome::Retry {
                 reason,
@@ -870,7 +870,7 @@ impl ConsumeLoop<'_> {
                         queue: &self.consumer.queue,
                         attempts: envelope.attempt,
                     };
-                    return (tag, self.park(&delivery, Some(envelope), &info).await);
+                    return (tag, self.park(&delivery, envelope, &info).await);
                 }
                 let delay = shared.retry.delay_after(envelope.attempt, after);
                 (tag, self.retry(&delivery, &envelope, delay, &detail).await)
@@ -1024,7 +1024,7 @@ impl ConsumeLoop<'_> {
     async fn park(
         &self,
         delivery: &Delivery,
-        envelope: Option<Envelope>,
+        envelope: Envelope,
         info: &ParkedInfo<'_>,
     ) -> Settled {
         let shared = self.shared;
@@ -1051,7 +1051,6 @@ impl ConsumeLoop<'_> {
                 published = publish().await;
             }
         }
-        let envelope = envelope.unwrap_or_else(|| wire::salvage(delivery, &shared.exchange));
         if let Err(error) = published {
             tracing::error!(
                 message_id = %envelope.id,

@@ -724,18 +724,7 @@ impl DeliveryStore for PgStore {
                     return Err(StoreError::Relay(error));
                 }
             };
-            for rejected in &unpublishable {
-                let Some(envelope) = envelopes.iter().find(|envelope| envelope.id == rejected.id)
-                else {
-                    continue;
-                };
-                tracing::error!(message_id = %envelope.id, detail = %rejected.detail, "outbox row cannot be published; dead-lettered");
-                let letter = DeadLetter::new(
-                    envelope.clone(),
-                    None,
-                    Reason::PAYLOAD_INVALID,
-                    &rejected.detail,
-                );
+            for letter in crate::store::unpublishable_letters(&envelopes, &unpublishable) {
                 insert_dead_letter(&self.sql.insert_dead_letter, &letter)
                     .execute(&mut *tx)
                     .await?;
