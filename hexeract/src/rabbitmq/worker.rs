@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{join_all, BoxFuture};
+use futures_util::future::{join_all, BoxFuture, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
@@ -16,7 +16,7 @@ use lapin::options::{
     BasicRejectOptions,
 };
 use lapin::types::FieldTable;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -696,7 +696,10 @@ impl ConsumeLoop<'_> {
             .map_err(|error| {
                 BusError::transport(format!("consuming {:?}", self.consumer.queue), error)
             })?;
-        let (acks, ack_sender) = spawn_ack_sender(channel.clone(), self.consumer.queue.clone());
+        let acks = AckSender {
+            channel: &channel,
+            queue: &self.consumer.queue,
+        };
         let mut tracker = AckTracker::default();
         let mut running: FuturesUnordered<BoxFuture<'_, (u64, Settled)>> = FuturesUnordered::new();
         // Ack when half the window is settled, or 1 ms after the loop first found nothing else
@@ -707,7 +710,7 @@ impl ConsumeLoop<'_> {
         let mut flush_armed = false;
         let lost = loop {
             if tracker.settled() >= batch {
-                let _ = acks.send(tracker.take(false));
+                acks.send(tracker.take(false));
                 flush_armed = false;
             }
             tokio::select! {
@@ -716,7 +719,7 @@ impl ConsumeLoop<'_> {
                 Some((tag, settled)) = running.next(), if !running.is_empty() => {
                     if settle(&mut tracker, tag, settled) {
                         // A delivery to give back is sent at once: nothing else might flush it.
-                        let _ = acks.send(tracker.take(false));
+                        acks.send(tracker.take(false));
                     }
                 }
                 next = deliveries.next() => match next {
@@ -733,7 +736,7 @@ impl ConsumeLoop<'_> {
                     ))),
                 },
                 () = &mut idle_flush, if flush_armed => {
-                    let _ = acks.send(tracker.take(true));
+                    acks.send(tracker.take(true));
                     flush_armed = false;
                 }
                 () = std::future::ready(()), if !flush_armed && tracker.settled() > 0 => {
@@ -766,19 +769,10 @@ impl ConsumeLoop<'_> {
         }
         while let Some((tag, settled)) = running.next().await {
             settle(&mut tracker, tag, settled);
-            let _ = acks.send(tracker.take(false));
+            acks.send(tracker.take(false));
         }
-        let _ = acks.send(tracker.take(true));
-        drop(acks);
-        // Every ack is sent before the channel closes; a sender stuck on a dead connection is
-        // given up on (those deliveries come back).
-        let mut ack_sender = ack_sender;
-        if tokio::time::timeout(Duration::from_secs(30), &mut ack_sender)
-            .await
-            .is_err()
-        {
-            ack_sender.abort();
-        }
+        // Queued ahead of the channel's close, so every ack is written before it.
+        acks.send(tracker.take(true));
         if let Some(error) = lost {
             return Err(error);
         }
@@ -1109,58 +1103,51 @@ fn settle(tracker: &mut AckTracker, tag: u64, settled: Settled) -> bool {
 }
 
 /// Sends a channel's acks in the order they were decided (a `multiple` ack must never overtake
-/// the one before it), off the consumer's path.
-fn spawn_ack_sender(
-    channel: lapin::Channel,
-    queue: String,
-) -> (mpsc::UnboundedSender<Acks>, tokio::task::JoinHandle<()>) {
-    let (sender, mut receiver) = mpsc::unbounded_channel::<Acks>();
-    let task = tokio::spawn(async move {
-        while let Some(acks) = receiver.recv().await {
-            if acks.is_empty() {
-                continue;
-            }
-            if let Err(error) = send_acks(&channel, acks).await {
-                // The channel is gone: unacked deliveries come back, and the consumer stream
-                // ends, which stops the worker.
-                tracing::warn!(%queue, %error, "acks not sent; those deliveries will be redelivered");
-                return;
-            }
-        }
-    });
-    (sender, task)
+/// the one before it) without waiting for them: lapin queues a method's frame when its future
+/// is first polled, and writes queued frames in order; the promise, which only says the frame
+/// reached the socket, is dropped. A write that fails means the channel is gone: its unacked
+/// deliveries come back, and the consumer stream ends, which stops the worker.
+struct AckSender<'a> {
+    channel: &'a lapin::Channel,
+    queue: &'a str,
 }
 
-async fn send_acks(channel: &lapin::Channel, acks: Acks) -> Result<(), lapin::Error> {
-    // `reject`, not `nack`: since RabbitMQ 4.3 a requeue by `nack` no longer increments a
-    // quorum queue's `x-delivery-count`, and the attempt would not be counted.
-    for tag in acks.requeue {
-        channel
-            .basic_reject(tag, BasicRejectOptions { requeue: true })
-            .await?;
+impl AckSender<'_> {
+    fn send(&self, acks: Acks) {
+        if acks.is_empty() {
+            return;
+        }
+        let channel = self.channel;
+        // `reject`, not `nack`: since RabbitMQ 4.3 a requeue by `nack` no longer increments a
+        // quorum queue's `x-delivery-count`, and the attempt would not be counted.
+        for tag in acks.requeue {
+            self.queued(channel.basic_reject(tag, BasicRejectOptions { requeue: true }));
+        }
+        for tag in acks.give_back {
+            let options = BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            };
+            self.queued(channel.basic_nack(tag, options));
+        }
+        if let Some(tag) = acks.up_to {
+            self.queued(channel.basic_ack(tag, BasicAckOptions { multiple: true }));
+        }
+        for tag in acks.singles {
+            self.queued(channel.basic_ack(tag, BasicAckOptions { multiple: false }));
+        }
     }
-    for tag in acks.give_back {
-        channel
-            .basic_nack(
-                tag,
-                BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                },
-            )
-            .await?;
+
+    /// Polls `method` once, which queues its frame, and lets the promise go.
+    fn queued(&self, method: impl std::future::Future<Output = Result<(), lapin::Error>>) {
+        if let Some(Err(error)) = method.now_or_never() {
+            tracing::warn!(
+                queue = %self.queue,
+                %error,
+                "ack not sent; the delivery will be redelivered"
+            );
+        }
     }
-    if let Some(tag) = acks.up_to {
-        channel
-            .basic_ack(tag, BasicAckOptions { multiple: true })
-            .await?;
-    }
-    for tag in acks.singles {
-        channel
-            .basic_ack(tag, BasicAckOptions { multiple: false })
-            .await?;
-    }
-    Ok(())
 }
 
 /// `ctx.publish` without an outbox: straight to the exchange, confirmed.
