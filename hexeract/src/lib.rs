@@ -65,6 +65,7 @@ mod dispatch;
 mod envelope;
 mod error;
 mod handler;
+pub mod health;
 mod memory;
 mod message;
 pub mod outbox;
@@ -77,6 +78,9 @@ pub mod rabbitmq;
 #[cfg(all(doctest, feature = "rabbitmq"))]
 #[doc = include_str!("../../docs/rabbitmq.md")]
 pub struct RabbitMqGuide;
+#[cfg(all(doctest, feature = "rabbitmq"))]
+#[doc = include_str!("../../docs/health.md")]
+pub struct HealthGuide;
 mod reason;
 mod registry;
 mod retry;

@@ -59,6 +59,8 @@ use crate::retry::RetryPolicy;
 pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     let settings = EnvSettings::from_env()?;
     let store = crate::store::default_store().await?;
+    // Not served over HTTP yet: its changes (ready, not ready and why) are logged.
+    let health = crate::health::Health::new();
     let stop = cancel.child_token();
     #[cfg(feature = "rabbitmq")]
     if let Some(amqp) = &settings.amqp {
@@ -68,7 +70,8 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
             exchange: amqp.exchange.clone(),
             prefix: amqp.queue_prefix.clone(),
         };
-        return crate::rabbitmq::supervisor::run_on_broker(broker, &settings, store, stop).await;
+        return crate::rabbitmq::supervisor::run_on_broker(broker, &settings, store, &health, stop)
+            .await;
     }
     #[cfg(not(feature = "rabbitmq"))]
     if settings.amqp.is_some() {
@@ -79,6 +82,7 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     let worker = OutboxWorker::builder_shared(store)
         .from_registry()
         .configure(&settings)
+        .health(health.probe("outbox worker"))
         .build()?;
     tokio::spawn(stop_on_signal(stop.clone()));
     worker.run(stop).await

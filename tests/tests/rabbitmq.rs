@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hexeract::health::{Health, Status};
 use hexeract::rabbitmq::{
     headers, RabbitMqPublisher, RabbitMqWorker, RabbitMqWorkerBuilder, Topology,
 };
@@ -487,6 +488,22 @@ async fn build_rejects_invalid_knobs_all_at_once() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("65535"), "{error}");
+    let recovering = hexeract::rabbitmq::RabbitMqConnection::connect_recovering(
+        &hexeract_tests::amqp::amqp_url(),
+        &format!("{}.recovering", broker.prefix),
+    )
+    .await
+    .unwrap();
+    let error = RabbitMqWorkerBuilder::new(recovering.clone())
+        .registry(Registry::new())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("connection") && error.contains("automatic recovery"),
+        "{error}"
+    );
+    recovering.close().await.unwrap();
 }
 
 /// Returns `HandlerOutcome::dead_letter` at once.
@@ -586,6 +603,11 @@ async fn a_direct_publish_during_a_reconnect_succeeds_and_mandatory_fails_when_u
         transport.reconnects(),
         1,
         "it found the connection closed and reconnected"
+    );
+    assert_eq!(
+        transport.recovered_by_lapin(),
+        1,
+        "lapin's automatic recovery brought the channel back"
     );
     let queue = topology.queue_for("direct");
     let arrived = broker.wait_for(&queue, 2, Duration::from_secs(10)).await;
@@ -757,15 +779,27 @@ async fn run_returns_a_connection_error_when_its_connection_is_closed_and_ok_onl
     let broker = TestBroker::new().await;
     let name = format!("{}.worker", broker.prefix);
     let calls = Calls::default();
+    let health = Health::new();
     let worker = worker(&broker, broker.connect(&name).await)
         .register_handler_with::<OrderPlaced, _>(
             Record(calls, "x"),
             HandlerOptions::new().name("closed"),
         )
+        .health(health.probe("bus worker"))
         .build()
         .unwrap();
+    assert_eq!(health.readiness().components[0].status, Status::Starting);
     let running = Running::start(worker);
     declared(&broker, &running.topology).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !health.readiness().ready {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ready once consuming: {}",
+            health.readiness()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let closed =
         tokio::task::spawn_blocking(move || hexeract_tests::amqp::close_connections_named(&name))
             .await
@@ -780,6 +814,12 @@ async fn run_returns_a_connection_error_when_its_connection_is_closed_and_ok_onl
         "{result:?}"
     );
     assert!(!running.cancel.is_cancelled());
+    let readiness = health.readiness();
+    assert!(!readiness.ready, "{readiness}");
+    assert!(
+        matches!(&readiness.components[0].status, Status::Failing { reason, .. } if reason.contains("consumer")),
+        "{readiness}"
+    );
     broker.delete(&running.topology).await;
 }
 
@@ -862,12 +902,15 @@ async fn the_relay_publishes_the_outbox_and_dead_letters_a_row_it_can_never_publ
     store.publish(rows).await.unwrap();
     let store = Arc::new(store);
 
+    let health = Health::new();
     let relay = hexeract::rabbitmq::OutboxRelay::new(store.clone(), &broker.connection)
         .await
         .unwrap()
         .exchange(broker.exchange.clone())
         .batch_size(100)
-        .poll_interval(Duration::from_millis(10));
+        .poll_interval(Duration::from_millis(10))
+        .health(health.probe("outbox relay"));
+    assert!(!health.readiness().ready, "no pass yet");
     let cancel = CancellationToken::new();
     let running = tokio::spawn(relay.run(cancel.clone()));
     let queue = topology.queue_for("relayed");
@@ -875,6 +918,7 @@ async fn the_relay_publishes_the_outbox_and_dead_letters_a_row_it_can_never_publ
     while store.backlog().await.unwrap() > 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(health.readiness().ready, "{}", health.readiness());
     cancel.cancel();
     running.await.unwrap().unwrap();
 

@@ -18,6 +18,7 @@ use crate::context::Context;
 use crate::dispatch::{call_handler, spawn_grace_timer, Call};
 use crate::error::{Error, KnobChecks};
 use crate::handler::Handler;
+use crate::health::Probe;
 use crate::message::Message;
 use crate::outcome::HandlerOutcome;
 use crate::publish::{Publish, PublishError};
@@ -44,6 +45,7 @@ pub struct OutboxWorkerBuilder {
     max_payload_bytes: usize,
     wake: Option<Arc<Notify>>,
     polling_only: bool,
+    health: Option<Probe>,
 }
 
 impl OutboxWorkerBuilder {
@@ -69,6 +71,7 @@ impl OutboxWorkerBuilder {
             max_payload_bytes: 1024 * 1024,
             wake: None,
             polling_only: false,
+            health: None,
         }
     }
 
@@ -143,6 +146,28 @@ impl OutboxWorkerBuilder {
     /// How long a cancelled worker lets running handlers finish (default 8 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> OutboxWorkerBuilder {
         self.shutdown_grace = grace;
+        self
+    }
+
+    /// Reports readiness to `probe`: ready after each cycle that reached the store, failing
+    /// after one that did not.
+    ///
+    /// ```
+    /// use hexeract::health::Health;
+    /// use hexeract::outbox::OutboxWorker;
+    /// use hexeract::store::sqlite::SqliteStore;
+    ///
+    /// # async fn example(store: SqliteStore) -> Result<(), hexeract::Error> {
+    /// let health = Health::new();
+    /// let worker = OutboxWorker::builder(store)
+    ///     .from_registry()
+    ///     .health(health.probe("outbox worker"))
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn health(mut self, probe: Probe) -> OutboxWorkerBuilder {
+        self.health = Some(probe);
         self
     }
 
@@ -246,6 +271,9 @@ impl OutboxWorkerBuilder {
             max_payload_bytes: self.max_payload_bytes,
             wake: self.wake,
             polling_only: self.polling_only,
+            health: self
+                .health
+                .unwrap_or_else(|| Probe::detached("outbox worker")),
         })
     }
 }
@@ -279,6 +307,7 @@ pub struct OutboxWorker {
     max_payload_bytes: usize,
     wake: Option<Arc<Notify>>,
     polling_only: bool,
+    health: Probe,
 }
 
 impl fmt::Debug for OutboxWorker {
@@ -349,7 +378,12 @@ impl OutboxWorker {
         });
         tracing::info!(handlers = self.handlers.len(), "outbox worker started");
         while !cancel.is_cancelled() {
-            match self.cycle(&cancel, &interrupt, &publisher).await {
+            let cycle = self.cycle(&cancel, &interrupt, &publisher).await;
+            match &cycle {
+                Ok(_) => self.health.pass(),
+                Err(error) => self.health.fail(format!("an outbox cycle failed: {error}")),
+            }
+            match cycle {
                 Ok(0) => crate::store::idle(&cancel, &wake, self.poll_interval).await,
                 Ok(_) => {}
                 Err(error) => {

@@ -35,6 +35,7 @@ pub struct RabbitMqConnection {
     inner: Arc<Connection>,
     name: Arc<str>,
     url: Arc<str>,
+    recovering: bool,
 }
 
 impl RabbitMqConnection {
@@ -45,7 +46,48 @@ impl RabbitMqConnection {
 
     /// Connects once, with `name` as the connection's name on the broker.
     pub async fn connect_named(url: &str, name: &str) -> Result<RabbitMqConnection, BusError> {
-        let properties = ConnectionProperties::default().with_connection_name(name.into());
+        RabbitMqConnection::open(url, name, false).await
+    }
+
+    /// Connects once, with lapin's automatic recovery on: after a network failure, a missed
+    /// heartbeat or a connection the broker closed, lapin connects again (16 tries, 0.1 s
+    /// apart at first, then up to 5 s apart: about a minute) and replays what was declared on
+    /// this connection (exchanges, queues, bindings, QoS, confirm mode, consumers) on the same
+    /// channels.
+    ///
+    /// This is what [`RabbitMqTransport`](crate::rabbitmq::RabbitMqTransport) publishes on.
+    /// The bus worker does not consume on it: a recovered channel starts its delivery tags
+    /// again, so the acks of calls that were running would then go to the wrong deliveries
+    /// (lapin's `Acker::ack` answers `Ok(false)` for those); the worker's supervisor opens a
+    /// fresh connection instead, and the broker redelivers what was not acked.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), hexeract::rabbitmq::BusError> {
+    /// use hexeract::rabbitmq::RabbitMqConnection;
+    ///
+    /// let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
+    /// let connection = RabbitMqConnection::connect_recovering(url, "billing.publisher").await?;
+    /// assert!(connection.is_recovering());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect_recovering(url: &str, name: &str) -> Result<RabbitMqConnection, BusError> {
+        RabbitMqConnection::open(url, name, true).await
+    }
+
+    async fn open(url: &str, name: &str, recovering: bool) -> Result<RabbitMqConnection, BusError> {
+        let mut properties = ConnectionProperties::default().with_connection_name(name.into());
+        if recovering {
+            // 0.1 s, 0.2 s … then every 5 s: about a minute in all.
+            properties = properties
+                .enable_auto_recover()
+                .configure_backoff(|backoff| {
+                    backoff
+                        .with_min_delay(Duration::from_millis(100))
+                        .with_max_delay(Duration::from_secs(5))
+                        .with_max_times(16)
+                });
+        }
         let inner = Connection::connect(url, properties)
             .await
             .map_err(|error| {
@@ -55,6 +97,7 @@ impl RabbitMqConnection {
             inner: Arc::new(inner),
             name: name.into(),
             url: url.into(),
+            recovering,
         })
     }
 
@@ -94,7 +137,25 @@ impl RabbitMqConnection {
     /// A new connection to the same broker with the same name: what a supervisor uses after a
     /// connection loss.
     pub async fn reconnect(&self) -> Result<RabbitMqConnection, BusError> {
-        RabbitMqConnection::connect_named(&self.url, &self.name).await
+        RabbitMqConnection::open(&self.url, &self.name, self.recovering).await
+    }
+
+    /// `true` when lapin's automatic recovery is on for this connection
+    /// ([`connect_recovering`](RabbitMqConnection::connect_recovering)).
+    pub fn is_recovering(&self) -> bool {
+        self.recovering
+    }
+
+    /// `true` while lapin is connecting this connection again after a failure.
+    pub fn is_reconnecting(&self) -> bool {
+        self.inner.status().reconnecting()
+    }
+
+    /// `true` once the connection is closed or failed for good (lapin's recovery, if on, gave
+    /// up or cannot help).
+    pub fn is_closed(&self) -> bool {
+        let status = self.inner.status();
+        status.closed() || status.errored()
     }
 
     /// The connection's name on the broker.
@@ -146,6 +207,7 @@ impl fmt::Debug for RabbitMqConnection {
             .field("name", &self.name)
             .field("url", &redact_url(&self.url))
             .field("connected", &self.is_connected())
+            .field("recovering", &self.recovering)
             .finish()
     }
 }

@@ -102,6 +102,32 @@ impl RabbitMqPublisher {
         self.channel.status().connected()
     }
 
+    /// On a connection with lapin's recovery on: waits up to `within` for lapin to bring the
+    /// channel back (confirm mode and the exchange replayed); `false` when it does not, or
+    /// cannot (recovery off, or given up).
+    pub(crate) async fn recovered(&self, within: Duration) -> bool {
+        if !self.connection.is_recovering() {
+            return false;
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.channel.status().connected() && self.connection.is_connected() {
+                return true;
+            }
+            // Closed for good, or a channel the broker closed on its own (lapin does not
+            // reopen a channel of a connection that stayed up).
+            let channel_back =
+                self.channel.status().reconnecting() || self.connection.is_reconnecting();
+            if self.connection.is_closed() || (self.connection.is_connected() && !channel_back) {
+                return false;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Publishes `envelope` to the exchange with its message type as routing key, and waits
     /// for the broker's confirm. A message no queue is bound for is not an error (an event
     /// nobody subscribes to); see [`publish_mandatory`](RabbitMqPublisher::publish_mandatory).

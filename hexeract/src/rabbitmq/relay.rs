@@ -9,6 +9,7 @@ use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Envelope;
+use crate::health::Probe;
 use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher};
 use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
 
@@ -39,6 +40,8 @@ pub struct OutboxRelay {
     publisher: RabbitMqPublisher,
     batch_size: u32,
     poll_interval: Duration,
+    connection: RabbitMqConnection,
+    health: Probe,
 }
 
 impl OutboxRelay {
@@ -53,6 +56,8 @@ impl OutboxRelay {
             publisher: RabbitMqPublisher::new(connection).await?,
             batch_size: 10,
             poll_interval: Duration::from_millis(100),
+            connection: connection.clone(),
+            health: Probe::detached("outbox relay"),
         })
     }
 
@@ -74,9 +79,33 @@ impl OutboxRelay {
         self
     }
 
+    /// Reports readiness to `probe`: ready after each pass that worked, failing after one that
+    /// did not (the store or the broker is down), held while the broker blocks the connection
+    /// (`connection.blocked`: publishes wait).
+    pub fn health(mut self, probe: Probe) -> OutboxRelay {
+        self.health = probe;
+        self
+    }
+
     /// Relays until `cancel` fires (between passes: a pass holding its transaction always
     /// finishes), then returns `Ok(())`.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), BusError> {
+        let connection = self.connection.clone();
+        self.health.watch("connection.blocked", move || {
+            connection.is_blocked().then(|| {
+                "the broker blocked the connection (connection.blocked: a memory or disk \
+                 alarm); publishes wait"
+                    .to_owned()
+            })
+        });
+        let result = self.relay(cancel).await;
+        if let Err(error) = &result {
+            self.health.fail(error);
+        }
+        result
+    }
+
+    async fn relay(&self, cancel: CancellationToken) -> Result<(), BusError> {
         let wake = store::wake_signal(&*self.store).await;
         // The exchange may not exist yet (the bus worker declares the whole topology); a publish
         // to a missing exchange would close the channel.
@@ -84,7 +113,12 @@ impl OutboxRelay {
         let sink = Sink(&self.publisher);
         tracing::info!(batch_size = self.batch_size, "outbox relay started");
         while !cancel.is_cancelled() {
-            match self.store.relay(self.batch_size, &sink).await {
+            let pass = self.store.relay(self.batch_size, &sink).await;
+            match &pass {
+                Ok(_) => self.health.pass(),
+                Err(error) => self.health.fail(format!("a relay pass failed: {error}")),
+            }
+            match pass {
                 Ok(0) => store::idle(&cancel, &wake, self.poll_interval).await,
                 Ok(relayed) => tracing::trace!(relayed, "outbox rows relayed"),
                 Err(error) => {

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::EnvSettings;
 use crate::error::{ConfigError, ConfigProblem, Error};
+use crate::health::{Health, Probe};
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
 use crate::rabbitmq::{BusError, OutboxRelay, RabbitMqConnection, RabbitMqWorkerBuilder, Topology};
@@ -31,8 +32,11 @@ pub(crate) async fn run_on_broker(
     broker: BrokerSettings,
     settings: &EnvSettings,
     store: Arc<dyn DeliveryStore>,
+    health: &Health,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
+    let relay_probe = health.probe("outbox relay");
+    let worker_probe = health.probe("bus worker");
     let wake = crate::store::wake_signal(&*store).await;
     let ctx_publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(store.clone(), wake));
     let worker = |connection: RabbitMqConnection| {
@@ -43,6 +47,7 @@ pub(crate) async fn run_on_broker(
             .configure(settings)
             .dead_letters(store.clone())
             .publish_to(ctx_publisher.clone())
+            .health(worker_probe.clone())
             .build()
     };
     // Invalid handlers or names stop startup before any connection is made.
@@ -75,8 +80,14 @@ pub(crate) async fn run_on_broker(
     let poll_interval = settings
         .relay_poll_interval
         .unwrap_or(Duration::from_millis(500));
-    let relay = supervise("outbox relay", &cancel, || async {
-        let connection = connect(&broker.url, &format!("{}.relay", broker.prefix), &cancel).await?;
+    let relay = supervise(&relay_probe, &cancel, || async {
+        let connection = connect(
+            &broker.url,
+            &format!("{}.relay", broker.prefix),
+            &relay_probe,
+            &cancel,
+        )
+        .await?;
         // Before the first publish: a message published before its queues are bound is
         // routed nowhere, and the broker drops it.
         topology.declare(&connection).await?;
@@ -84,12 +95,18 @@ pub(crate) async fn run_on_broker(
             .await?
             .exchange(broker.exchange.clone())
             .batch_size(batch_size)
-            .poll_interval(poll_interval);
+            .poll_interval(poll_interval)
+            .health(relay_probe.clone());
         relay.run(cancel.clone()).await
     });
-    let consumers = supervise("bus worker", &cancel, || async {
-        let connection =
-            connect(&broker.url, &format!("{}.consumer", broker.prefix), &cancel).await?;
+    let consumers = supervise(&worker_probe, &cancel, || async {
+        let connection = connect(
+            &broker.url,
+            &format!("{}.consumer", broker.prefix),
+            &worker_probe,
+            &cancel,
+        )
+        .await?;
         // Checked above; a failure here is reported and retried like a connection loss.
         let worker =
             worker(connection).map_err(|error| BusError::InvalidName(error.to_string()))?;
@@ -103,6 +120,7 @@ pub(crate) async fn run_on_broker(
 async fn connect(
     url: &str,
     name: &str,
+    probe: &Probe,
     cancel: &CancellationToken,
 ) -> Result<RabbitMqConnection, BusError> {
     let mut delay = Duration::from_millis(500);
@@ -111,6 +129,7 @@ async fn connect(
             Ok(connection) => return Ok(connection),
             Err(error) => {
                 tracing::warn!(%error, connection = name, retry_in = ?delay, "cannot reach RabbitMQ");
+                probe.fail(&error);
                 tokio::select! {
                     () = cancel.cancelled() => return Err(error),
                     () = tokio::time::sleep(delay) => {}
@@ -122,8 +141,9 @@ async fn connect(
 }
 
 /// Runs `start` again whenever it fails, with backoff, until it returns `Ok(())` (after a
-/// cancellation) or `cancel` fires.
-async fn supervise<F, Fut>(name: &str, cancel: &CancellationToken, start: F)
+/// cancellation) or `cancel` fires. The component is failing from a failure until the
+/// restarted loop passes again.
+async fn supervise<F, Fut>(probe: &Probe, cancel: &CancellationToken, start: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<(), BusError>>,
@@ -141,7 +161,9 @@ where
                 if started.elapsed() > Duration::from_secs(30) {
                     delay = FIRST_DELAY;
                 }
+                let name = probe.name();
                 tracing::error!(%error, retry_in = ?delay, "{name} stopped; restarting");
+                probe.fail(format_args!("{error}; restarting"));
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}

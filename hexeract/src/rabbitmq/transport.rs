@@ -13,10 +13,14 @@ use crate::envelope::Envelope;
 use crate::publish::{Publish, PublishError};
 use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher, DEFAULT_EXCHANGE};
 
-/// Publishes straight to the broker, with confirms, and recovers from a lost connection: a
-/// publish that fails because the connection or channel is gone reconnects (with backoff, up
-/// to `reconnect_timeout`), declares the exchange again and is retried once. A broker that
-/// stays unreachable surfaces as [`BusError::Connection`]; one that refuses the message as
+/// Publishes straight to the broker, with confirms, and recovers from a lost connection. It
+/// publishes on a connection with lapin's automatic recovery on
+/// ([`RabbitMqConnection::connect_recovering`]): lapin connects again and replays the channel's
+/// confirm mode and the exchange. A publish that fails because the connection or channel is
+/// gone waits for that recovery (up to `reconnect_timeout`) and is retried once; when lapin
+/// cannot recover (it gave up, or the broker closed only the channel) the transport opens a
+/// fresh connection itself, with backoff, within the same timeout. A broker that stays
+/// unreachable surfaces as [`BusError::Connection`]; one that refuses the message as
 /// [`BusError::NotConfirmed`] or [`BusError::Transport`].
 ///
 /// This survives a broker blip, not a crash of this process: when a message must not be lost
@@ -46,6 +50,7 @@ pub struct RabbitMqTransport {
     exchange: String,
     reconnect_timeout: Duration,
     reconnects: AtomicU64,
+    recovered_by_lapin: AtomicU64,
 }
 
 impl RabbitMqTransport {
@@ -61,7 +66,7 @@ impl RabbitMqTransport {
         name: &str,
         exchange: &str,
     ) -> Result<RabbitMqTransport, BusError> {
-        let connection = RabbitMqConnection::connect_named(url, name).await?;
+        let connection = RabbitMqConnection::connect_recovering(url, name).await?;
         let publisher = open_publisher(&connection, exchange).await?;
         Ok(RabbitMqTransport {
             connection: Mutex::new(connection),
@@ -69,6 +74,7 @@ impl RabbitMqTransport {
             exchange: exchange.to_owned(),
             reconnect_timeout: Duration::from_secs(30),
             reconnects: AtomicU64::new(0),
+            recovered_by_lapin: AtomicU64::new(0),
         })
     }
 
@@ -92,9 +98,16 @@ impl RabbitMqTransport {
             .await
     }
 
-    /// How many times a publish found the connection lost and reconnected.
+    /// How many times a publish found the connection lost and went on once it was back
+    /// (recovered by lapin or opened again).
     pub fn reconnects(&self) -> u64 {
         self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// How many of those [`reconnects`](RabbitMqTransport::reconnects) lapin's automatic
+    /// recovery handled; the others opened a fresh connection.
+    pub fn recovered_by_lapin(&self) -> u64 {
+        self.recovered_by_lapin.load(Ordering::Relaxed)
     }
 
     /// `true` while the broker has blocked the connection (a memory or disk alarm): publishes
@@ -115,8 +128,15 @@ impl RabbitMqTransport {
             {
                 tracing::warn!(
                     detail,
-                    "publish failed on a lost connection; reconnecting to retry once"
+                    "publish failed on a lost connection; retrying once it is back"
                 );
+                let started = tokio::time::Instant::now();
+                if publisher.recovered(self.reconnect_timeout).await {
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
+                    self.recovered_by_lapin.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(after = ?started.elapsed(), "publisher recovered by lapin");
+                    return publish(publisher).await;
+                }
                 let publisher = self.reconnect(&publisher).await?;
                 publish(publisher).await
             }

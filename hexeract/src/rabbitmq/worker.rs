@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,7 @@ use crate::dispatch::{call_handler, spawn_grace_timer, Call};
 use crate::envelope::Envelope;
 use crate::error::{ConfigError, ConfigProblem, Error, KnobChecks};
 use crate::handler::Handler;
+use crate::health::Probe;
 use crate::message::Message;
 use crate::outcome::HandlerOutcome;
 use crate::publish::{Publish, PublishError};
@@ -99,6 +100,7 @@ pub struct RabbitMqWorkerBuilder {
     declare: bool,
     dead_letters: Option<Arc<dyn DeliveryStore>>,
     publisher: Option<Arc<dyn Publish>>,
+    health: Option<Probe>,
 }
 
 impl RabbitMqWorkerBuilder {
@@ -123,6 +125,7 @@ impl RabbitMqWorkerBuilder {
             declare: true,
             dead_letters: None,
             publisher: None,
+            health: None,
         }
     }
 
@@ -261,6 +264,28 @@ impl RabbitMqWorkerBuilder {
         self
     }
 
+    /// Reports readiness to `probe`: ready once every queue's consumer is subscribed, failing
+    /// when the worker lost its connection, held while the broker blocks the connection
+    /// (`connection.blocked`: retries and parking cannot publish).
+    ///
+    /// ```no_run
+    /// # async fn example(connection: hexeract::rabbitmq::RabbitMqConnection) -> Result<(), Box<dyn std::error::Error>> {
+    /// use hexeract::health::Health;
+    /// use hexeract::rabbitmq::RabbitMqWorkerBuilder;
+    ///
+    /// let health = Health::new();
+    /// let worker = RabbitMqWorkerBuilder::new(connection)
+    ///     .from_registry()
+    ///     .health(health.probe("bus worker"))
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn health(mut self, probe: Probe) -> RabbitMqWorkerBuilder {
+        self.health = Some(probe);
+        self
+    }
+
     /// Applies the environment's settings (see `docs/configuration.md`): what
     /// `hexeract::run` uses.
     pub(crate) fn configure(
@@ -307,6 +332,18 @@ impl RabbitMqWorkerBuilder {
                 "wait_tiers",
                 format!("{wait_tiers:?}"),
                 "at least one delay, each longer than zero",
+            );
+        }
+        if self.connection.is_recovering() {
+            checks = checks.problem(
+                "connection",
+                format!(
+                    "{:?} with lapin's automatic recovery on",
+                    self.connection.name()
+                ),
+                "a connection from connect_named or connect_named_with_retry: a recovered \
+                 channel starts its delivery tags again, and acks would reach the wrong \
+                 deliveries",
             );
         }
         if self.dead_letter_routing_key.is_some() && self.queue.is_none() {
@@ -409,6 +446,8 @@ impl RabbitMqWorkerBuilder {
                 declare: self.declare,
                 dead_letters: self.dead_letters,
                 publisher: self.publisher,
+                health: self.health.unwrap_or_else(|| Probe::detached("bus worker")),
+                subscribed: AtomicUsize::new(0),
             }),
         })
     }
@@ -471,6 +510,9 @@ struct Shared {
     declare: bool,
     dead_letters: Option<Arc<dyn DeliveryStore>>,
     publisher: Option<Arc<dyn Publish>>,
+    health: Probe,
+    /// Consumers subscribed so far in this run.
+    subscribed: AtomicUsize,
 }
 
 struct QueueConsumer {
@@ -568,8 +610,29 @@ impl RabbitMqWorker {
     /// cancellation (the connection or a channel is gone).
     pub async fn run(self, cancel: CancellationToken) -> Result<(), BusError> {
         let shared = self.shared;
+        let result = shared.run(cancel).await;
+        if let Err(error) = &result {
+            shared.health.fail(error);
+        }
+        result
+    }
+}
+
+impl Shared {
+    async fn run(&self, cancel: CancellationToken) -> Result<(), BusError> {
+        let shared = self;
+        let connection = shared.connection.clone();
+        shared.health.watch("connection.blocked", move || {
+            connection.is_blocked().then(|| {
+                "the broker blocked the connection (connection.blocked: a memory or disk \
+                 alarm); retries and parking wait"
+                    .to_owned()
+            })
+        });
+        shared.subscribed.store(0, Ordering::SeqCst);
         if shared.consumers.is_empty() {
             tracing::info!("RabbitMQ worker has no handlers; idle until cancelled");
+            shared.health.pass();
             cancel.cancelled().await;
             return Ok(());
         }
@@ -598,7 +661,7 @@ impl RabbitMqWorker {
         );
         let results = join_all(shared.consumers.iter().map(|consumer| {
             let consume = ConsumeLoop {
-                shared: &shared,
+                shared,
                 consumer,
                 publisher: &publisher,
                 ctx_publisher: &ctx_publisher,
@@ -632,9 +695,7 @@ impl RabbitMqWorker {
         tracing::warn!(%error, "RabbitMQ worker lost its connection");
         Err(error)
     }
-}
 
-impl Shared {
     async fn declare(&self) -> Result<(), BusError> {
         match self.consumers.first().map(|consumer| &consumer.route) {
             Some(Route::ByType(_)) => {
@@ -696,6 +757,9 @@ impl ConsumeLoop<'_> {
             .map_err(|error| {
                 BusError::transport(format!("consuming {:?}", self.consumer.queue), error)
             })?;
+        if shared.subscribed.fetch_add(1, Ordering::SeqCst) + 1 == shared.consumers.len() {
+            shared.health.pass();
+        }
         let acks = AckSender {
             channel: &channel,
             queue: &self.consumer.queue,

@@ -1,0 +1,400 @@
+//! Readiness of the loops a process runs: each loop (the outbox worker, the relay, the bus
+//! worker) reports through a [`Probe`] whether its last pass worked, and may register live
+//! conditions (a broker that blocked the connection); [`Health::readiness`] sums them up.
+//!
+//! A component is *ready* once it finished a pass that did not fail, and stays ready until a
+//! pass fails; it is ready again after the next pass that works. A live condition that holds
+//! (say `connection.blocked`) makes its component not ready for as long as it holds. The
+//! process is ready when every component is.
+//!
+//! ```
+//! use hexeract::health::{Health, Status};
+//!
+//! let health = Health::new();
+//! let relay = health.probe("outbox relay");
+//! let consumer = health.probe("bus worker");
+//! assert!(!health.readiness().ready, "nothing has passed yet");
+//!
+//! relay.pass();
+//! consumer.pass();
+//! assert!(health.readiness().ready);
+//!
+//! relay.fail("the broker connection is gone");
+//! let readiness = health.readiness();
+//! assert!(!readiness.ready);
+//! assert!(matches!(&readiness.components[0].status, Status::Failing { reason, .. } if reason.contains("gone")));
+//!
+//! relay.pass();
+//! assert!(health.readiness().ready);
+//! ```
+//!
+//! The reasons are the loops' own error texts, which never hold a password (URLs are redacted
+//! before they reach an error).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// A live condition: `Some(reason)` while it keeps its component from being ready.
+type Condition = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// The readiness of every component of a process. Cheap to clone: clones share the state.
+#[derive(Clone, Default)]
+pub struct Health {
+    components: Arc<Mutex<Vec<Component>>>,
+}
+
+struct Component {
+    name: String,
+    state: State,
+    conditions: BTreeMap<&'static str, Condition>,
+}
+
+#[derive(Clone)]
+enum State {
+    Starting,
+    Passing,
+    Failing {
+        reason: String,
+        since: Instant,
+        failures: u64,
+    },
+}
+
+impl Health {
+    /// No components yet: ready (nothing to wait for) until a probe is added.
+    pub fn new() -> Health {
+        Health::default()
+    }
+
+    /// Adds a component named `name`, not ready until its first [`Probe::pass`]. A second
+    /// probe with the same name reports on the same component.
+    pub fn probe(&self, name: impl Into<String>) -> Probe {
+        let name = name.into();
+        let mut components = self.lock();
+        let index = match components
+            .iter()
+            .position(|component| component.name == name)
+        {
+            Some(index) => index,
+            None => {
+                components.push(Component {
+                    name,
+                    state: State::Starting,
+                    conditions: BTreeMap::new(),
+                });
+                components.len() - 1
+            }
+        };
+        Probe {
+            health: self.clone(),
+            index,
+        }
+    }
+
+    /// Every component's status now (live conditions evaluated), in the order they were
+    /// added, and whether all are ready.
+    pub fn readiness(&self) -> Readiness {
+        // Conditions run outside the lock: they may take locks of their own.
+        let snapshot: Vec<(String, State, Vec<Condition>)> = self
+            .lock()
+            .iter()
+            .map(|component| {
+                (
+                    component.name.clone(),
+                    component.state.clone(),
+                    component.conditions.values().cloned().collect(),
+                )
+            })
+            .collect();
+        let components: Vec<ComponentStatus> = snapshot
+            .into_iter()
+            .map(|(name, state, conditions)| {
+                let held = conditions.iter().find_map(|condition| condition());
+                let status = match (state, held) {
+                    (
+                        State::Failing {
+                            reason,
+                            since,
+                            failures,
+                        },
+                        _,
+                    ) => Status::Failing {
+                        reason,
+                        failing_for: since.elapsed(),
+                        failures,
+                    },
+                    (_, Some(reason)) => Status::Held { reason },
+                    (State::Starting, None) => Status::Starting,
+                    (State::Passing, None) => Status::Ready,
+                };
+                ComponentStatus { name, status }
+            })
+            .collect();
+        Readiness {
+            ready: components
+                .iter()
+                .all(|component| component.status == Status::Ready),
+            components,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Component>> {
+        // A panic elsewhere while holding the lock leaves plain data behind: keep serving it.
+        self.components
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn update(&self, index: usize, apply: impl FnOnce(&mut Component)) {
+        apply(&mut self.lock()[index]);
+    }
+}
+
+impl fmt::Debug for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Health").field(&self.readiness()).finish()
+    }
+}
+
+/// How one component reports: cheap to clone, shared by the loop and its supervisor.
+#[derive(Clone)]
+pub struct Probe {
+    health: Health,
+    index: usize,
+}
+
+impl Probe {
+    /// A probe on a [`Health`] of its own, for a loop whose readiness nobody reads.
+    pub fn detached(name: impl Into<String>) -> Probe {
+        Health::new().probe(name)
+    }
+
+    /// The component's name.
+    pub fn name(&self) -> String {
+        self.health.lock()[self.index].name.clone()
+    }
+
+    /// A pass finished without failing: the component is ready (unless a condition holds).
+    pub fn pass(&self) {
+        self.health.update(self.index, |component| {
+            if let State::Failing { failures, .. } = &component.state {
+                tracing::info!(
+                    component = %component.name,
+                    failures,
+                    "ready again"
+                );
+            }
+            component.state = State::Passing;
+        });
+    }
+
+    /// A pass failed (or the loop is down and restarting): not ready until the next
+    /// [`pass`](Probe::pass). `reason` is shown to operators: no secrets in it.
+    pub fn fail(&self, reason: impl fmt::Display) {
+        let reason = reason.to_string();
+        self.health.update(self.index, |component| {
+            component.state = match &component.state {
+                State::Failing {
+                    since, failures, ..
+                } => State::Failing {
+                    reason,
+                    since: *since,
+                    failures: failures + 1,
+                },
+                _ => {
+                    tracing::warn!(component = %component.name, %reason, "not ready");
+                    State::Failing {
+                        reason,
+                        since: Instant::now(),
+                        failures: 1,
+                    }
+                }
+            };
+        });
+    }
+
+    /// Adds (or, under the same `key`, replaces) a live condition: while it returns
+    /// `Some(reason)`, the component is not ready. Evaluated at each
+    /// [`Health::readiness`], so it should be cheap.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    /// use hexeract::health::{Health, Status};
+    ///
+    /// let health = Health::new();
+    /// let relay = health.probe("outbox relay");
+    /// relay.pass();
+    /// let blocked = Arc::new(AtomicBool::new(true));
+    /// let flag = blocked.clone();
+    /// relay.watch("connection.blocked", move || {
+    ///     flag.load(Ordering::Relaxed).then(|| "the broker blocked publishing".to_owned())
+    /// });
+    /// assert!(matches!(health.readiness().components[0].status, Status::Held { .. }));
+    /// blocked.store(false, Ordering::Relaxed);
+    /// assert!(health.readiness().ready);
+    /// ```
+    pub fn watch(
+        &self,
+        key: &'static str,
+        condition: impl Fn() -> Option<String> + Send + Sync + 'static,
+    ) {
+        self.health.update(self.index, |component| {
+            component.conditions.insert(key, Arc::new(condition));
+        });
+    }
+}
+
+impl fmt::Debug for Probe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Probe")
+            .field("name", &self.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Health::readiness`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    /// `true` when every component is [`Status::Ready`].
+    pub ready: bool,
+    /// Each component, in the order its probe was added.
+    pub components: Vec<ComponentStatus>,
+}
+
+/// One component's name and status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComponentStatus {
+    /// The name given to [`Health::probe`].
+    pub name: String,
+    /// Where it stands.
+    pub status: Status,
+}
+
+/// Where a component stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// No pass has finished yet.
+    Starting,
+    /// The last pass worked and no condition holds.
+    Ready,
+    /// The last pass failed, or the loop is restarting.
+    Failing {
+        /// The last failure's text.
+        reason: String,
+        /// Since the first of the failures in a row.
+        failing_for: Duration,
+        /// Failures in a row.
+        failures: u64,
+    },
+    /// A live condition holds (for example the broker blocked the connection).
+    Held {
+        /// What the condition said.
+        reason: String,
+    },
+}
+
+impl fmt::Display for Readiness {
+    /// One line per component: `outbox relay: ready`, `bus worker: failing for 3s (2 in a row):
+    /// …`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for component in &self.components {
+            write!(f, "{}: ", component.name)?;
+            match &component.status {
+                Status::Starting => writeln!(f, "starting")?,
+                Status::Ready => writeln!(f, "ready")?,
+                Status::Failing {
+                    reason,
+                    failing_for,
+                    failures,
+                } => writeln!(
+                    f,
+                    "failing for {}s ({failures} in a row): {reason}",
+                    failing_for.as_secs()
+                )?,
+                Status::Held { reason } => writeln!(f, "held: {reason}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_component_is_ready_after_a_pass_until_a_failure_and_again_after_the_next_pass() {
+        let health = Health::new();
+        assert!(
+            health.readiness().ready,
+            "no components: nothing to wait for"
+        );
+        let relay = health.probe("relay");
+        let worker = health.probe("worker");
+        assert_eq!(health.readiness().components[0].status, Status::Starting);
+        relay.pass();
+        assert!(!health.readiness().ready, "the worker has not passed yet");
+        worker.pass();
+        assert!(health.readiness().ready);
+
+        worker.fail("connection lost");
+        worker.fail("connection refused");
+        let readiness = health.readiness();
+        assert!(!readiness.ready);
+        match &readiness.components[1].status {
+            Status::Failing {
+                reason, failures, ..
+            } => {
+                assert_eq!(reason, "connection refused", "the last reason");
+                assert_eq!(*failures, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(readiness.components[0].status, Status::Ready);
+        assert!(readiness
+            .to_string()
+            .contains("worker: failing for 0s (2 in a row): connection refused"));
+        worker.pass();
+        assert!(health.readiness().ready);
+    }
+
+    #[test]
+    fn a_condition_holds_a_component_back_while_it_holds_and_a_key_replaces_it() {
+        let health = Health::new();
+        let relay = health.probe("relay");
+        relay.pass();
+        relay.watch("blocked", || Some("memory alarm".to_owned()));
+        assert_eq!(
+            health.readiness().components[0].status,
+            Status::Held {
+                reason: "memory alarm".to_owned()
+            }
+        );
+        // A rebuilt loop registers its condition again under the same key: replaced, not
+        // added.
+        relay.watch("blocked", || None);
+        assert!(health.readiness().ready);
+        // A failure outranks a condition.
+        relay.watch("other", || Some("held".to_owned()));
+        relay.fail("down");
+        assert!(matches!(
+            health.readiness().components[0].status,
+            Status::Failing { .. }
+        ));
+    }
+
+    #[test]
+    fn probes_with_one_name_share_a_component() {
+        let health = Health::new();
+        let first = health.probe("relay");
+        let second = health.probe("relay");
+        first.fail("down");
+        second.pass();
+        assert_eq!(health.readiness().components.len(), 1);
+        assert!(health.readiness().ready);
+        assert_eq!(first.name(), "relay");
+    }
+}
