@@ -144,6 +144,16 @@ impl EnvSettings {
                             .to_owned(),
                 });
             }
+            #[cfg(feature = "rabbitmq")]
+            if let Err(error) = crate::rabbitmq::connection::tls_settings(&amqp.url) {
+                problems.push(ConfigProblem {
+                    setting: "AMQP_URL".to_owned(),
+                    value: redact_url(&amqp.url),
+                    expected: format!(
+                        "an amqps:// URL whose cacertfile is a readable PEM file ({error})"
+                    ),
+                });
+            }
             for (variable, value) in [
                 ("HEXERACT_EXCHANGE", &amqp.exchange),
                 ("HEXERACT_QUEUE_PREFIX", &amqp.queue_prefix),
@@ -321,6 +331,29 @@ mod tests {
             !text.contains("secret"),
             "a password reached the error: {text}"
         );
+    }
+
+    #[cfg(feature = "rabbitmq")]
+    #[test]
+    fn an_unreadable_cacertfile_or_one_on_plain_amqp_stops_startup() {
+        let cases: [&'static [(&str, &str)]; 2] = [
+            &[(
+                "AMQP_URL",
+                "amqps://app:pw@broker/vh?cacertfile=/nonexistent/ca.pem",
+            )],
+            &[(
+                "AMQP_URL",
+                "amqp://app:pw@broker/vh?cacertfile=/etc/hostname",
+            )],
+        ];
+        for vars in cases {
+            let error = EnvSettings::from_lookup(lookup(vars))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("AMQP_URL"), "{error}");
+            assert!(error.contains("cacertfile"), "{error}");
+            assert!(!error.contains(":pw@"), "{error}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@
 //! consumers not written with Hexeract interoperate.
 
 mod acks;
-mod connection;
+pub(crate) mod connection;
 mod publisher;
 mod relay;
 pub(crate) mod supervisor;

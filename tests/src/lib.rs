@@ -2,3 +2,4 @@
 
 pub mod amqp;
 pub mod pg;
+pub mod tls;

@@ -985,3 +985,90 @@ async fn a_deleted_parking_queue_is_declared_again_and_nothing_is_lost() {
     );
     broker.delete(&topology).await;
 }
+
+/// The test broker's URL taken apart: its address, and what goes between `://` and the host
+/// (credentials) and after the port (vhost).
+async fn broker_parts() -> (std::net::SocketAddr, String, String) {
+    let url = hexeract_tests::amqp::amqp_url();
+    let rest = url.split_once("://").expect("a URL").1;
+    let (credentials, rest) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
+    let (authority, vhost) = rest.split_once('/').unwrap_or((rest, "%2f"));
+    let authority = if authority.contains(':') {
+        authority.to_owned()
+    } else {
+        format!("{authority}:5672")
+    };
+    let address = tokio::net::lookup_host(&authority)
+        .await
+        .expect("the broker's address")
+        .next()
+        .expect("an address");
+    (address, credentials.to_owned(), vhost.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_with_a_private_ca_in_cacertfile_consumes_and_publishes_and_an_unknown_ca_is_refused()
+{
+    let broker = TestBroker::new().await;
+    let (upstream, credentials, vhost) = broker_parts().await;
+    let proxy = hexeract_tests::tls::TlsProxy::start(upstream).await;
+    let plain = format!("amqps://{credentials}@localhost:{}/{vhost}", proxy.port);
+
+    // The proxy's certificate is from a CA nobody trusts by default: refused, and said so.
+    let error = hexeract::rabbitmq::RabbitMqConnection::connect_named(&plain, "untrusted")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("UnknownIssuer") && error.contains("cacertfile"),
+        "{error}"
+    );
+    assert!(!error.contains("guest:guest"), "no password in: {error}");
+    // A cacertfile that cannot be read is named in the error.
+    let missing = format!("{plain}?cacertfile=/nonexistent/ca.pem");
+    let error = hexeract::rabbitmq::RabbitMqConnection::connect_named(&missing, "missing")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("/nonexistent/ca.pem"), "{error}");
+
+    let ca = proxy.ca_file.to_str().expect("a UTF-8 temp path");
+    let url = format!("{plain}?heartbeat=10&cacertfile={ca}");
+    let calls = Calls::default();
+    let connection = hexeract::rabbitmq::RabbitMqConnection::connect_named(
+        &url,
+        &format!("{}.tls-consumer", broker.prefix),
+    )
+    .await
+    .expect("trusted through cacertfile");
+    let worker = worker(&broker, connection)
+        .register_handler_with::<OrderPlaced, _>(
+            Record(calls.clone(), "tls"),
+            HandlerOptions::new().name("tls"),
+        )
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let transport = hexeract::rabbitmq::RabbitMqTransport::connect_named(
+        &url,
+        &format!("{}.tls-publisher", broker.prefix),
+        &broker.exchange,
+    )
+    .await
+    .expect("the transport connects over TLS too");
+    for order_id in 0..20 {
+        transport
+            .publish_mandatory(&Envelope::new(&OrderPlaced { order_id }).unwrap())
+            .await
+            .unwrap();
+    }
+    calls.wait_for(20, Duration::from_secs(10)).await;
+    let topology = running.stop().await;
+    assert_eq!(calls.all().len(), 20, "each message handled once");
+    assert!(
+        proxy.sessions.load(Ordering::SeqCst) >= 2,
+        "consumer and publisher both went through the TLS proxy"
+    );
+    broker.delete(&topology).await;
+}

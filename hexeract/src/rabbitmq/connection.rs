@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lapin::tcp::OwnedTLSConfig;
 use lapin::{Connection, ConnectionProperties};
 
 use crate::rabbitmq::BusError;
@@ -11,8 +12,9 @@ use crate::rabbitmq::BusError;
 /// An AMQP connection with a name the broker shows (`connection_name`), so that operators and
 /// tests can find and close exactly this one (`rabbitmqctl list_connections client_properties`).
 ///
-/// The URL may carry TLS (`amqps://`), a vhost and a heartbeat (`?heartbeat=10`, seconds; the
-/// broker's default applies otherwise). The password in it never reaches a log line or an
+/// The URL may carry TLS (`amqps://`; `?cacertfile=/path/to/ca.pem` trusts a private
+/// certificate authority besides the web roots), a vhost and a heartbeat (`?heartbeat=10`,
+/// seconds; the broker's default applies otherwise). The password in it never reaches a log line or an
 /// error: see [`redact_url`].
 ///
 /// ```no_run
@@ -88,10 +90,23 @@ impl RabbitMqConnection {
                         .with_max_times(16)
                 });
         }
-        let inner = Connection::connect(url, properties)
+        let (lapin_url, tls) = tls_settings(url)?;
+        let runtime = lapin::runtime::default_runtime()
+            .map_err(|error| BusError::Connection(format!("no tokio runtime: {error}")))?;
+        let inner = Connection::connect_with_config(&lapin_url, properties, tls, runtime)
             .await
             .map_err(|error| {
-                BusError::Connection(format!("cannot connect to {}: {error}", redact_url(url)))
+                let error = error.to_string();
+                let hint = if error.contains("UnknownIssuer") {
+                    " (the broker's certificate is from an authority not trusted here: add \
+                     cacertfile=/path/to/ca.pem to the URL's query)"
+                } else {
+                    ""
+                };
+                BusError::Connection(format!(
+                    "cannot connect to {}: {error}{hint}",
+                    redact_url(url)
+                ))
             })?;
         Ok(RabbitMqConnection {
             inner: Arc::new(inner),
@@ -210,6 +225,54 @@ impl fmt::Debug for RabbitMqConnection {
             .field("recovering", &self.recovering)
             .finish()
     }
+}
+
+/// Splits the TLS parameters Hexeract reads from an AMQP URL off it: `cacertfile=<path>`, a PEM
+/// file of the certificate authorities to trust besides the built-in web roots (a broker with a
+/// certificate of a private CA), as RabbitMQ's own clients name it. The rest of the URL is
+/// lapin's.
+pub(crate) fn tls_settings(url: &str) -> Result<(String, OwnedTLSConfig), BusError> {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        // lapin reports what is wrong with it.
+        return Ok((url.to_owned(), OwnedTLSConfig::default()));
+    };
+    let mut ca_file = None;
+    let rest: Vec<(String, String)> = parsed
+        .query_pairs()
+        .filter_map(|(key, value)| {
+            if key == "cacertfile" {
+                ca_file = Some(value.into_owned());
+                None
+            } else {
+                Some((key.into_owned(), value.into_owned()))
+            }
+        })
+        .collect();
+    let Some(ca_file) = ca_file else {
+        return Ok((url.to_owned(), OwnedTLSConfig::default()));
+    };
+    if parsed.scheme() != "amqps" {
+        return Err(BusError::Connection(format!(
+            "{} names a cacertfile, which only an amqps:// URL uses",
+            redact_url(url)
+        )));
+    }
+    let cert_chain = std::fs::read_to_string(&ca_file).map_err(|error| {
+        BusError::Connection(format!(
+            "cannot read the certificate authorities of {} (cacertfile {ca_file:?}): {error}",
+            redact_url(url)
+        ))
+    })?;
+    if rest.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(rest);
+    }
+    let tls = OwnedTLSConfig {
+        identity: None,
+        cert_chain: Some(cert_chain),
+    };
+    Ok((parsed.into(), tls))
 }
 
 /// `url` with the password (if any) replaced by `***`: what Hexeract prints of a connection URL.
