@@ -1,14 +1,15 @@
-//! Hexeract in one file: two message types, three handlers, no setup.
+//! Hexeract in one file: two message types, three handlers, a scheduled job, no setup.
 //!
 //! `cargo run --example quickstart` publishes a few messages and shows what happens to each:
-//! handled at once, handled after a retry, or dead-lettered with a reason. With no environment
+//! handled at once, handled after a retry, delivered later on purpose, or dead-lettered with a
+//! reason; meanwhile a scheduled job fires every second. With no environment
 //! the messages go through an SQLite outbox file (`hexeract.db`); with `DATABASE_URL` set,
 //! through PostgreSQL, with the same code.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use hexeract::{handler, CancellationToken, Context, Envelope, HandlerOutcome, Message};
+use hexeract::{handler, scheduled, CancellationToken, Context, Envelope, HandlerOutcome, Message};
 
 /// A customer placed an order. `type` is the name on the wire, independent of the Rust name.
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -83,6 +84,23 @@ async fn issue_refund(refund: RefundRequested, _ctx: &Context) -> HandlerOutcome
     HandlerOutcome::Ack
 }
 
+static HEARTBEATS: AtomicU32 = AtomicU32::new(0);
+
+/// A scheduled job: every second, on the second (fire times count from the Unix epoch, so every
+/// replica agrees on them and each one runs once). Missed beats are not caught up, and a beat
+/// that takes more than 5 s is a failed run (the default is the 30 s lease).
+#[scheduled(every = "1s", catch_up = "none", timeout = "5s")]
+async fn heartbeat(ctx: &Context) -> Result<(), std::io::Error> {
+    let beat = HEARTBEATS.fetch_add(1, Ordering::SeqCst) + 1;
+    if beat <= 2 {
+        let fire_time = ctx
+            .scheduled_for()
+            .map(|at| at.format("%H:%M:%S").to_string());
+        println!("  [heartbeat] fire time {}", fire_time.unwrap_or_default());
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -120,13 +138,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?,
     ];
+    // Delivered to its handlers in 1.5 s, not before.
+    println!("and 1 order to be delivered in 1.5 s:");
+    hexeract::schedule_after(
+        Duration::from_millis(1_500),
+        &OrderPlaced {
+            order_id: 3,
+            total_cents: 700,
+        },
+    )
+    .await?;
     // Bytes from a producer that got the contract wrong: no handler ever sees them.
     let store = hexeract::store::default_store().await?;
     let garbage = Envelope::from_raw("RefundRequested", &b"{\"order_id\": \"two\"}"[..]);
     ids.push(garbage.id);
     store.publish(vec![garbage]).await?;
 
-    // Wait until every message is handled or dead-lettered, then shut down.
+    // Wait until the delayed order went out, every message is handled or dead-lettered and
+    // the heartbeat fired twice, then shut down.
+    let schedules = hexeract::store::default_schedule_store().await?;
+    while schedules.schedule_backlog().await? > 0 || HEARTBEATS.load(Ordering::SeqCst) < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     hexeract::store::wait_until_drained(&*store, Duration::from_millis(20)).await?;
     cancel.cancel();
     runtime.await??;
@@ -153,7 +186,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if dead_letters.len() != 2 {
         return Err(format!("expected 2 dead letters, found {}", dead_letters.len()).into());
     }
-    println!("\nall messages settled: 5 handled (1 after a retry), 2 dead-lettered");
+    println!(
+        "\nall messages settled: 7 handled (1 after a retry, 2 of them 1.5 s late on purpose), \
+         2 dead-lettered; the heartbeat fired {} times",
+        HEARTBEATS.load(Ordering::SeqCst)
+    );
     match std::env::var("DATABASE_URL") {
         Ok(_) => println!("(messages and dead letters are kept in PostgreSQL, schema `hexeract`)"),
         Err(_) => println!("(messages and dead letters are kept in ./hexeract.db; set DATABASE_URL for PostgreSQL)"),

@@ -20,6 +20,7 @@ use futures_util::FutureExt;
 
 mod outbox;
 mod rabbitmq;
+mod scheduler;
 
 use hexeract::{
     handler, CancellationToken, Context, Envelope, InMemoryStore, Message, Registry, Runtime,
@@ -103,6 +104,9 @@ fn main() {
     }
     if wanted("rabbitmq_relay") {
         multi.block_on(rabbitmq::relay(10_000 * scale));
+    }
+    if wanted("scheduler_dispatch") {
+        multi.block_on(scheduler::dispatch(if quick { 20_000 } else { 50_000 }));
     }
 }
 

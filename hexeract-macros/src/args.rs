@@ -1,9 +1,10 @@
-//! `key = value, …` attribute arguments, shared by `#[handler(…)]` and `#[message(…)]`.
+//! `key = value, …` attribute arguments, shared by `#[handler(…)]`, `#[scheduled(…)]` and `#[message(…)]`.
 //!
 //! Parsing never stops at the first problem: unknown keys, duplicates and values of the wrong
 //! kind are all collected in the [`Ctxt`].
 
 use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
 use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitInt, LitStr, Token, UnOp};
@@ -14,6 +15,15 @@ use crate::ctxt::Ctxt;
 pub(crate) struct Arg {
     pub(crate) key: Ident,
     pub(crate) value: Expr,
+}
+
+impl Arg {
+    /// `key = value` as written, to point an error at the whole pair.
+    pub(crate) fn tokens(&self) -> TokenStream {
+        let mut tokens = self.key.to_token_stream();
+        self.value.to_tokens(&mut tokens);
+        tokens
+    }
 }
 
 /// The arguments of one attribute, after unknown and duplicate keys were reported.
@@ -103,6 +113,14 @@ impl Args {
 
     pub(crate) fn get(&self, key: &str) -> Option<&Arg> {
         self.args.iter().find(|arg| arg.key.unraw() == key)
+    }
+
+    /// Of two given keys, the one written second.
+    pub(crate) fn later(&self, a: &str, b: &str) -> Option<&Arg> {
+        self.args
+            .iter()
+            .filter(|arg| arg.key.unraw() == a || arg.key.unraw() == b)
+            .nth(1)
     }
 
     /// The string value of `key`, reporting a value of another kind.

@@ -1,5 +1,28 @@
 //! Compile-time parsing of human durations such as `"30s"`, `"500ms"`, `"2m"` or `"1h30m"`.
 
+use crate::args::Args;
+use crate::ctxt::Ctxt;
+
+/// The `timeout = "…"` key of `#[handler]` and `#[scheduled]`, in milliseconds: a duration
+/// longer than zero. Problems are reported in `cx`.
+pub(crate) fn timeout_arg(args: &Args, cx: &mut Ctxt) -> Option<u64> {
+    let lit = args.string("timeout", "\"30s\"", cx)?;
+    match parse_millis(&lit.value()) {
+        Ok(0) => {
+            cx.error_spanned_by(
+                &lit,
+                "`timeout` must be longer than zero, e.g. `timeout = \"30s\"`",
+            );
+            None
+        }
+        Ok(millis) => Some(millis),
+        Err(problem) => {
+            cx.error_spanned_by(&lit, format!("`timeout`: {problem}"));
+            None
+        }
+    }
+}
+
 /// Parses a duration into milliseconds. The error says what was expected.
 pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
     let expected = "expected a number followed by a unit (ms, s, m or h), e.g. \"30s\", \"500ms\" or \"1m30s\"";

@@ -14,7 +14,7 @@ use syn::{FnArg, GenericParam, Ident, ItemFn, LitStr, Pat, ReturnType, Type, Typ
 
 use crate::args::{missing_key_span, Args, Schema};
 use crate::ctxt::Ctxt;
-use crate::duration::parse_millis;
+use crate::duration::timeout_arg;
 use crate::message::check_wire_name;
 use crate::types::{self, Unowned};
 
@@ -111,22 +111,7 @@ fn parse_args(tokens: TokenStream, fn_ident: &Ident, cx: &mut Ctxt) -> Option<Ha
         }
     }
 
-    let timeout_millis =
-        args.string("timeout", "\"30s\"", cx)
-            .and_then(|lit| match parse_millis(&lit.value()) {
-                Ok(0) => {
-                    cx.error_spanned_by(
-                        &lit,
-                        "`timeout` must be longer than zero, e.g. `timeout = \"30s\"`",
-                    );
-                    None
-                }
-                Ok(millis) => Some(millis),
-                Err(problem) => {
-                    cx.error_spanned_by(&lit, format!("`timeout`: {problem}"));
-                    None
-                }
-            });
+    let timeout_millis = timeout_arg(&args, cx);
 
     let concurrency = args.integer("concurrency", "4", cx).and_then(|integer| {
         match (integer.negative, integer.lit.base10_parse::<u64>()) {
@@ -350,21 +335,27 @@ fn pat_name(pat: &Pat) -> String {
 /// Handler names become queue and consumer-group names (`<prefix>.<name>`, `::` as `.`), so
 /// they keep to characters every broker accepts.
 pub(crate) fn check_handler_name(name: &str) -> Result<(), String> {
+    check_name(name, "\"billing.reserve_stock\"", "it becomes a queue name")
+}
+
+/// The rules of handler names, shared by scheduled jobs: `example` is a valid name to suggest,
+/// `why` says what the name is used for.
+pub(crate) fn check_name(name: &str, example: &str, why: &str) -> Result<(), String> {
     if name.is_empty() {
-        return Err("must not be empty, e.g. `name = \"billing.reserve_stock\"`".to_owned());
+        return Err(format!("must not be empty, e.g. `name = {example}`"));
     }
     if name.len() > 200 {
         return Err(format!("is {} bytes long; keep it under 200", name.len()));
     }
     if let Some(bad) = invalid_name_char(name) {
         return Err(format!(
-            "contains {bad:?}: use letters, digits, `_`, `-`, `.` and `::` (it becomes a queue name)"
+            "contains {bad:?}: use letters, digits, `_`, `-`, `.` and `::` ({why})"
         ));
     }
     Ok(())
 }
 
-fn invalid_name_char(name: &str) -> Option<char> {
+pub(crate) fn invalid_name_char(name: &str) -> Option<char> {
     name.chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
 }

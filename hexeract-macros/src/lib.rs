@@ -1,7 +1,7 @@
 //! Procedural macros for [Hexeract](https://docs.rs/hexeract).
 //!
-//! Do not depend on this crate directly: use the re-exports `hexeract::handler` and
-//! `hexeract::Message`, whose documentation has the examples. Generated code only refers to
+//! Do not depend on this crate directly: use the re-exports `hexeract::handler`,
+//! `hexeract::scheduled` and `hexeract::Message`, whose documentation has the examples. Generated code only refers to
 //! `::hexeract::__private`, so the runtime and these macros are versioned together (`=x.y.z`).
 
 mod args;
@@ -9,6 +9,7 @@ mod ctxt;
 mod duration;
 mod handler;
 mod message;
+mod scheduled;
 mod types;
 
 use proc_macro::TokenStream;
@@ -17,6 +18,13 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::expand(args.into(), item.into()).into()
+}
+
+/// Registers an async fn as a scheduled job (`cron = "…"` or `every = "…"`). See
+/// `hexeract::scheduled`.
+#[proc_macro_attribute]
+pub fn scheduled(args: TokenStream, item: TokenStream) -> TokenStream {
+    scheduled::expand(args.into(), item.into()).into()
 }
 
 /// Implements `hexeract::Message` for a type. See `hexeract::Message`.

@@ -57,6 +57,28 @@ impl Context {
         }
     }
 
+    /// For a scheduled job's run, the fire time it stands for; `None` for a message.
+    ///
+    /// ```
+    /// use hexeract::{scheduled, Context};
+    ///
+    /// #[scheduled(every = "1h")]
+    /// async fn hourly_report(ctx: &Context) -> Result<(), std::io::Error> {
+    ///     let hour = ctx.scheduled_for().expect("a scheduled run");
+    ///     println!("report for the hour before {hour}");
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn scheduled_for(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        let text = self
+            .envelope
+            .headers
+            .get(crate::schedule::FIRE_TIME_HEADER)?;
+        chrono::DateTime::parse_from_rfc3339(text)
+            .ok()
+            .map(|time| time.with_timezone(&chrono::Utc))
+    }
+
     /// The message id (UUID v7). Deduplicate on it: delivery is at-least-once.
     pub fn message_id(&self) -> Uuid {
         self.envelope.id

@@ -43,8 +43,19 @@ pub(crate) async fn call_handler(
 ) -> Call {
     let call_cancelled = ctx.cancellation().clone();
     // The context carries the envelope: one copy per call.
-    let mut call: BoxFuture<'static, HandlerOutcome> =
+    let call: BoxFuture<'static, HandlerOutcome> =
         Box::pin(async move { handler.handler().handle(ctx.envelope(), &ctx).await });
+    call_boxed(call, call_cancelled, timeout, interrupt).await
+}
+
+/// [`call_handler`] for any call (a scheduled job's): `call_cancelled` is what its context's
+/// `cancellation()` returns, fired when the call is abandoned.
+pub(crate) async fn call_boxed(
+    mut call: BoxFuture<'static, HandlerOutcome>,
+    call_cancelled: CancellationToken,
+    timeout: Duration,
+    interrupt: &CancellationToken,
+) -> Call {
     let first_poll = std::future::poll_fn(|cx| {
         Poll::Ready(panic::catch_unwind(AssertUnwindSafe(|| {
             call.as_mut().poll(cx)

@@ -81,10 +81,17 @@ pub struct RabbitMqGuide;
 #[cfg(all(doctest, feature = "rabbitmq"))]
 #[doc = include_str!("../../docs/health.md")]
 pub struct HealthGuide;
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../../docs/scheduler.md")]
+pub struct SchedulerGuide;
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/scheduled.md")]
+pub struct ScheduledReference;
 mod reason;
 mod registry;
 mod retry;
 mod runtime;
+pub mod schedule;
 pub mod store;
 pub mod testing;
 
@@ -108,10 +115,29 @@ pub use registry::{
 };
 pub use retry::RetryPolicy;
 pub use runtime::{run, HandlerStats, Runtime, RuntimeBuilder};
+pub use schedule::{schedule_after, schedule_at};
 pub use tokio_util::sync::CancellationToken;
 
 #[doc = include_str!("../../docs/handlers.md")]
 pub use hexeract_macros::handler;
+
+/// Registers an async fn as a scheduled job, run by the scheduler that
+/// [`hexeract::run`](crate::run) starts (see [`schedule`] for the model).
+///
+/// ```
+/// use hexeract::{scheduled, Context};
+///
+/// #[scheduled(cron = "0 30 2 * * *", tz = "Europe/Berlin", name = "carts::expire")]
+/// async fn expire_carts(_ctx: &Context) -> Result<(), std::io::Error> {
+///     Ok(())
+/// }
+/// ```
+///
+/// Keys: `cron = "sec min hour day month weekday"` or `every = "30s"` (exactly one), `name`
+/// (default `module::path::fn`), `tz` (an IANA zone, default `UTC`; cron only), `catch_up =
+/// "once" | "none"` (default `once`) and `timeout = "45s"`. A cron expression, duration or time
+/// zone that is not valid is a compile error pointing at the string.
+pub use hexeract_macros::scheduled;
 
 /// Derives [`Message`](trait@Message) with the wire name from `#[message(type = "…")]`.
 ///

@@ -28,7 +28,7 @@ use futures_util::future::BoxFuture;
 
 use crate::envelope::Envelope;
 use crate::message::Message;
-use crate::store::{Identifier, StoreError};
+use crate::store::{Due, Identifier, StoreError};
 
 /// An error from [`enqueue`].
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +65,16 @@ pub trait OutboxTransaction: Send {
         handler: &'a str,
         message_id: uuid::Uuid,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Keeps `envelopes` in the delayed messages of `namespace` until `due`, in this
+    /// transaction.
+    #[doc(hidden)]
+    fn insert_scheduled<'a>(
+        &'a mut self,
+        namespace: &'a Identifier,
+        envelopes: &'a [Envelope],
+        due: Due,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 #[cfg(feature = "postgres")]
@@ -87,6 +97,17 @@ impl OutboxTransaction for sqlx::Transaction<'_, sqlx::Postgres> {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(crate::store::postgres::insert_inbox(
             self, namespace, handler, message_id,
+        ))
+    }
+
+    fn insert_scheduled<'a>(
+        &'a mut self,
+        namespace: &'a Identifier,
+        envelopes: &'a [Envelope],
+        due: Due,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(crate::store::postgres::insert_scheduled_in(
+            self, namespace, envelopes, due,
         ))
     }
 }
@@ -113,6 +134,17 @@ impl OutboxTransaction for sqlx::Transaction<'_, sqlx::Sqlite> {
             self, namespace, handler, message_id,
         ))
     }
+
+    fn insert_scheduled<'a>(
+        &'a mut self,
+        namespace: &'a Identifier,
+        envelopes: &'a [Envelope],
+        due: Due,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(crate::store::sqlite::insert_scheduled_in(
+            self, namespace, envelopes, due,
+        ))
+    }
 }
 
 /// Writes `message` to the outbox inside the caller's transaction (PostgreSQL or SQLite).
@@ -126,6 +158,75 @@ pub async fn enqueue<T: OutboxTransaction, M: Message>(
     let id = envelope.id;
     enqueue_envelopes(tx, T::DEFAULT_NAMESPACE, &[envelope]).await?;
     Ok(id)
+}
+
+/// Keeps `message` inside the caller's transaction (PostgreSQL or SQLite) until `at`, then the
+/// scheduler puts it in the outbox and it goes to its handlers like any other. Nothing is kept
+/// if the transaction rolls back. Returns the message id. Needs a running scheduler
+/// ([`hexeract::run`](crate::run) runs one).
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use hexeract::Message;
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "PaymentDue")]
+/// struct PaymentDue { invoice_id: u64 }
+///
+/// let mut tx = pool.begin().await?;
+/// // … insert the invoice …
+/// let due = chrono::Utc::now() + chrono::Duration::days(30);
+/// hexeract::outbox::schedule_at(&mut tx, due, &PaymentDue { invoice_id: 7 }).await?;
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn schedule_at<T: OutboxTransaction, M: Message>(
+    tx: &mut T,
+    at: chrono::DateTime<chrono::Utc>,
+    message: &M,
+) -> Result<uuid::Uuid, EnqueueError> {
+    schedule_in(tx, message, Due::At(at)).await
+}
+
+/// [`schedule_at`] `delay` after now (on the database's clock; on SQLite the process's).
+pub async fn schedule_after<T: OutboxTransaction, M: Message>(
+    tx: &mut T,
+    delay: std::time::Duration,
+    message: &M,
+) -> Result<uuid::Uuid, EnqueueError> {
+    schedule_in(tx, message, Due::After(delay)).await
+}
+
+async fn schedule_in<T: OutboxTransaction, M: Message>(
+    tx: &mut T,
+    message: &M,
+    due: Due,
+) -> Result<uuid::Uuid, EnqueueError> {
+    let envelope = Envelope::new(message)?;
+    let id = envelope.id;
+    schedule_envelopes(
+        tx,
+        T::DEFAULT_NAMESPACE,
+        std::slice::from_ref(&envelope),
+        due,
+    )
+    .await?;
+    Ok(id)
+}
+
+/// Keeps envelopes in the delayed messages of `namespace` (PostgreSQL schema or SQLite table
+/// prefix) until `due`, inside the caller's transaction: [`schedule_at`] for a batch, or for
+/// a store in another namespace.
+pub async fn schedule_envelopes<T: OutboxTransaction>(
+    tx: &mut T,
+    namespace: &str,
+    envelopes: &[Envelope],
+    due: Due,
+) -> Result<(), EnqueueError> {
+    let namespace = Identifier::new(namespace).map_err(StoreError::from)?;
+    tx.insert_scheduled(&namespace, envelopes, due).await?;
+    Ok(())
 }
 
 /// Writes envelopes (a batch, or messages with headers of your own) to the outbox of

@@ -3,7 +3,10 @@
 pub use crate::context::Context;
 pub use crate::handler::{ErasedHandler, Handler};
 pub use crate::message::Message;
+pub use crate::outcome::{HandlerOutcome, IntoOutcome};
 pub use crate::registry::HandlerRegistration;
+pub use crate::schedule::{CatchUp, ScheduleRegistration};
+pub use futures_util::future::BoxFuture;
 pub use inventory;
 pub use serde;
 pub use std::sync::Arc;

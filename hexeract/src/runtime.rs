@@ -58,10 +58,17 @@ use crate::retry::RetryPolicy;
 /// ```
 pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     let settings = EnvSettings::from_env()?;
-    let store = crate::store::default_store().await?;
+    let store = crate::store::default_schedule_store().await?;
     // Not served over HTTP yet: its changes (ready, not ready and why) are logged.
     let health = crate::health::Health::new();
     let stop = cancel.child_token();
+    // Scheduled jobs and delayed messages, beside whatever delivers the messages.
+    let scheduler = crate::schedule::SchedulerWorker::builder_shared(store.clone())
+        .from_inventory()
+        .configure(&settings)
+        .health(health.probe("scheduler"))
+        .build()?;
+    let store: Arc<dyn crate::store::DeliveryStore> = store;
     #[cfg(feature = "rabbitmq")]
     if let Some(amqp) = &settings.amqp {
         tokio::spawn(stop_on_signal(stop.clone()));
@@ -70,8 +77,18 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
             exchange: amqp.exchange.clone(),
             prefix: amqp.queue_prefix.clone(),
         };
-        return crate::rabbitmq::supervisor::run_on_broker(broker, &settings, store, &health, stop)
-            .await;
+        let delivering = crate::rabbitmq::supervisor::run_on_broker(
+            broker,
+            &settings,
+            store,
+            &health,
+            stop.clone(),
+        );
+        let (delivered, scheduled) = tokio::join!(
+            stop_all_on_error(delivering, &stop),
+            scheduler.run(stop.clone()),
+        );
+        return delivered.and(scheduled);
     }
     #[cfg(not(feature = "rabbitmq"))]
     if settings.amqp.is_some() {
@@ -85,7 +102,23 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         .health(health.probe("outbox worker"))
         .build()?;
     tokio::spawn(stop_on_signal(stop.clone()));
-    worker.run(stop).await
+    let (delivered, scheduled) = tokio::join!(
+        stop_all_on_error(worker.run(stop.clone()), &stop),
+        scheduler.run(stop.clone())
+    );
+    delivered.and(scheduled)
+}
+
+/// Runs `part` of the process; if it fails, stops the other parts too.
+async fn stop_all_on_error(
+    part: impl std::future::Future<Output = Result<(), Error>>,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
+    let result = part.await;
+    if result.is_err() {
+        stop.cancel();
+    }
+    result
 }
 
 /// A handler registered in code, applied to the registry at `build()`.

@@ -27,9 +27,14 @@ use crate::reason::Reason;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod schedules;
+pub use schedules::{
+    occurrence_id, ClaimedOccurrence, Due, FirstFire, Plan, Planner, ScheduleDefinition,
+    ScheduleStore, SCHEDULE_MESSAGE_TYPE,
+};
 
 mod process;
-pub use process::{default_store, wait_until_drained};
+pub use process::{default_schedule_store, default_store, wait_until_drained};
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

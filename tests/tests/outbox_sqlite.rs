@@ -81,7 +81,11 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     a.unwrap();
     b.unwrap();
     c.unwrap();
-    assert_eq!(db.count("schema_versions").await, 2);
+    assert_eq!(
+        db.count("schema_versions").await,
+        3,
+        "versions 1 to 3, once each"
+    );
 
     let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(store.pool())

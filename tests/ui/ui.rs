@@ -1,4 +1,4 @@
-//! Compile-error tests of `#[handler]` and `#[derive(Message)]`.
+//! Compile-error tests of `#[handler]`, `#[scheduled]` and `#[derive(Message)]`.
 //!
 //! Each `fail/*.rs` must fail to compile with exactly the committed `.stderr`; regenerate
 //! them with `TRYBUILD=overwrite cargo test -p hexeract-ui-tests --test ui` on the pinned toolchain

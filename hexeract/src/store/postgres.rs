@@ -43,8 +43,12 @@ pub struct PgStore {
     pool: PgPool,
     schema: Identifier,
     sql: Arc<Statements>,
+    schedule_sql: Arc<schedules::ScheduleStatements>,
     wake: Arc<Wake>,
 }
+
+mod schedules;
+pub(crate) use schedules::insert_scheduled_in;
 
 /// The store's wake-up signal and, once a worker asked for it, the task that feeds it from
 /// `LISTEN`.
@@ -83,6 +87,7 @@ impl PgStore {
         let schema = Identifier::new(schema)?;
         Ok(PgStore {
             sql: Arc::new(Statements::new(&schema)),
+            schedule_sql: Arc::new(schedules::ScheduleStatements::new(&schema)),
             pool,
             schema,
             wake: Arc::default(),
@@ -489,6 +494,11 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
     if current.unwrap_or(0) < 2 {
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v2)).await?;
         tracing::info!(%schema, "outbox schema upgraded to version 2 (deliveries.recovered)");
+    }
+    if current.unwrap_or(0) < 3 {
+        let v3 = schedules::schema_v3(schema);
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v3)).await?;
+        tracing::info!(%schema, "outbox schema upgraded to version 3 (schedules)");
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::config::{Database, EnvSettings};
 use crate::error::Error;
-use crate::store::{DeliveryStore, StoreError};
+use crate::store::{DeliveryStore, ScheduleStore, StoreError};
 
 /// The store `hexeract::run` delivers from and `hexeract::publish` writes to: PostgreSQL when
 /// `DATABASE_URL` is set, otherwise an SQLite file (`HEXERACT_SQLITE_PATH`, default
@@ -22,7 +22,14 @@ use crate::store::{DeliveryStore, StoreError};
 /// # }
 /// ```
 pub async fn default_store() -> Result<Arc<dyn DeliveryStore>, Error> {
-    static STORE: tokio::sync::OnceCell<Arc<dyn DeliveryStore>> =
+    let store: Arc<dyn DeliveryStore> = default_schedule_store().await?;
+    Ok(store)
+}
+
+/// [`default_store`] as the scheduler sees it (the same store: schedules, occurrences and
+/// delayed messages live beside the outbox).
+pub async fn default_schedule_store() -> Result<Arc<dyn ScheduleStore>, Error> {
+    static STORE: tokio::sync::OnceCell<Arc<dyn ScheduleStore>> =
         tokio::sync::OnceCell::const_new();
     STORE
         .get_or_try_init(|| async {
@@ -34,7 +41,7 @@ pub async fn default_store() -> Result<Arc<dyn DeliveryStore>, Error> {
 }
 
 /// Opens and migrates the store `database` names.
-pub(crate) async fn open(database: &Database) -> Result<Arc<dyn DeliveryStore>, Error> {
+pub(crate) async fn open(database: &Database) -> Result<Arc<dyn ScheduleStore>, Error> {
     let store = match database {
         Database::Postgres(url) => open_postgres(url).await?,
         Database::Sqlite(path) => open_sqlite(path).await?,
@@ -45,24 +52,24 @@ pub(crate) async fn open(database: &Database) -> Result<Arc<dyn DeliveryStore>, 
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str) -> Result<Arc<dyn DeliveryStore>, Error> {
+async fn open_postgres(url: &str) -> Result<Arc<dyn ScheduleStore>, Error> {
     Ok(Arc::new(super::postgres::PgStore::connect(url).await?))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(_url: &str) -> Result<Arc<dyn DeliveryStore>, Error> {
+async fn open_postgres(_url: &str) -> Result<Arc<dyn ScheduleStore>, Error> {
     Err(Error::Unsupported(
         "DATABASE_URL is set, but this build of hexeract lacks its `postgres` feature".to_owned(),
     ))
 }
 
 #[cfg(feature = "sqlite")]
-async fn open_sqlite(path: &std::path::Path) -> Result<Arc<dyn DeliveryStore>, Error> {
+async fn open_sqlite(path: &std::path::Path) -> Result<Arc<dyn ScheduleStore>, Error> {
     Ok(Arc::new(super::sqlite::SqliteStore::open(path).await?))
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn open_sqlite(_path: &std::path::Path) -> Result<Arc<dyn DeliveryStore>, Error> {
+async fn open_sqlite(_path: &std::path::Path) -> Result<Arc<dyn ScheduleStore>, Error> {
     Err(Error::Unsupported(
         "no DATABASE_URL is set and this build of hexeract lacks its `sqlite` feature: set \
          DATABASE_URL or enable the feature"

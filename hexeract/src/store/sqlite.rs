@@ -35,6 +35,9 @@ use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::{millis, Claimed, DeliveryStore, Identifier, Routes, StoreError};
 
+mod schedules;
+pub(crate) use schedules::insert_scheduled_in;
+
 /// The prefix of Hexeract's table names unless another is given.
 pub const DEFAULT_PREFIX: &str = "hexeract";
 
@@ -55,6 +58,7 @@ pub struct SqliteStore {
     pool: SqlitePool,
     prefix: Identifier,
     sql: Arc<Statements>,
+    schedule_sql: Arc<schedules::ScheduleStatements>,
     /// For an in-memory database: a connection outside the pool that keeps the database alive
     /// however the pool opens and closes its own.
     keep_alive: Option<Arc<SqliteConnection>>,
@@ -115,6 +119,7 @@ impl SqliteStore {
         let prefix = Identifier::new(prefix)?;
         Ok(SqliteStore {
             sql: Arc::new(Statements::new(&prefix)),
+            schedule_sql: Arc::new(schedules::ScheduleStatements::new(&prefix)),
             pool,
             prefix,
             keep_alive: None,
@@ -490,6 +495,14 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
     if current.unwrap_or(0) < 2 {
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v2)).await?;
         tracing::info!(%prefix, "outbox tables upgraded to version 2 (deliveries.recovered)");
+    }
+    if current.unwrap_or(0) < 3 {
+        let v3 = format!(
+            "{}; INSERT INTO {versions} (version, applied_at) VALUES (3, {NOW_MILLIS_SQL});",
+            schedules::schema_v3(prefix)
+        );
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v3)).await?;
+        tracing::info!(%prefix, "outbox tables upgraded to version 3 (schedules)");
     }
     Ok(())
 }

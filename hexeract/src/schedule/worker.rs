@@ -1,0 +1,633 @@
+//! [`SchedulerWorker`]: plans, claims and runs the occurrences of scheduled jobs, and moves due
+//! delayed messages into the outbox.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::context::Context;
+use crate::dispatch::{call_boxed, spawn_grace_timer, Call};
+use crate::envelope::Envelope;
+use crate::error::{Error, KnobChecks};
+use crate::health::Probe;
+use crate::outbox::StorePublisher;
+use crate::outcome::HandlerOutcome;
+use crate::publish::Publish;
+use crate::reason::Reason;
+use crate::retry::RetryPolicy;
+use crate::schedule::{jobs_from_inventory, ScheduledJob, FIRE_TIME_HEADER};
+use crate::store::{
+    ClaimedOccurrence, Plan, ScheduleDefinition, ScheduleStore, StoreError, SCHEDULE_MESSAGE_TYPE,
+};
+
+/// Builds a [`SchedulerWorker`]. The defaults are the library's: `poll_interval` 100 ms,
+/// `batch_size` 10, `min_cycle_delay` 5 ms, `dispatch_timeout` 30 s, `lease` 30 s.
+///
+/// ```
+/// use std::time::Duration;
+/// use hexeract::schedule::SchedulerWorker;
+/// use hexeract::store::sqlite::SqliteStore;
+///
+/// # async fn example(store: SqliteStore) -> Result<(), hexeract::Error> {
+/// let scheduler = SchedulerWorker::builder(store)
+///     .from_inventory()
+///     .lease(Duration::from_secs(60))
+///     .dispatch_timeout(Duration::from_secs(45))
+///     .build()?;
+/// scheduler.run(hexeract::CancellationToken::new()).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct SchedulerBuilder {
+    store: Arc<dyn ScheduleStore>,
+    jobs: Vec<ScheduledJob>,
+    from_inventory: bool,
+    poll_interval: Duration,
+    batch_size: u32,
+    min_cycle_delay: Duration,
+    dispatch_timeout: Duration,
+    lease: Duration,
+    max_deliveries: u32,
+    retry: RetryPolicy,
+    catch_up_grace: Duration,
+    shutdown_grace: Duration,
+    release_messages: bool,
+    health: Option<Probe>,
+}
+
+impl SchedulerBuilder {
+    /// A scheduler over `store`, with no jobs yet.
+    pub fn new(store: Arc<dyn ScheduleStore>) -> SchedulerBuilder {
+        SchedulerBuilder {
+            store,
+            jobs: Vec::new(),
+            from_inventory: false,
+            poll_interval: Duration::from_millis(100),
+            batch_size: 10,
+            min_cycle_delay: Duration::from_millis(5),
+            dispatch_timeout: Duration::from_secs(30),
+            lease: Duration::from_secs(30),
+            max_deliveries: 5,
+            retry: RetryPolicy::default(),
+            catch_up_grace: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(8),
+            release_messages: true,
+            health: None,
+        }
+    }
+
+    /// Every `#[scheduled]` job of the program (plus those added with
+    /// [`job`](SchedulerBuilder::job)).
+    pub fn from_inventory(mut self) -> SchedulerBuilder {
+        self.from_inventory = true;
+        self
+    }
+
+    /// Adds a job.
+    pub fn job(mut self, job: ScheduledJob) -> SchedulerBuilder {
+        self.jobs.push(job);
+        self
+    }
+
+    /// Wait after a cycle that claimed nothing, or failed (default 100 ms).
+    pub fn poll_interval(mut self, interval: Duration) -> SchedulerBuilder {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Occurrences claimed per cycle, and delayed messages moved per cycle (default 10).
+    pub fn batch_size(mut self, batch_size: u32) -> SchedulerBuilder {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Wait between two cycles that found work (default 5 ms): a backlog drains quickly
+    /// without a busy loop.
+    pub fn min_cycle_delay(mut self, delay: Duration) -> SchedulerBuilder {
+        self.min_cycle_delay = delay;
+        self
+    }
+
+    /// Deadline of one run of a job (default 30 s); a run slower than this is a failed attempt
+    /// (`handler_timeout`) and follows the retry path. A job's own `timeout` takes precedence.
+    pub fn dispatch_timeout(mut self, timeout: Duration) -> SchedulerBuilder {
+        self.dispatch_timeout = timeout;
+        self
+    }
+
+    /// How long a claim holds an occurrence (default 30 s): past it, another worker may take
+    /// it over. Keep it above the dispatch timeout, with room for the settle that follows.
+    pub fn lease(mut self, lease: Duration) -> SchedulerBuilder {
+        self.lease = lease;
+        self
+    }
+
+    /// Runs of one occurrence in all, counting those that never finished (default 5); then it
+    /// is dead-lettered.
+    pub fn max_deliveries(mut self, max: u32) -> SchedulerBuilder {
+        self.max_deliveries = max;
+        self
+    }
+
+    /// Retry delays: from `initial`, doubling, up to `max` (default 1 s to 300 s, jittered).
+    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> SchedulerBuilder {
+        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self
+    }
+
+    /// How late a fire time may be found and still run, for a `catch_up = "none"` schedule
+    /// (default 60 s).
+    pub fn catch_up_grace(mut self, grace: Duration) -> SchedulerBuilder {
+        self.catch_up_grace = grace;
+        self
+    }
+
+    /// How long a cancelled scheduler lets running jobs finish (default 8 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> SchedulerBuilder {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Leaves delayed messages to another scheduler (by default each scheduler moves those
+    /// due into the outbox).
+    pub fn without_delayed_messages(mut self) -> SchedulerBuilder {
+        self.release_messages = false;
+        self
+    }
+
+    /// Reports readiness to `probe`: ready after each cycle that reached the store.
+    pub fn health(mut self, probe: Probe) -> SchedulerBuilder {
+        self.health = Some(probe);
+        self
+    }
+
+    pub(crate) fn configure(mut self, settings: &crate::config::EnvSettings) -> SchedulerBuilder {
+        if let Some(max) = settings.max_deliveries {
+            self.max_deliveries = max.get();
+        }
+        if let Some(max) = settings.retry_max_delay {
+            self.retry = self.retry.max_delay(max);
+        }
+        self
+    }
+
+    /// Checks the knobs (all problems at once) and the jobs' names.
+    pub fn build(self) -> Result<SchedulerWorker, Error> {
+        KnobChecks::default()
+            .not_zero("lease", self.lease)
+            .not_zero("dispatch_timeout", self.dispatch_timeout)
+            .not_zero("poll_interval", self.poll_interval)
+            .at_least_one("batch_size", self.batch_size.into())
+            .at_least_one("max_deliveries", self.max_deliveries.into())
+            .finish()?;
+        let mut jobs = self.jobs;
+        if self.from_inventory {
+            jobs.extend(jobs_from_inventory()?);
+        }
+        let mut by_name = HashMap::new();
+        let mut without_headroom = Vec::new();
+        for job in jobs {
+            let timeout = job.own_timeout().unwrap_or(self.dispatch_timeout);
+            if timeout >= self.lease {
+                without_headroom.push(format!("{} ({timeout:?})", job.name()));
+            }
+            if let Some(other) = by_name.insert(job.name().to_owned(), job) {
+                return Err(Error::Unsupported(format!(
+                    "two scheduled jobs are named {:?}: give one a name of its own",
+                    other.name()
+                )));
+            }
+        }
+        if !without_headroom.is_empty() {
+            without_headroom.sort();
+            tracing::warn!(
+                lease = ?self.lease,
+                jobs = %without_headroom.join(", "),
+                "the lease does not exceed these jobs' timeouts: a run that takes its whole \
+                 timeout outlasts its lease, and another worker may run the same fire time at \
+                 once; set a lease above the dispatch timeout (or a shorter `timeout` on the job)"
+            );
+        }
+        let mut names: Vec<String> = by_name.keys().cloned().collect();
+        names.sort();
+        Ok(SchedulerWorker {
+            shared: Arc::new(Shared {
+                store: self.store,
+                jobs: by_name,
+                names,
+                poll_interval: self.poll_interval,
+                batch_size: self.batch_size,
+                min_cycle_delay: self.min_cycle_delay,
+                dispatch_timeout: self.dispatch_timeout,
+                lease: self.lease,
+                retry: self
+                    .retry
+                    .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
+                catch_up_grace: self.catch_up_grace,
+                shutdown_grace: self.shutdown_grace,
+                release_messages: self.release_messages,
+                health: self.health.unwrap_or_else(|| Probe::detached("scheduler")),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for SchedulerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchedulerBuilder")
+            .field("jobs", &self.jobs)
+            .field("poll_interval", &self.poll_interval)
+            .field("batch_size", &self.batch_size)
+            .field("lease", &self.lease)
+            .field("dispatch_timeout", &self.dispatch_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs scheduled jobs and releases delayed messages, in a poll loop, until cancelled.
+///
+/// Each cycle: due delayed messages move into the outbox; each due schedule gets its
+/// occurrence (one per schedule and fire time, however many replicas plan at once) and moves
+/// on to its next fire time; then up to `batch_size` due occurrences are claimed under a lease
+/// and run at once, each under its dispatch timeout, and settled under the claim (a worker
+/// whose lease ran out cannot settle over the one that took over). A failed run retries with
+/// backoff, up to `max_deliveries`, then goes to `dead_letters`.
+pub struct SchedulerWorker {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    store: Arc<dyn ScheduleStore>,
+    jobs: HashMap<String, ScheduledJob>,
+    names: Vec<String>,
+    poll_interval: Duration,
+    batch_size: u32,
+    min_cycle_delay: Duration,
+    dispatch_timeout: Duration,
+    lease: Duration,
+    retry: RetryPolicy,
+    catch_up_grace: Duration,
+    shutdown_grace: Duration,
+    release_messages: bool,
+    health: Probe,
+}
+
+impl SchedulerWorker {
+    /// A builder over `store`.
+    pub fn builder(store: impl ScheduleStore) -> SchedulerBuilder {
+        SchedulerBuilder::new(Arc::new(store))
+    }
+
+    /// A builder over a store shared with other parts of the program.
+    pub fn builder_shared(store: Arc<dyn ScheduleStore>) -> SchedulerBuilder {
+        SchedulerBuilder::new(store)
+    }
+
+    /// The jobs it runs, by name.
+    pub fn job_names(&self) -> &[String] {
+        &self.shared.names
+    }
+
+    /// Runs until `cancel` fires, then lets the cycle in progress finish (jobs get the
+    /// shutdown grace) and returns `Ok(())`. Store errors are logged and retried after
+    /// `poll_interval`.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let shared = &*self.shared;
+        let interrupt = CancellationToken::new();
+        let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), shared.shutdown_grace);
+        let wake = crate::store::wake_signal(&*shared.store).await;
+        let publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(shared.store.clone(), wake));
+        let mut synced = false;
+        let mut pacing = Pacing::default();
+        tracing::info!(jobs = shared.names.len(), "scheduler started");
+        while !cancel.is_cancelled() {
+            let cycle = async {
+                if !synced {
+                    shared.sync().await?;
+                    synced = true;
+                }
+                shared
+                    .cycle(&mut pacing, &cancel, &interrupt, &publisher)
+                    .await
+            }
+            .await;
+            let wait = match cycle {
+                Ok(found) => {
+                    shared.health.pass();
+                    if found > 0 {
+                        shared.min_cycle_delay
+                    } else {
+                        shared.poll_interval
+                    }
+                }
+                Err(error) => {
+                    shared
+                        .health
+                        .fail(format!("a scheduler cycle failed: {error}"));
+                    tracing::warn!(%error, "scheduler cycle failed; retrying after the poll interval");
+                    shared.poll_interval
+                }
+            };
+            if wait.is_zero() {
+                // A timer would still wait for the next tick of the clock.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        tracing::info!("scheduler stopped");
+        Ok(())
+    }
+}
+
+impl fmt::Debug for SchedulerWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchedulerWorker")
+            .field("jobs", &self.shared.names)
+            .field("lease", &self.shared.lease)
+            .field("dispatch_timeout", &self.shared.dispatch_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// Writes each job's schedule, starting a new or changed one at its first fire time.
+    async fn sync(&self) -> Result<(), StoreError> {
+        let definitions: Vec<ScheduleDefinition> = self
+            .names
+            .iter()
+            .map(|name| ScheduleDefinition {
+                name: name.clone(),
+                spec: self.jobs[name].spec().stored_text(),
+            })
+            .collect();
+        let first = |name: &str, now| self.jobs[name].spec().next_after(now);
+        self.store.sync_schedules(&definitions, &first).await
+    }
+
+    /// One cycle; returns how much it found to do (messages moved, occurrences claimed).
+    async fn cycle(
+        &self,
+        pacing: &mut Pacing,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+        publisher: &Arc<dyn Publish>,
+    ) -> Result<usize, StoreError> {
+        let mut found = 0;
+        // Fire times and due times are only looked for once per poll interval (or again at
+        // once while a full batch says there is more): a backlog of occurrences drains at the
+        // pace of claims, not of these statements.
+        if self.release_messages && pacing.release_due(self.poll_interval) {
+            let moved = self.store.release_due_messages(self.batch_size).await?;
+            if moved > 0 {
+                tracing::debug!(moved, "delayed messages released to the outbox");
+            }
+            pacing.released(moved >= u64::from(self.batch_size));
+            found += usize::try_from(moved).unwrap_or(usize::MAX);
+        }
+        if self.names.is_empty() {
+            return Ok(found);
+        }
+        let planner = |name: &str, due, now| match self.jobs.get(name) {
+            Some(job) => job
+                .spec()
+                .plan(job.catch_up_rule(), self.catch_up_grace, due, now),
+            // Only the jobs of this worker are asked about.
+            None => Plan {
+                fire_at: None,
+                next_fire_at: due,
+            },
+        };
+        if pacing.plan_due(self.poll_interval) {
+            let written = self
+                .store
+                .plan(&self.names, self.batch_size, &planner)
+                .await?;
+            // A full batch of due schedules: there may be more.
+            pacing.planned(written >= u64::from(self.batch_size));
+        }
+        let token = Uuid::now_v7();
+        let claimed = self
+            .store
+            .claim_occurrences(token, &self.names, self.batch_size, self.lease)
+            .await?;
+        found += claimed.len();
+        let settled = join_all(
+            claimed
+                .iter()
+                .map(|occurrence| self.run_one(token, occurrence, cancel, interrupt, publisher)),
+        )
+        .await;
+        // Runs that succeeded are acked together, in one statement.
+        let mut acked = Vec::new();
+        for (occurrence, settled) in claimed.iter().zip(settled) {
+            if settled? {
+                acked.push(occurrence.id);
+            }
+        }
+        let done = self.store.ack_occurrences(token, &acked).await?;
+        if done < acked.len() as u64 {
+            tracing::warn!(
+                finished = acked.len(),
+                settled = done,
+                lease = ?self.lease,
+                "some leases ended before their runs were settled: other workers took them over"
+            );
+        }
+        Ok(found)
+    }
+
+    /// Runs one occurrence and settles it, except a success: `Ok(true)` means "ack it".
+    async fn run_one(
+        &self,
+        token: Uuid,
+        occurrence: &ClaimedOccurrence,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+        publisher: &Arc<dyn Publish>,
+    ) -> Result<bool, StoreError> {
+        let max = self.retry.max_deliveries_value();
+        if occurrence.attempts > max {
+            let detail = format!(
+                "the last {max} run(s) never finished: the worker died or lost its lease during \
+                 the run"
+            );
+            self.dead_letter(
+                token,
+                occurrence,
+                &Reason::MAX_DELIVERIES_EXCEEDED,
+                &detail,
+                max,
+            )
+            .await?;
+            return Ok(false);
+        }
+        let Some(job) = self.jobs.get(&occurrence.schedule) else {
+            // Claims only take this worker's schedules.
+            return Ok(false);
+        };
+        let span = tracing::info_span!(
+            "hexeract.schedule",
+            job = %occurrence.schedule,
+            fire_at = %occurrence.fire_at,
+            attempt = occurrence.attempts,
+        );
+        let ctx = Context::new(
+            envelope_of(occurrence),
+            job.shared_name(),
+            cancel.child_token(),
+            publisher.clone(),
+        );
+        let run = job.runner();
+        let cancelled = ctx.cancellation().clone();
+        let call = Box::pin(async move { run(&ctx).await });
+        let timeout = job.own_timeout().unwrap_or(self.dispatch_timeout);
+        let outcome = match call_boxed(call, cancelled, timeout, interrupt)
+            .instrument(span)
+            .await
+        {
+            Call::Finished(outcome) => outcome,
+            Call::Interrupted => {
+                // Still running in its task: due again only once this lease would have ended,
+                // so that no other worker runs it at the same time.
+                let settled = self
+                    .store
+                    .retry_occurrence(token, occurrence.id, self.lease, "interrupted at shutdown")
+                    .await?;
+                self.check(settled, occurrence);
+                return Ok(false);
+            }
+        };
+        let settled = match outcome {
+            HandlerOutcome::Ack => return Ok(true),
+            HandlerOutcome::DeadLetter { reason, detail } => {
+                self.dead_letter(token, occurrence, &reason, &detail, occurrence.attempts)
+                    .await?;
+                return Ok(false);
+            }
+            HandlerOutcome::Retry {
+                reason,
+                detail,
+                after,
+            } => {
+                if self.retry.is_exhausted(occurrence.attempts) {
+                    self.dead_letter(token, occurrence, &reason, &detail, occurrence.attempts)
+                        .await?;
+                    return Ok(false);
+                }
+                let delay = self.retry.delay_after(occurrence.attempts, after);
+                tracing::warn!(
+                    job = %occurrence.schedule,
+                    fire_at = %occurrence.fire_at,
+                    attempt = occurrence.attempts,
+                    retry_in = ?delay,
+                    %reason,
+                    detail,
+                    "scheduled job failed; will retry"
+                );
+                self.store
+                    .retry_occurrence(token, occurrence.id, delay, &format!("{reason}: {detail}"))
+                    .await?
+            }
+        };
+        self.check(settled, occurrence);
+        Ok(false)
+    }
+
+    async fn dead_letter(
+        &self,
+        token: Uuid,
+        occurrence: &ClaimedOccurrence,
+        reason: &Reason,
+        detail: &str,
+        calls: u32,
+    ) -> Result<(), StoreError> {
+        tracing::error!(
+            job = %occurrence.schedule,
+            fire_at = %occurrence.fire_at,
+            %reason,
+            detail,
+            attempts = calls,
+            "scheduled run dead-lettered"
+        );
+        let settled = self
+            .store
+            .dead_letter_occurrence(token, occurrence.id, reason, detail, calls)
+            .await?;
+        self.check(settled, occurrence);
+        Ok(())
+    }
+
+    /// A settle that found the claim gone: the lease ran out and another worker took over.
+    fn check(&self, settled: bool, occurrence: &ClaimedOccurrence) {
+        if !settled {
+            tracing::warn!(
+                job = %occurrence.schedule,
+                fire_at = %occurrence.fire_at,
+                lease = ?self.lease,
+                "the lease ended before the run was settled: another worker took it over, and \
+                 this outcome is dropped"
+            );
+        }
+    }
+}
+
+/// When a cycle last looked for due schedules and due delayed messages.
+#[derive(Default)]
+struct Pacing {
+    last_plan: Option<std::time::Instant>,
+    more_to_plan: bool,
+    last_release: Option<std::time::Instant>,
+    more_to_release: bool,
+}
+
+impl Pacing {
+    fn plan_due(&self, interval: Duration) -> bool {
+        self.more_to_plan || self.last_plan.is_none_or(|last| last.elapsed() >= interval)
+    }
+
+    fn planned(&mut self, more: bool) {
+        self.last_plan = Some(std::time::Instant::now());
+        self.more_to_plan = more;
+    }
+
+    fn release_due(&self, interval: Duration) -> bool {
+        self.more_to_release
+            || self
+                .last_release
+                .is_none_or(|last| last.elapsed() >= interval)
+    }
+
+    fn released(&mut self, more: bool) {
+        self.last_release = Some(std::time::Instant::now());
+        self.more_to_release = more;
+    }
+}
+
+/// The message a job's context shows: the occurrence's id, the schedule and fire time.
+fn envelope_of(occurrence: &ClaimedOccurrence) -> Envelope {
+    let fire_at = occurrence.fire_at.to_rfc3339();
+    // Names are plain text; serde_json escapes whatever they hold.
+    let payload = format!(
+        "{{\"schedule\":{},\"fire_at\":\"{fire_at}\"}}",
+        serde_json::Value::from(occurrence.schedule.as_str())
+    );
+    let mut envelope = Envelope::from_raw(SCHEDULE_MESSAGE_TYPE, payload.into_bytes());
+    envelope.id = occurrence.id;
+    envelope.attempt = occurrence.attempts;
+    envelope.created_at = occurrence.fire_at;
+    envelope
+        .headers
+        .insert(FIRE_TIME_HEADER.to_owned(), fire_at);
+    envelope
+}

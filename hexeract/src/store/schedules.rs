@@ -1,0 +1,184 @@
+//! [`ScheduleStore`]: schedules, their occurrences under claims, and delayed messages, in the
+//! same database as the outbox.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+use crate::store::{DeliveryStore, StoreError};
+
+/// The message type of a scheduled job's occurrence where it shows as a message: in its
+/// context and in `dead_letters`.
+pub const SCHEDULE_MESSAGE_TYPE: &str = "hexeract.schedule";
+
+/// A schedule the worker runs, as the store is told of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleDefinition {
+    /// The schedule's name, unique in the program.
+    pub name: String,
+    /// What decides its fire times, as text (`cron:<expression>@<zone>`, `every:<ms>`): a row
+    /// whose text differs was written by another version of the program, and starts over.
+    pub spec: String,
+}
+
+/// What a planner decides for a schedule found due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The fire time to run now (an occurrence is written for it), or `None` to skip.
+    pub fire_at: Option<DateTime<Utc>>,
+    /// The schedule's next fire time.
+    pub next_fire_at: DateTime<Utc>,
+}
+
+/// Decides, for a schedule `name` whose next fire time `due` is not after `now` (the
+/// database's clock), which fire time runs and what comes next.
+pub type Planner<'f> = dyn Fn(&str, DateTime<Utc>, DateTime<Utc>) -> Plan + Send + Sync + 'f;
+
+/// Gives the first fire time of a schedule `name` the store did not know (or knew with
+/// another spec), after `now` (the database's clock).
+pub type FirstFire<'f> = dyn Fn(&str, DateTime<Utc>) -> DateTime<Utc> + Send + Sync + 'f;
+
+/// An occurrence claimed by a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedOccurrence {
+    /// Derived from the schedule's name and the fire time: the same on every replica and every
+    /// attempt (what `ctx.message_id()` returns).
+    pub id: Uuid,
+    /// The schedule's name.
+    pub schedule: String,
+    /// The fire time it stands for.
+    pub fire_at: DateTime<Utc>,
+    /// Claims so far, this one included.
+    pub attempts: u32,
+}
+
+/// When a delayed message is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// At this instant.
+    At(DateTime<Utc>),
+    /// This long after now, on the database's clock.
+    After(Duration),
+}
+
+/// The id of the occurrence of `schedule` at `fire_at`: a UUID v5, so every replica and every
+/// attempt agree.
+pub fn occurrence_id(schedule: &str, fire_at: DateTime<Utc>) -> Uuid {
+    const NAMESPACE: Uuid = Uuid::from_u128(0x6865_7865_7261_6374_2e73_6368_6564_756c);
+    let name = format!("{schedule}\u{0}{}", fire_at.timestamp_millis());
+    Uuid::new_v5(&NAMESPACE, name.as_bytes())
+}
+
+/// Where the scheduler keeps its state: the same database (and namespace) as the outbox, so a
+/// delayed message moves into the outbox in one statement and a failed job's dead letter sits
+/// with the others.
+///
+/// The claim model is the outbox's: a claim counts the attempt and moves the occurrence's due
+/// time to the end of the lease, on the database's clock (SQLite: the process's clock), under
+/// a fresh token; settling checks the token, so a worker whose lease ran out cannot settle over
+/// the one that took the occurrence over.
+pub trait ScheduleStore: DeliveryStore {
+    /// Makes sure each schedule has its row: a new one (or one whose spec changed) starts at
+    /// `first(name, now)`. Schedules the store knows and `schedules` does not name are left as
+    /// they are (another version of the program may run them).
+    fn sync_schedules<'a>(
+        &'a self,
+        schedules: &'a [ScheduleDefinition],
+        first: &'a FirstFire<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// For up to `limit` of the schedules named in `names` that are due, in one transaction:
+    /// asks `planner`, writes the occurrence it chose (once per schedule and fire time, however
+    /// many workers plan at once) and moves the schedule to its next fire time. Returns how
+    /// many occurrences it wrote.
+    fn plan<'a>(
+        &'a self,
+        names: &'a [String],
+        limit: u32,
+        planner: &'a Planner<'a>,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Claims up to `limit` due occurrences of the schedules named in `names`, oldest due
+    /// first, under `token` for `lease`.
+    fn claim_occurrences<'a>(
+        &'a self,
+        token: Uuid,
+        names: &'a [String],
+        limit: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedOccurrence>, StoreError>>;
+
+    /// Deletes finished occurrences, in one statement; returns how many were still `token`'s
+    /// (the others were taken over after their lease ended).
+    fn ack_occurrences<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Makes the occurrence due again after `delay`; `false` when the claim is not `token`'s.
+    fn retry_occurrence<'a>(
+        &'a self,
+        token: Uuid,
+        id: Uuid,
+        delay: Duration,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Moves the occurrence to `dead_letters` (message type [`SCHEDULE_MESSAGE_TYPE`], handler
+    /// the schedule's name, payload `{"schedule": …, "fire_at": …}`) after `calls` calls;
+    /// `false` when the claim is not `token`'s.
+    fn dead_letter_occurrence<'a>(
+        &'a self,
+        token: Uuid,
+        id: Uuid,
+        reason: &'a Reason,
+        detail: &'a str,
+        calls: u32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Gives back claimed occurrences no call started on (shutdown), uncharged and due now.
+    fn release_occurrences<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Keeps `envelopes` until `due`, then [`release_due_messages`] puts them in the outbox. A
+    /// message whose id is already waiting is not added twice.
+    ///
+    /// [`release_due_messages`]: ScheduleStore::release_due_messages
+    fn schedule_messages(
+        &self,
+        envelopes: Vec<Envelope>,
+        due: Due,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Moves up to `limit` delayed messages that are due into the outbox, in one statement,
+    /// and wakes the outbox's consumers; returns how many it moved.
+    fn release_due_messages(&self, limit: u32) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// Occurrences waiting (due or not, claimed or not) and delayed messages not yet due: what
+    /// the scheduler still owes.
+    fn schedule_backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_occurrence_id_depends_on_the_schedule_and_the_fire_time_only() {
+        let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        assert_eq!(occurrence_id("carts", at), occurrence_id("carts", at));
+        assert_ne!(occurrence_id("carts", at), occurrence_id("orders", at));
+        assert_ne!(
+            occurrence_id("carts", at),
+            occurrence_id("carts", at + chrono::Duration::seconds(1))
+        );
+    }
+}

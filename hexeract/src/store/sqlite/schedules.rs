@@ -1,0 +1,501 @@
+//! [`ScheduleStore`] on SQLite: `<prefix>_schedules`, `<prefix>_occurrences` and
+//! `<prefix>_scheduled_messages` (version 3). Times are INTEGER milliseconds on the process's
+//! clock, like the outbox's; planning and moving due messages run in `BEGIN IMMEDIATE`
+//! transactions, claims in one statement.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use sqlx::types::Json;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{limit, now_millis, table, uuid, SqliteStore, BEGIN_IMMEDIATE};
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+use crate::store::schedules::{
+    occurrence_id, ClaimedOccurrence, Due, FirstFire, Planner, ScheduleDefinition, ScheduleStore,
+    SCHEDULE_MESSAGE_TYPE,
+};
+use crate::store::{millis, Identifier, StoreError};
+
+/// Version 3 of the schema: the scheduler's tables.
+pub(super) fn schema_v3(prefix: &Identifier) -> String {
+    let schedules = table(prefix, "schedules");
+    let occurrences = table(prefix, "occurrences");
+    let occurrences_due = table(prefix, "occurrences_due");
+    let messages = table(prefix, "scheduled_messages");
+    let messages_due = table(prefix, "scheduled_messages_due");
+    format!(
+        "CREATE TABLE {schedules} (
+             name TEXT NOT NULL PRIMARY KEY,
+             spec TEXT NOT NULL,
+             next_fire_at INTEGER NOT NULL,
+             updated_at INTEGER NOT NULL
+         ) STRICT;
+
+         CREATE TABLE {occurrences} (
+             -- UUID v5 of (schedule, fire time): the same on every attempt.
+             id TEXT NOT NULL PRIMARY KEY,
+             schedule TEXT NOT NULL,
+             fire_at INTEGER NOT NULL,
+             attempts INTEGER NOT NULL DEFAULT 0,
+             -- Due time in ms since the epoch; a claim moves it to the end of the lease.
+             available_at INTEGER NOT NULL,
+             lease_owner TEXT,
+             last_error TEXT,
+             UNIQUE (schedule, fire_at)
+         ) STRICT;
+         CREATE INDEX {occurrences_due} ON {occurrences} (available_at);
+
+         CREATE TABLE {messages} (
+             id TEXT NOT NULL PRIMARY KEY,
+             due_at INTEGER NOT NULL,
+             message_type TEXT NOT NULL,
+             payload BLOB NOT NULL,
+             headers TEXT NOT NULL,
+             correlation_id TEXT,
+             causation_id TEXT,
+             created_at TEXT NOT NULL
+         ) STRICT;
+         CREATE INDEX {messages_due} ON {messages} (due_at);"
+    )
+}
+
+/// The scheduler's statements, built once per store.
+pub(super) struct ScheduleStatements {
+    known: String,
+    upsert: String,
+    due: String,
+    insert_occurrence: String,
+    advance: String,
+    claim: String,
+    ack: String,
+    retry: String,
+    dead_letter_copy: String,
+    dead_letter_delete: String,
+    release: String,
+    schedule_message: String,
+    release_copy: String,
+    release_delete: String,
+    backlog: String,
+}
+
+impl ScheduleStatements {
+    pub(super) fn new(prefix: &Identifier) -> ScheduleStatements {
+        let schedules = table(prefix, "schedules");
+        let o = table(prefix, "occurrences");
+        let messages = table(prefix, "scheduled_messages");
+        let outbox = table(prefix, "outbox");
+        let dl = table(prefix, "dead_letters");
+        ScheduleStatements {
+            known: format!(
+                "SELECT name, spec FROM {schedules}
+                 WHERE name IN (SELECT value FROM json_each(?1))"
+            ),
+            upsert: format!(
+                "INSERT INTO {schedules} (name, spec, next_fire_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (name) DO UPDATE
+                 SET spec = excluded.spec, next_fire_at = excluded.next_fire_at,
+                     updated_at = excluded.updated_at
+                 WHERE spec <> excluded.spec"
+            ),
+            due: format!(
+                "SELECT name, next_fire_at FROM {schedules}
+                 WHERE name IN (SELECT value FROM json_each(?1)) AND next_fire_at <= ?2
+                 ORDER BY next_fire_at
+                 LIMIT ?3"
+            ),
+            insert_occurrence: format!(
+                "INSERT INTO {o} (id, schedule, fire_at, available_at) VALUES (?1, ?2, ?3, ?3)
+                 ON CONFLICT DO NOTHING"
+            ),
+            advance: format!(
+                "UPDATE {schedules} SET next_fire_at = ?2, updated_at = ?3 WHERE name = ?1"
+            ),
+            claim: format!(
+                "UPDATE {o}
+                 SET attempts = attempts + 1, lease_owner = ?1, available_at = ?3
+                 WHERE id IN (
+                     SELECT id FROM {o}
+                     WHERE available_at <= ?2 AND schedule IN (SELECT value FROM json_each(?5))
+                     ORDER BY available_at
+                     LIMIT ?4)
+                 RETURNING id, schedule, fire_at, attempts"
+            ),
+            ack: format!(
+                "DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
+            ),
+            retry: format!(
+                "UPDATE {o} SET available_at = ?3, lease_owner = NULL, last_error = ?4
+                 WHERE id = ?1 AND lease_owner = ?2"
+            ),
+            dead_letter_copy: format!(
+                "INSERT INTO {dl}
+                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
+                      message_type, payload, headers, created_at)
+                 SELECT ?3, id, schedule, ?4, ?5, ?7, ?6, '{SCHEDULE_MESSAGE_TYPE}',
+                        CAST(json_object('schedule', schedule,
+                                         'fire_at', strftime('%Y-%m-%dT%H:%M:%fZ',
+                                                             fire_at / 1000.0, 'unixepoch'))
+                             AS BLOB),
+                        '{{}}', strftime('%Y-%m-%dT%H:%M:%fZ', fire_at / 1000.0, 'unixepoch')
+                 FROM {o} WHERE id = ?1 AND lease_owner = ?2"
+            ),
+            dead_letter_delete: format!("DELETE FROM {o} WHERE id = ?1 AND lease_owner = ?2"),
+            release: format!(
+                "UPDATE {o} SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
+            ),
+            schedule_message: format!(
+                "INSERT INTO {messages}
+                     (id, due_at, message_type, payload, headers, correlation_id, causation_id,
+                      created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+            release_copy: format!(
+                "INSERT INTO {outbox}
+                     (id, message_type, payload, headers, correlation_id, causation_id,
+                      created_at)
+                 SELECT id, message_type, payload, headers, correlation_id, causation_id,
+                        created_at
+                 FROM {messages}
+                 WHERE id IN (SELECT value FROM json_each(?1))
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+            release_delete: format!(
+                "DELETE FROM {messages} WHERE id IN (SELECT value FROM json_each(?1))"
+            ),
+            backlog: format!(
+                "SELECT (SELECT count(*) FROM {o}) + (SELECT count(*) FROM {messages})"
+            ),
+        }
+    }
+
+    fn due_messages(prefix: &Identifier) -> String {
+        let messages = table(prefix, "scheduled_messages");
+        format!("SELECT id FROM {messages} WHERE due_at <= ?1 ORDER BY due_at LIMIT ?2")
+    }
+}
+
+fn millis_to_time(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+impl ScheduleStore for SqliteStore {
+    fn sync_schedules<'a>(
+        &'a self,
+        schedules: &'a [ScheduleDefinition],
+        first: &'a FirstFire<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let sql = &self.schedule_sql;
+            let names: Vec<&str> = schedules.iter().map(|s| s.name.as_str()).collect();
+            let known = sqlx::query(&sql.known)
+                .bind(Json(&names))
+                .fetch_all(&self.pool)
+                .await?;
+            let now = now_millis();
+            for schedule in schedules {
+                let current = known.iter().find_map(|row| {
+                    let name: String = row.try_get("name").ok()?;
+                    (name == schedule.name)
+                        .then(|| row.try_get::<String, _>("spec").ok())
+                        .flatten()
+                });
+                if current.as_deref() == Some(schedule.spec.as_str()) {
+                    continue;
+                }
+                let first_fire = first(&schedule.name, millis_to_time(now));
+                sqlx::query(&sql.upsert)
+                    .bind(&schedule.name)
+                    .bind(&schedule.spec)
+                    .bind(first_fire.timestamp_millis())
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn plan<'a>(
+        &'a self,
+        names: &'a [String],
+        limit_rows: u32,
+        planner: &'a Planner<'a>,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let sql = &self.schedule_sql;
+            let now = now_millis();
+            // Nothing due is the common case: find out without taking the write lock.
+            let due = sqlx::query(&sql.due)
+                .bind(Json(names))
+                .bind(now)
+                .bind(limit(limit_rows))
+                .fetch_all(&self.pool)
+                .await?;
+            if due.is_empty() {
+                return Ok(0);
+            }
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            // Under the write lock: what another worker planned meanwhile is seen.
+            let due = sqlx::query(&sql.due)
+                .bind(Json(names))
+                .bind(now)
+                .bind(limit(limit_rows))
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut written = 0;
+            for row in &due {
+                let name: String = row.try_get("name")?;
+                let next = millis_to_time(row.try_get("next_fire_at")?);
+                let plan = planner(&name, next, millis_to_time(now));
+                if let Some(fire_at) = plan.fire_at {
+                    written += sqlx::query(&sql.insert_occurrence)
+                        .bind(occurrence_id(&name, fire_at).hyphenated())
+                        .bind(&name)
+                        .bind(fire_at.timestamp_millis())
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                }
+                sqlx::query(&sql.advance)
+                    .bind(&name)
+                    .bind(plan.next_fire_at.timestamp_millis())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(written)
+        })
+    }
+
+    fn claim_occurrences<'a>(
+        &'a self,
+        token: Uuid,
+        names: &'a [String],
+        limit_rows: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedOccurrence>, StoreError>> {
+        Box::pin(async move {
+            let now = now_millis();
+            let rows = sqlx::query(&self.schedule_sql.claim)
+                .bind(token.hyphenated())
+                .bind(now)
+                .bind(now.saturating_add(millis(lease)))
+                .bind(limit(limit_rows))
+                .bind(Json(names))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(ClaimedOccurrence {
+                        id: uuid(row, "id")?,
+                        schedule: row.try_get("schedule")?,
+                        fire_at: millis_to_time(row.try_get("fire_at")?),
+                        attempts: u32::try_from(row.try_get::<i64, _>("attempts")?).unwrap_or(0),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn ack_occurrences<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
+            let done = sqlx::query(&self.schedule_sql.ack)
+                .bind(Json(ids))
+                .bind(token.hyphenated())
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn retry_occurrence<'a>(
+        &'a self,
+        token: Uuid,
+        id: Uuid,
+        delay: Duration,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.schedule_sql.retry)
+                .bind(id.hyphenated())
+                .bind(token.hyphenated())
+                .bind(now_millis().saturating_add(millis(delay)))
+                .bind(crate::dead_letter::truncate_detail(error))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn dead_letter_occurrence<'a>(
+        &'a self,
+        token: Uuid,
+        id: Uuid,
+        reason: &'a Reason,
+        detail: &'a str,
+        calls: u32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let sql = &self.schedule_sql;
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let copied = sqlx::query(&sql.dead_letter_copy)
+                .bind(id.hyphenated())
+                .bind(token.hyphenated())
+                .bind(Uuid::now_v7().hyphenated())
+                .bind(reason.as_str())
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .bind(now_millis())
+                .bind(i64::from(calls))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if copied == 1 {
+                sqlx::query(&sql.dead_letter_delete)
+                    .bind(id.hyphenated())
+                    .bind(token.hyphenated())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(copied == 1)
+        })
+    }
+
+    fn release_occurrences<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
+            let done = sqlx::query(&self.schedule_sql.release)
+                .bind(Json(ids))
+                .bind(token.hyphenated())
+                .bind(now_millis())
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn schedule_messages(
+        &self,
+        envelopes: Vec<Envelope>,
+        due: Due,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            insert_scheduled_with(
+                &mut tx,
+                &self.schedule_sql.schedule_message,
+                &envelopes,
+                due,
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn release_due_messages(&self, limit_rows: u32) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let sql = &self.schedule_sql;
+            let due_sql = ScheduleStatements::due_messages(&self.prefix);
+            let now = now_millis();
+            let due: Vec<String> = sqlx::query_scalar(&due_sql)
+                .bind(now)
+                .bind(limit(limit_rows))
+                .fetch_all(&self.pool)
+                .await?;
+            if due.is_empty() {
+                return Ok(0);
+            }
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let due: Vec<String> = sqlx::query_scalar(&due_sql)
+                .bind(now)
+                .bind(limit(limit_rows))
+                .fetch_all(&mut *tx)
+                .await?;
+            sqlx::query(&sql.release_copy)
+                .bind(Json(&due))
+                .execute(&mut *tx)
+                .await?;
+            let moved = sqlx::query(&sql.release_delete)
+                .bind(Json(&due))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            if moved > 0 {
+                self.wake.notify_one();
+            }
+            Ok(moved)
+        })
+    }
+
+    fn schedule_backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let count: i64 = sqlx::query_scalar(&self.schedule_sql.backlog)
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(u64::try_from(count).unwrap_or(0))
+        })
+    }
+}
+
+async fn insert_scheduled_with(
+    conn: &mut sqlx::SqliteConnection,
+    sql: &str,
+    envelopes: &[Envelope],
+    due: Due,
+) -> Result<(), StoreError> {
+    let due_at = match due {
+        Due::At(at) => at.timestamp_millis(),
+        Due::After(delay) => now_millis().saturating_add(millis(delay)),
+    };
+    for envelope in envelopes {
+        sqlx::query(sql)
+            .bind(envelope.id.hyphenated())
+            .bind(due_at)
+            .bind(envelope.message_type.as_str())
+            .bind(&envelope.payload[..])
+            .bind(Json(&envelope.headers))
+            .bind(envelope.correlation_id.map(Uuid::hyphenated))
+            .bind(envelope.causation_id.map(Uuid::hyphenated))
+            .bind(envelope.created_at)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Inserts delayed messages on `conn`, inside whatever transaction it is in: what
+/// [`schedule::schedule_at`](crate::schedule::schedule_at) does on SQLite.
+pub(crate) async fn insert_scheduled_in(
+    conn: &mut sqlx::SqliteConnection,
+    prefix: &Identifier,
+    envelopes: &[Envelope],
+    due: Due,
+) -> Result<(), StoreError> {
+    let sql = ScheduleStatements::new(prefix);
+    insert_scheduled_with(conn, &sql.schedule_message, envelopes, due).await
+}

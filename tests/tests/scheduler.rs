@@ -1,0 +1,565 @@
+//! The scheduler on real PostgreSQL (a schema per test) and SQLite (a file per test):
+//! concurrent workers share due occurrences without running one twice at once, a worker whose
+//! lease ran out cannot settle over the one that took over, timeouts retry and then
+//! dead-letter, missed fire times are caught up once or skipped, delayed messages arrive not
+//! before their time, and bad knobs are refused.
+//!
+//! Needs PostgreSQL at `TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use hexeract::schedule::{CatchUp, ScheduledJob, SchedulerWorker, Spec};
+use hexeract::store::{DeliveryStore, ScheduleDefinition, ScheduleStore};
+use hexeract::{CancellationToken, Context, HandlerOutcome, Reason};
+use uuid::Uuid;
+
+/// Every run of every job in this test process: occurrence id → (job, attempt) per run, and
+/// the occurrences running right now.
+#[derive(Default)]
+struct Ledger {
+    runs: HashMap<Uuid, Vec<(String, u32)>>,
+    running: HashSet<Uuid>,
+    overlaps: u32,
+    fire_times: Vec<(String, Option<DateTime<Utc>>)>,
+}
+
+static LEDGER: Mutex<Option<Ledger>> = Mutex::new(None);
+
+fn ledger<T>(f: impl FnOnce(&mut Ledger) -> T) -> T {
+    f(LEDGER.lock().unwrap().get_or_insert_with(Ledger::default))
+}
+
+fn start_run(ctx: &Context) {
+    ledger(|ledger| {
+        ledger
+            .runs
+            .entry(ctx.message_id())
+            .or_default()
+            .push((ctx.handler_name().to_owned(), ctx.attempt()));
+        ledger
+            .fire_times
+            .push((ctx.handler_name().to_owned(), ctx.scheduled_for()));
+        if !ledger.running.insert(ctx.message_id()) {
+            ledger.overlaps += 1;
+        }
+    });
+}
+
+fn end_run(ctx: &Context) {
+    ledger(|ledger| ledger.running.remove(&ctx.message_id()));
+}
+
+/// Runs for a few milliseconds.
+fn short_job(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
+    Box::pin(async move {
+        start_run(ctx);
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..4))).await;
+        end_run(ctx);
+        HandlerOutcome::Ack
+    })
+}
+
+/// Never finishes in time.
+fn stuck_job(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
+    Box::pin(async move {
+        start_run(ctx);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        HandlerOutcome::Ack
+    })
+}
+
+/// The first run takes 1.5 s and fails; the second fails at once.
+fn slow_then_fast(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
+    Box::pin(async move {
+        start_run(ctx);
+        let outcome = if ctx.attempt() == 1 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            HandlerOutcome::retry("the first run failed, late")
+        } else {
+            HandlerOutcome::retry("the second run failed")
+        };
+        end_run(ctx);
+        outcome
+    })
+}
+
+fn runs_of(job: &str) -> Vec<(Uuid, u32)> {
+    ledger(|ledger| {
+        let mut runs: Vec<(Uuid, u32)> = ledger
+            .runs
+            .iter()
+            .flat_map(|(id, runs)| {
+                runs.iter()
+                    .filter(|(name, _)| name == job)
+                    .map(|(_, attempt)| (*id, *attempt))
+            })
+            .collect();
+        runs.sort_by_key(|(_, attempt)| *attempt);
+        runs
+    })
+}
+
+fn every_hour(
+    name: &str,
+    run: for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome>,
+) -> ScheduledJob {
+    ScheduledJob::new(name, Spec::Every(Duration::from_secs(3600)), run)
+}
+
+/// Writes the schedules of `jobs` with their first fire time `ago` in the past, so each has an
+/// occurrence due at once.
+async fn due_now(store: &dyn ScheduleStore, jobs: &[ScheduledJob], ago: Duration) {
+    let definitions: Vec<ScheduleDefinition> = jobs
+        .iter()
+        .map(|job| ScheduleDefinition {
+            name: job.name().to_owned(),
+            // The worker's own text: its sync then leaves the schedule as written here.
+            spec: job.spec().stored_text(),
+        })
+        .collect();
+    let first = move |_: &str, now: DateTime<Utc>| now - chrono::Duration::from_std(ago).unwrap();
+    store.sync_schedules(&definitions, &first).await.unwrap();
+}
+
+async fn wait_until(what: &str, limit: Duration, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn pg_store() -> (hexeract_tests::pg::TestSchema, Arc<dyn ScheduleStore>) {
+    let schema = hexeract_tests::pg::TestSchema::new("hexeract-tests-scheduler").await;
+    let store = schema.store();
+    store.migrate().await.unwrap();
+    (schema, Arc::new(store))
+}
+
+async fn sqlite_store() -> (std::path::PathBuf, Arc<dyn ScheduleStore>) {
+    let dir = std::env::temp_dir().join(format!("hexeract-scheduler-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = hexeract::store::sqlite::SqliteStore::open(dir.join("schedules.db"))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    (dir, Arc::new(store))
+}
+
+/// 3 workers, 1000 jobs due at once: each occurrence runs exactly once, never twice at once.
+async fn three_workers_share_1000_due_occurrences(store: Arc<dyn ScheduleStore>) {
+    let jobs: Vec<ScheduledJob> = (0..1000)
+        .map(|n| every_hour(&format!("job-{n:04}"), short_job))
+        .collect();
+    due_now(&*store, &jobs, Duration::from_secs(1)).await;
+    let cancel = CancellationToken::new();
+    let runs: Vec<_> = (0..3)
+        .map(|_| {
+            let worker = jobs
+                .iter()
+                .fold(
+                    SchedulerWorker::builder_shared(store.clone())
+                        .poll_interval(Duration::from_millis(20))
+                        .min_cycle_delay(Duration::from_millis(1)),
+                    |builder, job| builder.job(job.clone()),
+                )
+                .build()
+                .unwrap();
+            tokio::spawn(worker.run(cancel.clone()))
+        })
+        .collect();
+    wait_until("1000 runs", Duration::from_secs(60), || {
+        ledger(|ledger| ledger.runs.len() >= 1000 && ledger.running.is_empty())
+    })
+    .await;
+    // Time for a duplicate to show up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cancel.cancel();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+    ledger(|ledger| {
+        assert_eq!(ledger.runs.len(), 1000, "every occurrence ran");
+        let twice: Vec<_> = ledger
+            .runs
+            .iter()
+            .filter(|(_, runs)| runs.len() > 1)
+            .collect();
+        assert!(twice.is_empty(), "ran more than once: {twice:?}");
+        assert_eq!(ledger.overlaps, 0, "no occurrence ran twice at once");
+        assert!(
+            ledger
+                .fire_times
+                .iter()
+                .all(|(_, fire_time)| fire_time.is_some()),
+            "each run knew its fire time"
+        );
+    });
+    assert_eq!(store.schedule_backlog().await.unwrap(), 0, "all settled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_three_workers_share_1000_due_occurrences_each_once() {
+    let (schema, store) = pg_store().await;
+    three_workers_share_1000_due_occurrences(store).await;
+    schema.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_three_workers_share_1000_due_occurrences_each_once() {
+    let (dir, store) = sqlite_store().await;
+    three_workers_share_1000_due_occurrences(store).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Where a test's store keeps its occurrences, for reading what the store API does not show.
+enum Tables<'a> {
+    Postgres(&'a hexeract_tests::pg::TestSchema),
+    Sqlite(&'a std::path::Path),
+}
+
+impl Tables<'_> {
+    async fn last_errors(&self) -> Vec<Option<String>> {
+        match self {
+            Tables::Postgres(schema) => sqlx::query_scalar(&format!(
+                "SELECT last_error FROM {}.occurrences",
+                schema.schema
+            ))
+            .fetch_all(&schema.pool)
+            .await
+            .unwrap(),
+            Tables::Sqlite(dir) => {
+                let url = format!("sqlite://{}", dir.join("schedules.db").display());
+                let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+                sqlx::query_scalar("SELECT last_error FROM hexeract_occurrences")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap()
+            }
+        }
+    }
+}
+
+/// A worker whose run outlives its lease: another takes the occurrence over and settles it
+/// (a failure: retry in 5 s); the first one's late failure, which would set the retry to 10 ms,
+/// is refused.
+async fn a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle(
+    store: Arc<dyn ScheduleStore>,
+    tables: Tables<'_>,
+) {
+    let job = every_hour("slow", slow_then_fast);
+    due_now(&*store, std::slice::from_ref(&job), Duration::from_secs(1)).await;
+    let worker = |store: Arc<dyn ScheduleStore>, retry: Duration| {
+        SchedulerWorker::builder_shared(store)
+            .job(job.clone())
+            .lease(Duration::from_millis(300))
+            .dispatch_timeout(Duration::from_secs(5))
+            .retry_delays(retry, retry)
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap()
+    };
+    let cancel = CancellationToken::new();
+    let first = tokio::spawn(worker(store.clone(), Duration::from_millis(10)).run(cancel.clone()));
+    wait_until("the first run", Duration::from_secs(10), || {
+        runs_of("slow").len() == 1
+    })
+    .await;
+    let second = tokio::spawn(worker(store.clone(), Duration::from_secs(5)).run(cancel.clone()));
+    wait_until("the takeover", Duration::from_secs(10), || {
+        runs_of("slow").len() == 2
+    })
+    .await;
+    // The first run ends at 1.5 s, long after its lease.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cancel.cancel();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    let runs = runs_of("slow");
+    assert_eq!(
+        runs.iter().map(|(_, attempt)| *attempt).collect::<Vec<_>>(),
+        [1, 2],
+        "run once by each worker; the stale failure did not make it due again"
+    );
+    assert_eq!(runs[0].0, runs[1].0, "the same occurrence");
+    assert_eq!(
+        tables.last_errors().await,
+        [Some(
+            "max_deliveries_exceeded: the second run failed".to_owned()
+        )],
+        "the outcome recorded is the second worker's"
+    );
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle() {
+    let (schema, store) = pg_store().await;
+    a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle(
+        store,
+        Tables::Postgres(&schema),
+    )
+    .await;
+    schema.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle() {
+    let (dir, store) = sqlite_store().await;
+    a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle(
+        store,
+        Tables::Sqlite(&dir),
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A run slower than the dispatch timeout fails, retries, and is dead-lettered after
+/// `max_deliveries` runs.
+async fn a_timed_out_run_retries_then_is_dead_lettered(store: Arc<dyn ScheduleStore>) {
+    let job = every_hour("stuck", stuck_job);
+    due_now(&*store, std::slice::from_ref(&job), Duration::from_secs(1)).await;
+    let cancel = CancellationToken::new();
+    let worker = SchedulerWorker::builder_shared(store.clone())
+        .job(job)
+        .dispatch_timeout(Duration::from_millis(100))
+        .lease(Duration::from_secs(2))
+        .max_deliveries(3)
+        .retry_delays(Duration::from_millis(10), Duration::from_millis(20))
+        .poll_interval(Duration::from_millis(20))
+        .shutdown_grace(Duration::ZERO)
+        .build()
+        .unwrap();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let letters = loop {
+        let letters = store.dead_letters(10).await.unwrap();
+        if !letters.is_empty() {
+            break letters;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "dead-lettered in time"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(letter.reason, Reason::HANDLER_TIMEOUT);
+    assert_eq!(letter.attempts, 3);
+    assert_eq!(letter.handler.as_deref(), Some("stuck"));
+    assert_eq!(
+        letter.envelope.message_type,
+        hexeract::store::SCHEDULE_MESSAGE_TYPE
+    );
+    let payload: serde_json::Value = serde_json::from_slice(&letter.envelope.payload).unwrap();
+    assert_eq!(payload["schedule"], "stuck");
+    assert_eq!(
+        runs_of("stuck")
+            .iter()
+            .map(|(_, attempt)| *attempt)
+            .collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert_eq!(store.schedule_backlog().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_timed_out_run_retries_then_is_dead_lettered() {
+    let (schema, store) = pg_store().await;
+    a_timed_out_run_retries_then_is_dead_lettered(store).await;
+    schema.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_timed_out_run_retries_then_is_dead_lettered() {
+    let (dir, store) = sqlite_store().await;
+    a_timed_out_run_retries_then_is_dead_lettered(store).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Down for ten minutes with a job every 30 s: `once` runs one catch-up, `none` runs nothing;
+/// both go on at the next fire time after now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missed_fire_times_run_once_with_catch_up_once_and_are_skipped_with_none() {
+    let (schema, store) = pg_store().await;
+    let spec = Spec::Every(Duration::from_secs(30));
+    let once = ScheduledJob::new("catch-up-once", spec.clone(), short_job);
+    let none = ScheduledJob::new("catch-up-none", spec, short_job).catch_up(CatchUp::None);
+    due_now(
+        &*store,
+        &[once.clone(), none.clone()],
+        Duration::from_secs(600),
+    )
+    .await;
+    let cancel = CancellationToken::new();
+    let worker = SchedulerWorker::builder_shared(store.clone())
+        .job(once)
+        .job(none)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    wait_until("the catch-up run", Duration::from_secs(10), || {
+        runs_of("catch-up-once").len() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(
+        runs_of("catch-up-once").len(),
+        1,
+        "one run for twenty missed"
+    );
+    assert!(runs_of("catch-up-none").is_empty(), "skipped");
+    let next: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&format!(
+        "SELECT name, next_fire_at FROM {}.schedules ORDER BY name",
+        schema.schema
+    ))
+    .fetch_all(&schema.pool)
+    .await
+    .unwrap();
+    let now = Utc::now();
+    for (name, next_fire_at) in next {
+        assert!(
+            next_fire_at > now - chrono::Duration::seconds(1),
+            "{name}: {next_fire_at}"
+        );
+        assert!(
+            next_fire_at <= now + chrono::Duration::seconds(30),
+            "{name}: {next_fire_at}"
+        );
+        assert_eq!(
+            next_fire_at.timestamp() % 30,
+            0,
+            "{name}: on the epoch grid"
+        );
+    }
+    schema.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_rejects_a_zero_lease_or_dispatch_timeout_with_every_problem_named() {
+    let (dir, store) = sqlite_store().await;
+    let error = SchedulerWorker::builder_shared(store.clone())
+        .lease(Duration::ZERO)
+        .dispatch_timeout(Duration::ZERO)
+        .batch_size(0)
+        .build()
+        .unwrap_err()
+        .to_string();
+    for knob in ["lease", "dispatch_timeout", "batch_size"] {
+        assert!(error.contains(knob), "{knob} missing from: {error}");
+    }
+    let error = SchedulerWorker::builder_shared(store)
+        .job(every_hour("twice", short_job))
+        .job(every_hour("twice", short_job))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("\"twice\""), "{error}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, hexeract::Message)]
+#[message(type = "test.Reminder")]
+struct Reminder {
+    n: u32,
+}
+
+/// Records when each reminder arrived.
+#[derive(Clone, Default)]
+struct Arrivals(Arc<Mutex<Vec<(u32, std::time::Instant)>>>);
+
+impl hexeract::Handler<Reminder> for Arrivals {
+    type Output = Result<(), String>;
+    async fn handle(&self, reminder: Reminder, _ctx: &Context) -> Self::Output {
+        self.0
+            .lock()
+            .unwrap()
+            .push((reminder.n, std::time::Instant::now()));
+        Ok(())
+    }
+}
+
+/// Delayed messages from the caller's transaction and from the store reach their handler, not
+/// before their time; one whose transaction rolled back never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_messages_arrive_not_before_their_time_and_a_rolled_back_one_never() {
+    let (schema, store) = pg_store().await;
+    let arrivals = Arrivals::default();
+    let cancel = CancellationToken::new();
+    let deliveries = hexeract::outbox::OutboxWorker::builder_shared(store.clone())
+        .register_handler::<Reminder, _>(arrivals.clone())
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let scheduler = SchedulerWorker::builder_shared(store.clone())
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let delivering = tokio::spawn(deliveries.run(cancel.clone()));
+    let scheduling = tokio::spawn(scheduler.run(cancel.clone()));
+
+    let sent = std::time::Instant::now();
+    let envelope = |n| hexeract::Envelope::new(&Reminder { n }).unwrap();
+    let mut tx = schema.pool.begin().await.unwrap();
+    hexeract::outbox::schedule_envelopes(
+        &mut tx,
+        &schema.schema,
+        &[envelope(1)],
+        hexeract::store::Due::After(Duration::from_millis(400)),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let mut rolled_back = schema.pool.begin().await.unwrap();
+    hexeract::outbox::schedule_envelopes(
+        &mut rolled_back,
+        &schema.schema,
+        &[envelope(2)],
+        hexeract::store::Due::After(Duration::from_millis(100)),
+    )
+    .await
+    .unwrap();
+    rolled_back.rollback().await.unwrap();
+    let at = Utc::now() + chrono::Duration::milliseconds(700);
+    store
+        .schedule_messages(vec![envelope(3)], hexeract::store::Due::At(at))
+        .await
+        .unwrap();
+
+    wait_until("both reminders", Duration::from_secs(10), || {
+        arrivals.0.lock().unwrap().len() >= 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cancel.cancel();
+    delivering.await.unwrap().unwrap();
+    scheduling.await.unwrap().unwrap();
+    let arrived = arrivals.0.lock().unwrap().clone();
+    let order: Vec<u32> = arrived.iter().map(|(n, _)| *n).collect();
+    assert_eq!(order, [1, 3], "the rolled-back reminder never came");
+    assert!(
+        arrived[0].1 - sent >= Duration::from_millis(400),
+        "not before its time: {:?}",
+        arrived[0].1 - sent
+    );
+    assert!(
+        arrived[1].1 - sent >= Duration::from_millis(690),
+        "not before its time: {:?}",
+        arrived[1].1 - sent
+    );
+    assert_eq!(store.schedule_backlog().await.unwrap(), 0);
+    schema.drop_schema().await;
+}

@@ -1,0 +1,6 @@
+use hexeract::scheduled;
+
+#[scheduled(every = "1m")]
+struct Nightly;
+
+fn main() {}
