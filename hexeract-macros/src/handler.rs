@@ -10,11 +10,12 @@ use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{FnArg, GenericParam, Ident, ItemFn, LitStr, Pat, ReturnType, Type, TypePath};
+use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type, TypePath};
 
 use crate::args::{missing_key_span, Args, Schema};
 use crate::ctxt::Ctxt;
 use crate::duration::timeout_arg;
+use crate::fn_checks::{check_plain_async_fn, FnRules};
 use crate::message::check_wire_name;
 use crate::types::{self, Unowned};
 
@@ -139,38 +140,18 @@ fn parse_args(tokens: TokenStream, fn_ident: &Ident, cx: &mut Ctxt) -> Option<Ha
 
 fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>> {
     let sig = &function.sig;
-    if sig.asyncness.is_none() {
-        cx.error_spanned_by(
-            sig.fn_token,
-            format!(
-                "`#[handler]` functions must be async: write `async fn {}(…)`",
-                sig.ident
-            ),
-        );
-    }
-    if let Some(unsafety) = &sig.unsafety {
-        cx.error_spanned_by(
-            unsafety,
-            "`#[handler]` functions cannot be `unsafe`: the runtime calls them from safe code",
-        );
-    }
-    let type_params: Vec<&GenericParam> = sig
-        .generics
-        .params
-        .iter()
-        .filter(|param| !matches!(param, GenericParam::Lifetime(_)))
-        .collect();
-    if !type_params.is_empty() || sig.generics.where_clause.is_some() {
-        let span_of = type_params
-            .first()
-            .map(|param| param.span())
-            .unwrap_or_else(|| sig.generics.where_clause.span());
-        cx.error_at(
-            span_of,
-            "`#[handler]` functions cannot be generic: the registry needs one concrete function per \
-             message type; write a handler for each message type, and share code through a generic helper they call",
-        );
-    }
+    check_plain_async_fn(
+        sig,
+        cx,
+        &FnRules {
+            attribute: "`#[handler]`",
+            parameters: "(…)",
+            caller: "runtime",
+            generic_advice: "the registry needs one concrete function per message type; write a \
+                             handler for each message type, and share code through a generic \
+                             helper they call",
+        },
+    );
 
     let mut typed = Vec::new();
     for input in &sig.inputs {

@@ -7,6 +7,7 @@
 mod args;
 mod ctxt;
 mod duration;
+mod fn_checks;
 mod handler;
 mod message;
 mod scheduled;

@@ -9,11 +9,12 @@ use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{FnArg, GenericParam, Ident, ItemFn, LitStr, ReturnType, Type, TypePath};
+use syn::{FnArg, Ident, ItemFn, LitStr, ReturnType, Type, TypePath};
 
 use crate::args::{missing_key_span, Args, Schema};
 use crate::ctxt::Ctxt;
 use crate::duration::{parse_millis, timeout_arg};
+use crate::fn_checks::{check_plain_async_fn, FnRules};
 use crate::handler::{check_name, invalid_name_char};
 use crate::types::{self, Unowned};
 
@@ -244,38 +245,17 @@ const USAGE: &str =
 
 fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<JobFn<'a>> {
     let sig = &function.sig;
-    if sig.asyncness.is_none() {
-        cx.error_spanned_by(
-            sig.fn_token,
-            format!(
-                "`#[scheduled]` functions must be async: write `async fn {}(ctx: &Context)`",
-                sig.ident
-            ),
-        );
-    }
-    if let Some(unsafety) = &sig.unsafety {
-        cx.error_spanned_by(
-            unsafety,
-            "`#[scheduled]` functions cannot be `unsafe`: the scheduler calls them from safe code",
-        );
-    }
-    let type_params: Vec<&GenericParam> = sig
-        .generics
-        .params
-        .iter()
-        .filter(|param| !matches!(param, GenericParam::Lifetime(_)))
-        .collect();
-    if !type_params.is_empty() || sig.generics.where_clause.is_some() {
-        let span_of = type_params
-            .first()
-            .map(|param| param.span())
-            .unwrap_or_else(|| sig.generics.where_clause.span());
-        cx.error_at(
-            span_of,
-            "`#[scheduled]` functions cannot be generic: the scheduler calls one concrete function; \
-             share code through a generic helper that the job calls",
-        );
-    }
+    check_plain_async_fn(
+        sig,
+        cx,
+        &FnRules {
+            attribute: "`#[scheduled]`",
+            parameters: "(ctx: &Context)",
+            caller: "scheduler",
+            generic_advice: "the scheduler calls one concrete function; share code through a \
+                             generic helper that the job calls",
+        },
+    );
 
     let mut typed = Vec::new();
     let mut receiver = false;
