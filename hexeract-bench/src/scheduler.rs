@@ -28,9 +28,9 @@ fn tick(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
 }
 
 fn job() -> ScheduledJob {
-    // Hourly: its own fire times never come due during a run; the occurrences are written
+    // Daily: its own fire times do not come due during a run; the occurrences are written
     // by the benchmark.
-    ScheduledJob::new(JOB, Spec::Every(Duration::from_secs(3600)), tick)
+    ScheduledJob::new(JOB, Spec::Every(Duration::from_secs(86_400)), tick)
 }
 
 /// A migrated schema of its own holding `occurrences` due occurrences of the job.
@@ -43,7 +43,7 @@ async fn filled(pool: &PgPool, occurrences: u64) -> PgStore {
         name: JOB.to_owned(),
         spec: job().spec().stored_text(),
     };
-    let later = |_: &str, now: chrono::DateTime<chrono::Utc>| now + chrono::Duration::hours(1);
+    let later = |_: &str, now: chrono::DateTime<chrono::Utc>| now + chrono::Duration::days(1);
     store
         .sync_schedules(std::slice::from_ref(&definition), &later)
         .await

@@ -41,6 +41,8 @@ pub(crate) struct EnvSettings {
     pub(crate) relay_batch_size: Option<u32>,
     pub(crate) relay_poll_interval: Option<Duration>,
     pub(crate) consumer_poll_interval: Option<Duration>,
+    /// `WORKER_PORT`: the port of the health and metrics endpoints (8081; 0 picks a free one).
+    pub(crate) worker_port: u16,
     /// `AMQP_URL`: deliver through RabbitMQ.
     pub(crate) amqp: Option<Amqp>,
 }
@@ -74,10 +76,14 @@ impl Default for EnvSettings {
             relay_batch_size: None,
             relay_poll_interval: None,
             consumer_poll_interval: None,
+            worker_port: DEFAULT_WORKER_PORT,
             amqp: None,
         }
     }
 }
+
+/// The port of the health and metrics endpoints unless `WORKER_PORT` says otherwise.
+pub(crate) const DEFAULT_WORKER_PORT: u16 = 8081;
 
 /// Variables that select a transport this version does not have yet. Setting one and getting
 /// the database alone instead would lose messages silently, so it is refused.
@@ -124,6 +130,8 @@ impl EnvSettings {
                 whole_number(v, 1, 3_600_000)
             })
             .map(Duration::from_millis),
+            worker_port: read("WORKER_PORT", |v| whole_number(v, 0, 65_535))
+                .map_or(DEFAULT_WORKER_PORT, |port| port as u16),
             amqp: None,
         };
         if let Some(url) = lookup("AMQP_URL") {
@@ -331,6 +339,28 @@ mod tests {
             !text.contains("secret"),
             "a password reached the error: {text}"
         );
+    }
+
+    #[test]
+    fn worker_port_defaults_to_8081_and_a_bad_one_is_named() {
+        assert_eq!(
+            EnvSettings::from_lookup(lookup(&[])).unwrap().worker_port,
+            8081
+        );
+        let settings = EnvSettings::from_lookup(lookup(&[("WORKER_PORT", "9100")])).unwrap();
+        assert_eq!(settings.worker_port, 9100);
+        for bad in [
+            &[("WORKER_PORT", "65536")][..],
+            &[("WORKER_PORT", "http")][..],
+        ] {
+            let error = EnvSettings::from_lookup(lookup(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("WORKER_PORT") && error.contains("from 0 to 65535"),
+                "{error}"
+            );
+        }
     }
 
     #[cfg(feature = "rabbitmq")]

@@ -64,6 +64,7 @@ impl Context {
     ///
     /// #[scheduled(every = "1h")]
     /// async fn hourly_report(ctx: &Context) -> Result<(), std::io::Error> {
+    ///     // After downtime, one run stands for the missed fire times: this is the first.
     ///     let hour = ctx.scheduled_for().expect("a scheduled run");
     ///     println!("report for the hour before {hour}");
     ///     Ok(())

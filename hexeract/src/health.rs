@@ -33,6 +33,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+
+mod server;
+pub use server::serve;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 

@@ -68,6 +68,7 @@ mod handler;
 pub mod health;
 mod memory;
 mod message;
+pub mod metrics;
 pub mod outbox;
 mod outcome;
 mod publish;

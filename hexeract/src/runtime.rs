@@ -59,13 +59,57 @@ use crate::retry::RetryPolicy;
 pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     let settings = EnvSettings::from_env()?;
     let store = crate::store::default_schedule_store().await?;
-    // Not served over HTTP yet: its changes (ready, not ready and why) are logged.
+    // Served on WORKER_PORT; its changes (ready, not ready and why) are logged too.
     let health = crate::health::Health::new();
     let stop = cancel.child_token();
+    let listener = bind_worker_port(settings.worker_port).await?;
+    let http = tokio::spawn(crate::health::serve(
+        listener,
+        health.clone(),
+        Some(store.clone()),
+        stop.clone(),
+    ));
+    let result = run_loops(&settings, store, &health, &stop).await;
+    stop.cancel();
+    if let Ok(Err(error)) = http.await {
+        tracing::warn!(%error, "the health endpoint stopped with an error");
+    }
+    result
+}
+
+/// Binds the health and metrics endpoints, or says which variable to change.
+async fn bind_worker_port(port: u16) -> Result<tokio::net::TcpListener, Error> {
+    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port))
+        .await
+        .map_err(|error| {
+            Error::Config(crate::error::ConfigError {
+                problems: vec![crate::error::ConfigProblem {
+                    setting: "WORKER_PORT".to_owned(),
+                    value: port.to_string(),
+                    expected: format!(
+                        "a port this process can listen on for /health and /metrics ({error})"
+                    ),
+                }],
+            })
+        })?;
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, "health and metrics on http://{address}/health/ready and /metrics");
+    }
+    Ok(listener)
+}
+
+/// Every loop of `run`: the scheduler, and the outbox worker or the relay and bus worker.
+async fn run_loops(
+    settings: &EnvSettings,
+    store: Arc<dyn crate::store::ScheduleStore>,
+    health: &crate::health::Health,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
+    let stop = stop.clone();
     // Scheduled jobs and delayed messages, beside whatever delivers the messages.
     let scheduler = crate::schedule::SchedulerWorker::builder_shared(store.clone())
         .from_inventory()
-        .configure(&settings)
+        .configure(settings)
         .health(health.probe("scheduler"))
         .build()?;
     let store: Arc<dyn crate::store::DeliveryStore> = store;
@@ -79,9 +123,9 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         };
         let delivering = crate::rabbitmq::supervisor::run_on_broker(
             broker,
-            &settings,
+            settings,
             store,
-            &health,
+            health,
             stop.clone(),
         );
         let (delivered, scheduled) = tokio::join!(
@@ -98,7 +142,7 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     }
     let worker = OutboxWorker::builder_shared(store)
         .from_registry()
-        .configure(&settings)
+        .configure(settings)
         .health(health.probe("outbox worker"))
         .build()?;
     tokio::spawn(stop_on_signal(stop.clone()));

@@ -1,5 +1,6 @@
 //! Integration and UI tests of Hexeract live in `tests/`; this library holds what they share.
 
 pub mod amqp;
+pub mod http;
 pub mod pg;
 pub mod tls;

@@ -89,9 +89,18 @@ async fn run_relays_the_outbox_and_survives_its_consumer_connection_being_closed
     std::env::set_var("HEXERACT_EXCHANGE", &broker.exchange);
     std::env::set_var("HEXERACT_QUEUE_PREFIX", &broker.prefix);
     std::env::set_var("RELAY_POLL_INTERVAL_MS", "50");
+    let port = hexeract_tests::http::free_port();
+    std::env::set_var("WORKER_PORT", port.to_string());
 
     let cancel = CancellationToken::new();
     let running = tokio::spawn(hexeract::run(cancel.clone()));
+    // Ready once the relay, the bus worker and the scheduler each finished a pass.
+    let ready =
+        hexeract_tests::http::wait_for_status(port, "/health/ready", 200, Duration::from_secs(30))
+            .await;
+    for component in ["outbox relay", "bus worker", "scheduler"] {
+        assert!(ready.contains(&format!("{component}: ready")), "{ready}");
+    }
     let orders = 5_000u32;
     // One `hexeract::publish`, then the rest in one transaction (5 000 single commits to
     // SQLite would take longer than handling them).
@@ -122,6 +131,23 @@ async fn run_relays_the_outbox_and_survives_its_consumer_connection_being_closed
         .await
         .unwrap();
     assert_eq!(closed, 1, "the worker's connection, found by its name");
+    // Not ready while the bus worker is down, alive all the same; ready again once it is back.
+    let down =
+        hexeract_tests::http::wait_for_status(port, "/health/ready", 503, Duration::from_secs(5))
+            .await;
+    assert!(down.contains("bus worker: failing"), "{down}");
+    assert!(
+        !down.contains("guest:guest"),
+        "no connection string in: {down}"
+    );
+    assert_eq!(
+        hexeract_tests::http::get(port, "/health")
+            .await
+            .map(|(status, _)| status),
+        Some(200)
+    );
+    hexeract_tests::http::wait_for_status(port, "/health/ready", 200, Duration::from_secs(30))
+        .await;
     let reserved_at_cut = reserved();
     assert!(
         reserved_at_cut < orders as usize,
@@ -133,6 +159,23 @@ async fn run_relays_the_outbox_and_survives_its_consumer_connection_being_closed
     hexeract::store::wait_until_drained(&*store, Duration::from_millis(20))
         .await
         .unwrap();
+    // Every call was counted, under its handler's name.
+    let (status, metrics) = hexeract_tests::http::get(port, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    for handler in ["billing::invoice", "stock::reserve"] {
+        let line = metrics
+            .lines()
+            .find(|line| {
+                line.starts_with(&format!(
+                    "hexeract_messages_handled_total{{handler=\"{handler}\"}}"
+                ))
+            })
+            .unwrap_or_else(|| panic!("no counter for {handler} in:\n{metrics}"));
+        let handled: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(handled >= u64::from(orders), "{line}");
+    }
+    assert!(metrics.contains("hexeract_component_ready{component=\"bus worker\"} 1"));
+    assert!(metrics.contains("hexeract_outbox_backlog 0"), "{metrics}");
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(30), running)
         .await

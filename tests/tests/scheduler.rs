@@ -5,6 +5,8 @@
 //! before their time, and bad knobs are refused.
 //!
 //! Needs PostgreSQL at `TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
+//! The ledger of job runs is a process-wide static: these tests rely on nextest's one process
+//! per test (the README's test command).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -103,11 +105,12 @@ fn runs_of(job: &str) -> Vec<(Uuid, u32)> {
     })
 }
 
-fn every_hour(
+/// A daily job: its own next fire time does not come during a test; the test makes one due.
+fn every_day(
     name: &str,
     run: for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome>,
 ) -> ScheduledJob {
-    ScheduledJob::new(name, Spec::Every(Duration::from_secs(3600)), run)
+    ScheduledJob::new(name, Spec::Every(Duration::from_secs(86_400)), run)
 }
 
 /// Writes the schedules of `jobs` with their first fire time `ago` in the past, so each has an
@@ -156,7 +159,7 @@ async fn sqlite_store() -> (std::path::PathBuf, Arc<dyn ScheduleStore>) {
 /// 3 workers, 1000 jobs due at once: each occurrence runs exactly once, never twice at once.
 async fn three_workers_share_1000_due_occurrences(store: Arc<dyn ScheduleStore>) {
     let jobs: Vec<ScheduledJob> = (0..1000)
-        .map(|n| every_hour(&format!("job-{n:04}"), short_job))
+        .map(|n| every_day(&format!("job-{n:04}"), short_job))
         .collect();
     due_now(&*store, &jobs, Duration::from_secs(1)).await;
     let cancel = CancellationToken::new();
@@ -247,14 +250,15 @@ impl Tables<'_> {
     }
 }
 
-/// A worker whose run outlives its lease: another takes the occurrence over and settles it
-/// (a failure: retry in 5 s); the first one's late failure, which would set the retry to 10 ms,
-/// is refused.
+/// A run that outlives its lease: a new claim takes the occurrence over (the other worker's,
+/// or its own worker's: a slow run does not stop its worker from claiming) and fails it, due
+/// again in 5 s; the first run's late failure is refused: the outcome on record is the second
+/// run's, and nothing runs a third time meanwhile.
 async fn a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle(
     store: Arc<dyn ScheduleStore>,
     tables: Tables<'_>,
 ) {
-    let job = every_hour("slow", slow_then_fast);
+    let job = every_day("slow", slow_then_fast);
     due_now(&*store, std::slice::from_ref(&job), Duration::from_secs(1)).await;
     let worker = |store: Arc<dyn ScheduleStore>, retry: Duration| {
         SchedulerWorker::builder_shared(store)
@@ -267,7 +271,7 @@ async fn a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle(
             .unwrap()
     };
     let cancel = CancellationToken::new();
-    let first = tokio::spawn(worker(store.clone(), Duration::from_millis(10)).run(cancel.clone()));
+    let first = tokio::spawn(worker(store.clone(), Duration::from_secs(5)).run(cancel.clone()));
     wait_until("the first run", Duration::from_secs(10), || {
         runs_of("slow").len() == 1
     })
@@ -324,7 +328,7 @@ async fn sqlite_a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_set
 /// A run slower than the dispatch timeout fails, retries, and is dead-lettered after
 /// `max_deliveries` runs.
 async fn a_timed_out_run_retries_then_is_dead_lettered(store: Arc<dyn ScheduleStore>) {
-    let job = every_hour("stuck", stuck_job);
+    let job = every_day("stuck", stuck_job);
     due_now(&*store, std::slice::from_ref(&job), Duration::from_secs(1)).await;
     let cancel = CancellationToken::new();
     let worker = SchedulerWorker::builder_shared(store.clone())
@@ -392,13 +396,15 @@ async fn sqlite_a_timed_out_run_retries_then_is_dead_lettered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missed_fire_times_run_once_with_catch_up_once_and_are_skipped_with_none() {
     let (schema, store) = pg_store().await;
-    let spec = Spec::Every(Duration::from_secs(30));
+    // Every 10 minutes, down for two hours: twelve fire times missed (a period whose end the
+    // test's second of running is unlikely to cross).
+    let spec = Spec::Every(Duration::from_secs(600));
     let once = ScheduledJob::new("catch-up-once", spec.clone(), short_job);
     let none = ScheduledJob::new("catch-up-none", spec, short_job).catch_up(CatchUp::None);
     due_now(
         &*store,
         &[once.clone(), none.clone()],
-        Duration::from_secs(600),
+        Duration::from_secs(7_200),
     )
     .await;
     let cancel = CancellationToken::new();
@@ -419,7 +425,7 @@ async fn missed_fire_times_run_once_with_catch_up_once_and_are_skipped_with_none
     assert_eq!(
         runs_of("catch-up-once").len(),
         1,
-        "one run for twenty missed"
+        "one run for twelve missed"
     );
     assert!(runs_of("catch-up-none").is_empty(), "skipped");
     let next: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&format!(
@@ -436,11 +442,11 @@ async fn missed_fire_times_run_once_with_catch_up_once_and_are_skipped_with_none
             "{name}: {next_fire_at}"
         );
         assert!(
-            next_fire_at <= now + chrono::Duration::seconds(30),
+            next_fire_at <= now + chrono::Duration::seconds(600),
             "{name}: {next_fire_at}"
         );
         assert_eq!(
-            next_fire_at.timestamp() % 30,
+            next_fire_at.timestamp() % 600,
             0,
             "{name}: on the epoch grid"
         );
@@ -462,8 +468,8 @@ async fn build_rejects_a_zero_lease_or_dispatch_timeout_with_every_problem_named
         assert!(error.contains(knob), "{knob} missing from: {error}");
     }
     let error = SchedulerWorker::builder_shared(store)
-        .job(every_hour("twice", short_job))
-        .job(every_hour("twice", short_job))
+        .job(every_day("twice", short_job))
+        .job(every_day("twice", short_job))
         .build()
         .unwrap_err()
         .to_string();
@@ -561,5 +567,79 @@ async fn delayed_messages_arrive_not_before_their_time_and_a_rolled_back_one_nev
         arrived[1].1 - sent
     );
     assert_eq!(store.schedule_backlog().await.unwrap(), 0);
+    schema.drop_schema().await;
+}
+
+/// Sleeps 2.5 s.
+fn slow_job(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
+    Box::pin(async move {
+        start_run(ctx);
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        end_run(ctx);
+        HandlerOutcome::Ack
+    })
+}
+
+/// A fast run claimed with a slow one is acked when it ends, not when the slow one does: with
+/// a lease shorter than the slow run, a second worker would otherwise take the fast one over
+/// and run it again. Nor does the slow run hold up the next cycles (a delayed message is
+/// released meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_run_holds_up_neither_the_ack_of_a_fast_one_nor_the_next_cycles() {
+    let (schema, store) = pg_store().await;
+    let slow = every_day("slow", slow_job);
+    let fast = every_day("fast", short_job);
+    due_now(
+        &*store,
+        &[slow.clone(), fast.clone()],
+        Duration::from_secs(1),
+    )
+    .await;
+    let cancel = CancellationToken::new();
+    let worker = || {
+        SchedulerWorker::builder_shared(store.clone())
+            .job(slow.clone())
+            .job(fast.clone())
+            .lease(Duration::from_millis(1_000))
+            .dispatch_timeout(Duration::from_secs(5))
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap()
+    };
+    let first = tokio::spawn(worker().run(cancel.clone()));
+    wait_until("both runs", Duration::from_secs(10), || {
+        !runs_of("slow").is_empty() && !runs_of("fast").is_empty()
+    })
+    .await;
+    let second = tokio::spawn(worker().run(cancel.clone()));
+    store
+        .schedule_messages(
+            vec![hexeract::Envelope::new(&Reminder { n: 9 }).unwrap()],
+            hexeract::store::Due::After(Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while store.backlog().await.unwrap() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the delayed message was released while the slow run went on"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        ledger(|ledger| !ledger.running.is_empty()),
+        "the slow run was still running"
+    );
+    // Past the slow run's end and another lease.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    cancel.cancel();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(
+        runs_of("fast").len(),
+        1,
+        "the fast run was acked before its lease ended: it ran once"
+    );
     schema.drop_schema().await;
 }

@@ -116,16 +116,17 @@ async fn a_scheduler_paused_past_its_lease_is_taken_over_and_cannot_settle_when_
     store.migrate().await.unwrap();
     sqlx::query(&format!(
         "CREATE TABLE {}.ledger (message_id uuid NOT NULL, attempt integer NOT NULL,
-                                 pid integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())",
+                                 pid integer NOT NULL, ended boolean NOT NULL DEFAULT false,
+                                 at timestamptz NOT NULL DEFAULT clock_timestamp())",
         schema.schema
     ))
     .execute(&schema.pool)
     .await
     .unwrap();
-    // The child's job, hourly, made due now.
+    // The child's job, daily, made due now.
     let definition = ScheduleDefinition {
         name: "pausable".to_owned(),
-        spec: Spec::Every(Duration::from_secs(3600)).stored_text(),
+        spec: Spec::Every(Duration::from_secs(86_400)).stored_text(),
     };
     let a_second_ago =
         |_: &str, now: chrono::DateTime<chrono::Utc>| now - chrono::Duration::seconds(1);
@@ -140,15 +141,34 @@ async fn a_scheduler_paused_past_its_lease_is_taken_over_and_cannot_settle_when_
     assert_eq!(started, [(1, first.pid())]);
     first.signal("-STOP");
 
-    // B takes the occurrence over once A's lease ends; its run fails, due again in 3 s.
-    let second = ChildScheduler::start(&schema.schema, 1_000, 3_000).await;
+    // B takes the occurrence over once A's lease ends; its run fails, due again in 5 s.
+    let second = ChildScheduler::start(&schema.schema, 1_000, 5_000).await;
     let taken_over = wait_for_runs(&schema, 2, Duration::from_secs(20)).await;
     assert_eq!(taken_over[1], (2, second.pid()), "B ran the second attempt");
 
     // A goes on: its 2 s sleep is over, its run fails, and it tries to make the occurrence
     // due in 10 ms, over B's claim.
     first.signal("-CONT");
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // A's run ends (it says so in the ledger), and its settle follows at once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ended: bool = sqlx::query_scalar(&format!(
+            "SELECT ended FROM {}.ledger WHERE attempt = 1",
+            schema.schema
+        ))
+        .fetch_one(&schema.pool)
+        .await
+        .unwrap();
+        if ended {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "A's first run ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let after_resume = runs(&schema).await;
     assert_eq!(
         after_resume.len(),

@@ -28,6 +28,7 @@ async fn run_delivers_what_publish_sent_through_an_sqlite_outbox() {
         std::env::remove_var(variable);
     }
     std::env::set_var("HEXERACT_SQLITE_PATH", &path);
+    std::env::set_var("WORKER_PORT", "0");
 
     hexeract::publish(&Hello {}).await.unwrap();
     assert!(path.exists(), "the SQLite file is created on first use");

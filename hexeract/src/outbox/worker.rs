@@ -20,6 +20,7 @@ use crate::error::{Error, KnobChecks};
 use crate::handler::Handler;
 use crate::health::Probe;
 use crate::message::Message;
+use crate::metrics::{HandlerMetrics, Metrics};
 use crate::outcome::HandlerOutcome;
 use crate::publish::{Publish, PublishError};
 use crate::reason::Reason;
@@ -247,6 +248,7 @@ impl OutboxWorkerBuilder {
             .map(|handler| {
                 let runner = Runner {
                     name: Arc::from(&*handler.info().name),
+                    metrics: Metrics::global().handler(&handler.info().name),
                     permits: handler
                         .info()
                         .concurrency
@@ -327,6 +329,7 @@ struct Runner {
     /// The handler's name as contexts carry it, shared by every call.
     name: Arc<str>,
     permits: Option<Arc<Semaphore>>,
+    metrics: Arc<HandlerMetrics>,
 }
 
 /// How one claimed delivery is to be settled.
@@ -476,13 +479,40 @@ impl OutboxWorker {
         Ok(count)
     }
 
-    /// Calls the delivery's handler once and decides how to settle it.
+    /// Calls the delivery's handler once and decides how to settle it; counts the outcome in
+    /// the handler's metrics.
     async fn handle(
         &self,
         delivery: Claimed,
         cancel: &CancellationToken,
         interrupt: &CancellationToken,
         publisher: &Arc<dyn Publish>,
+    ) -> Settlement {
+        let mut took = None;
+        let metrics = self
+            .handlers
+            .get(&delivery.handler)
+            .map(|runner| runner.metrics.clone());
+        let settlement = self
+            .decide(delivery, cancel, interrupt, publisher, &mut took)
+            .await;
+        let metrics = metrics.unwrap_or_else(|| Metrics::global().handler(crate::metrics::UNKNOWN));
+        match (&settlement, took) {
+            (Settlement::Ack(_), Some(took)) => metrics.handled(took),
+            (Settlement::Retry { .. }, took) => metrics.retried(took.unwrap_or_default()),
+            (Settlement::DeadLetter { .. }, took) => metrics.dead_lettered(took),
+            _ => {}
+        }
+        settlement
+    }
+
+    async fn decide(
+        &self,
+        delivery: Claimed,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+        publisher: &Arc<dyn Publish>,
+        took: &mut Option<Duration>,
     ) -> Settlement {
         let Claimed {
             id,
@@ -523,6 +553,7 @@ impl OutboxWorker {
                 handler: registered,
                 name,
                 permits,
+                ..
             }) => {
                 let _permit = match permits {
                     Some(permits) => Some(permits.acquire().await.expect("never closed")),
@@ -543,8 +574,11 @@ impl OutboxWorker {
                     attempt = envelope.attempt,
                 );
                 let timeout = info.timeout.unwrap_or(self.handler_timeout);
+                let started = std::time::Instant::now();
                 let call = call_handler(registered.clone(), ctx, timeout, interrupt);
-                match call.instrument(span).await {
+                let call = call.instrument(span).await;
+                *took = Some(started.elapsed());
+                match call {
                     Call::Finished(outcome) => outcome,
                     Call::Interrupted => return Settlement::Abandoned(id),
                 }

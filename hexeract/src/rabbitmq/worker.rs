@@ -28,6 +28,7 @@ use crate::error::{ConfigError, ConfigProblem, Error, KnobChecks};
 use crate::handler::Handler;
 use crate::health::Probe;
 use crate::message::Message;
+use crate::metrics::{HandlerMetrics, Metrics};
 use crate::outcome::HandlerOutcome;
 use crate::publish::{Publish, PublishError};
 use crate::rabbitmq::acks::{AckTracker, Acks};
@@ -374,6 +375,7 @@ impl RabbitMqWorkerBuilder {
         })?;
         let runner = |handler: &Arc<RegisteredHandler>| Runner {
             name: Arc::from(&*handler.info().name),
+            metrics: Metrics::global().handler(&handler.info().name),
             permits: handler
                 .info()
                 .concurrency
@@ -554,6 +556,7 @@ struct Runner {
     handler: Arc<RegisteredHandler>,
     name: Arc<str>,
     permits: Option<Arc<Semaphore>>,
+    metrics: Arc<HandlerMetrics>,
 }
 
 /// How a delivery ended, for its ack.
@@ -854,6 +857,7 @@ impl ConsumeLoop<'_> {
         let envelope = match wire::read(&delivery, &shared.exchange, shared.max_payload_bytes) {
             Ok(envelope) => envelope,
             Err(unreadable) => {
+                self.count_dead_letter();
                 let salvaged = wire::salvage(&delivery, &shared.exchange);
                 let info = ParkedInfo {
                     reason: &unreadable.reason,
@@ -873,6 +877,7 @@ impl ConsumeLoop<'_> {
                 "the last {max} call(s) never finished: the consumer died or lost its connection \
                  during the call (a message that crashes the process?)"
             );
+            self.count_dead_letter();
             let info = ParkedInfo {
                 reason: &Reason::MAX_DELIVERIES_EXCEEDED,
                 detail: &detail,
@@ -883,11 +888,17 @@ impl ConsumeLoop<'_> {
             return (tag, self.park(&delivery, envelope, &info).await);
         }
         let runner = self.consumer.route.runner(&envelope.message_type);
+        let mut took = None;
         let outcome = match runner {
-            Some(runner) => match self.call(runner, &envelope).await {
-                Ok(outcome) => outcome,
-                Err(settled) => return (tag, settled),
-            },
+            Some(runner) => {
+                let started = std::time::Instant::now();
+                let call = self.call(runner, &envelope).await;
+                took = Some(started.elapsed());
+                match call {
+                    Ok(outcome) => outcome,
+                    Err(settled) => return (tag, settled),
+                }
+            }
             None => {
                 let missing = BusError::MissingHandler {
                     message_type: envelope.message_type.clone(),
@@ -903,9 +914,17 @@ impl ConsumeLoop<'_> {
         let handler = runner
             .map(|runner| &*runner.name)
             .or_else(|| self.consumer.route.handler_name());
+        let metrics = match runner {
+            Some(runner) => runner.metrics.clone(),
+            None => Metrics::global().handler(handler.unwrap_or(crate::metrics::UNKNOWN)),
+        };
         match outcome {
-            HandlerOutcome::Ack => (tag, Settled::Ack),
+            HandlerOutcome::Ack => {
+                metrics.handled(took.unwrap_or_default());
+                (tag, Settled::Ack)
+            }
             HandlerOutcome::DeadLetter { reason, detail } => {
+                metrics.dead_lettered(took);
                 let info = ParkedInfo {
                     reason: &reason,
                     detail: &detail,
@@ -921,6 +940,7 @@ impl ConsumeLoop<'_> {
                 after,
             } => {
                 if shared.retry.is_exhausted(envelope.attempt) {
+                    metrics.dead_lettered(took);
                     let info = ParkedInfo {
                         reason: &reason,
                         detail: &detail,
@@ -930,10 +950,21 @@ impl ConsumeLoop<'_> {
                     };
                     return (tag, self.park(&delivery, envelope, &info).await);
                 }
+                metrics.retried(took.unwrap_or_default());
                 let delay = shared.retry.delay_after(envelope.attempt, after);
                 (tag, self.retry(&delivery, &envelope, delay, &detail).await)
             }
         }
+    }
+
+    /// Counts a message parked before any call (unreadable, or its budget spent).
+    fn count_dead_letter(&self) {
+        let handler = self
+            .consumer
+            .route
+            .handler_name()
+            .unwrap_or(crate::metrics::UNKNOWN);
+        Metrics::global().handler(handler).dead_lettered(None);
     }
 
     /// Calls the handler; `Err` with how to give the delivery back when the worker stopped

@@ -7,7 +7,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::future::{BoxFuture, FutureExt};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -17,12 +18,13 @@ use crate::dispatch::{call_boxed, spawn_grace_timer, Call};
 use crate::envelope::Envelope;
 use crate::error::{Error, KnobChecks};
 use crate::health::Probe;
+use crate::metrics::{HandlerMetrics, Metrics};
 use crate::outbox::StorePublisher;
 use crate::outcome::HandlerOutcome;
 use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::retry::RetryPolicy;
-use crate::schedule::{jobs_from_inventory, ScheduledJob, FIRE_TIME_HEADER};
+use crate::schedule::{jobs_from_inventory, ScheduledJob, Spec, FIRE_TIME_HEADER};
 use crate::store::{
     ClaimedOccurrence, Plan, ScheduleDefinition, ScheduleStore, StoreError, SCHEDULE_MESSAGE_TYPE,
 };
@@ -194,6 +196,15 @@ impl SchedulerBuilder {
         let mut by_name = HashMap::new();
         let mut without_headroom = Vec::new();
         for job in jobs {
+            if let Spec::Every(period) = job.spec() {
+                if period.as_millis() == 0 {
+                    return Err(Error::Unsupported(format!(
+                        "scheduled job {:?} runs every {period:?}: the period must be at least \
+                         1 ms (and is meant to be seconds or more)",
+                        job.name()
+                    )));
+                }
+            }
             let timeout = job.own_timeout().unwrap_or(self.dispatch_timeout);
             if timeout >= self.lease {
                 without_headroom.push(format!("{} ({timeout:?})", job.name()));
@@ -221,7 +232,7 @@ impl SchedulerBuilder {
             shared: Arc::new(Shared {
                 store: self.store,
                 jobs: by_name,
-                names,
+                names: names.clone(),
                 poll_interval: self.poll_interval,
                 batch_size: self.batch_size,
                 min_cycle_delay: self.min_cycle_delay,
@@ -234,6 +245,10 @@ impl SchedulerBuilder {
                 shutdown_grace: self.shutdown_grace,
                 release_messages: self.release_messages,
                 health: self.health.unwrap_or_else(|| Probe::detached("scheduler")),
+                metrics: names
+                    .iter()
+                    .map(|name| (name.clone(), Metrics::global().handler(name)))
+                    .collect(),
             }),
         })
     }
@@ -277,6 +292,7 @@ struct Shared {
     shutdown_grace: Duration,
     release_messages: bool,
     health: Probe,
+    metrics: HashMap<String, Arc<HandlerMetrics>>,
 }
 
 impl SchedulerWorker {
@@ -306,49 +322,74 @@ impl SchedulerWorker {
         let publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(shared.store.clone(), wake));
         let mut synced = false;
         let mut pacing = Pacing::default();
+        // Runs in flight: a cycle never waits for them, so a slow job holds up neither the
+        // planning of other jobs nor the acks of runs that finished.
+        let mut running: FuturesUnordered<BoxFuture<'_, Finished>> = FuturesUnordered::new();
+        let mut finished: Vec<Finished> = Vec::new();
+        let next_cycle = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(next_cycle);
         tracing::info!(jobs = shared.names.len(), "scheduler started");
-        while !cancel.is_cancelled() {
-            let cycle = async {
-                if !synced {
-                    shared.sync().await?;
-                    synced = true;
-                }
-                shared
-                    .cycle(&mut pacing, &cancel, &interrupt, &publisher)
-                    .await
-            }
-            .await;
-            let wait = match cycle {
-                Ok(found) => {
-                    shared.health.pass();
-                    if found > 0 {
-                        shared.min_cycle_delay
-                    } else {
-                        shared.poll_interval
-                    }
-                }
-                Err(error) => {
-                    shared
-                        .health
-                        .fail(format!("a scheduler cycle failed: {error}"));
-                    tracing::warn!(%error, "scheduler cycle failed; retrying after the poll interval");
-                    shared.poll_interval
-                }
-            };
-            if wait.is_zero() {
-                // A timer would still wait for the next tick of the clock.
-                tokio::task::yield_now().await;
-                continue;
-            }
+        loop {
+            let room = (shared.batch_size as usize).saturating_sub(running.len());
             tokio::select! {
-                () = cancel.cancelled() => {}
-                () = tokio::time::sleep(wait) => {}
+                biased;
+                Some(done) = running.next(), if !running.is_empty() => {
+                    finished.push(done);
+                    // Every run that is done by now is settled with it, in one ack.
+                    while let Some(Some(done)) = running.next().now_or_never() {
+                        finished.push(done);
+                    }
+                    shared.settle(&mut finished).await;
+                }
+                () = &mut next_cycle, if room > 0 && !cancel.is_cancelled() => {
+                    let cycle = async {
+                        if !synced {
+                            shared.sync().await?;
+                            synced = true;
+                        }
+                        shared.cycle(&mut pacing, room).await
+                    }
+                    .await;
+                    let wait = match cycle {
+                        Ok((found, token, claimed)) => {
+                            shared.health.pass();
+                            for occurrence in claimed {
+                                running.push(Box::pin(shared.run_one(
+                                    token,
+                                    occurrence,
+                                    &cancel,
+                                    &interrupt,
+                                    &publisher,
+                                )));
+                            }
+                            if found > 0 {
+                                shared.min_cycle_delay
+                            } else {
+                                shared.poll_interval
+                            }
+                        }
+                        Err(error) => {
+                            shared
+                                .health
+                                .fail(format!("a scheduler cycle failed: {error}"));
+                            tracing::warn!(%error, "scheduler cycle failed; retrying after the poll interval");
+                            shared.poll_interval
+                        }
+                    };
+                    next_cycle
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + wait);
+                }
+                () = cancel.cancelled(), if running.is_empty() => break,
             }
         }
         tracing::info!("scheduler stopped");
         Ok(())
     }
 }
+
+/// A run that ended: its claim, and whether to ack it (`Ok(false)`: settled otherwise).
+type Finished = (Uuid, ClaimedOccurrence, Result<bool, StoreError>);
 
 impl fmt::Debug for SchedulerWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -375,15 +416,15 @@ impl Shared {
         self.store.sync_schedules(&definitions, &first).await
     }
 
-    /// One cycle; returns how much it found to do (messages moved, occurrences claimed).
+    /// One cycle: releases due delayed messages, plans due schedules, claims up to `room`
+    /// occurrences. Returns how much it found to do, the claim token and the claims.
     async fn cycle(
         &self,
         pacing: &mut Pacing,
-        cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-    ) -> Result<usize, StoreError> {
+        room: usize,
+    ) -> Result<(usize, Uuid, Vec<ClaimedOccurrence>), StoreError> {
         let mut found = 0;
+        let token = Uuid::now_v7();
         // Fire times and due times are only looked for once per poll interval (or again at
         // once while a full batch says there is more): a backlog of occurrences drains at the
         // pace of claims, not of these statements.
@@ -396,7 +437,7 @@ impl Shared {
             found += usize::try_from(moved).unwrap_or(usize::MAX);
         }
         if self.names.is_empty() {
-            return Ok(found);
+            return Ok((found, token, Vec::new()));
         }
         let planner = |name: &str, due, now| match self.jobs.get(name) {
             Some(job) => job
@@ -416,39 +457,70 @@ impl Shared {
             // A full batch of due schedules: there may be more.
             pacing.planned(written >= u64::from(self.batch_size));
         }
-        let token = Uuid::now_v7();
+        let limit = u32::try_from(room).unwrap_or(u32::MAX).min(self.batch_size);
         let claimed = self
             .store
-            .claim_occurrences(token, &self.names, self.batch_size, self.lease)
+            .claim_occurrences(token, &self.names, limit, self.lease)
             .await?;
         found += claimed.len();
-        let settled = join_all(
-            claimed
-                .iter()
-                .map(|occurrence| self.run_one(token, occurrence, cancel, interrupt, publisher)),
-        )
-        .await;
-        // Runs that succeeded are acked together, in one statement.
-        let mut acked = Vec::new();
-        for (occurrence, settled) in claimed.iter().zip(settled) {
-            if settled? {
-                acked.push(occurrence.id);
+        Ok((found, token, claimed))
+    }
+
+    /// Acks the runs in `finished` that succeeded, one statement per claim token; the others
+    /// were settled when they ended. A store error is logged: those claims run again after
+    /// their lease.
+    async fn settle(&self, finished: &mut Vec<Finished>) {
+        let mut by_token: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+        for (token, occurrence, result) in finished.drain(..) {
+            match result {
+                Ok(true) => by_token.entry(token).or_default().push(occurrence.id),
+                Ok(false) => {}
+                Err(error) => {
+                    self.health
+                        .fail(format!("settling a scheduled run failed: {error}"));
+                    tracing::warn!(
+                        job = %occurrence.schedule,
+                        fire_at = %occurrence.fire_at,
+                        %error,
+                        "could not settle a scheduled run; it runs again after its lease"
+                    );
+                }
             }
         }
-        let done = self.store.ack_occurrences(token, &acked).await?;
-        if done < acked.len() as u64 {
-            tracing::warn!(
-                finished = acked.len(),
-                settled = done,
-                lease = ?self.lease,
-                "some leases ended before their runs were settled: other workers took them over"
-            );
+        for (token, ids) in by_token {
+            match self.store.ack_occurrences(token, &ids).await {
+                Ok(done) if done < ids.len() as u64 => tracing::warn!(
+                    finished = ids.len(),
+                    settled = done,
+                    lease = ?self.lease,
+                    "some leases ended before their runs were settled: other workers took them over"
+                ),
+                Ok(_) => {}
+                Err(error) => {
+                    self.health
+                        .fail(format!("acking scheduled runs failed: {error}"));
+                    tracing::warn!(%error, runs = ids.len(), "could not ack scheduled runs; they run again after their lease");
+                }
+            }
         }
-        Ok(found)
     }
 
     /// Runs one occurrence and settles it, except a success: `Ok(true)` means "ack it".
     async fn run_one(
+        &self,
+        token: Uuid,
+        occurrence: ClaimedOccurrence,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+        publisher: &Arc<dyn Publish>,
+    ) -> Finished {
+        let result = self
+            .run_claimed(token, &occurrence, cancel, interrupt, publisher)
+            .await;
+        (token, occurrence, result)
+    }
+
+    async fn run_claimed(
         &self,
         token: Uuid,
         occurrence: &ClaimedOccurrence,
@@ -492,10 +564,13 @@ impl Shared {
         let cancelled = ctx.cancellation().clone();
         let call = Box::pin(async move { run(&ctx).await });
         let timeout = job.own_timeout().unwrap_or(self.dispatch_timeout);
-        let outcome = match call_boxed(call, cancelled, timeout, interrupt)
+        let metrics = &self.metrics[&occurrence.schedule];
+        let started = std::time::Instant::now();
+        let call = call_boxed(call, cancelled, timeout, interrupt)
             .instrument(span)
-            .await
-        {
+            .await;
+        let took = started.elapsed();
+        let outcome = match call {
             Call::Finished(outcome) => outcome,
             Call::Interrupted => {
                 // Still running in its task: due again only once this lease would have ended,
@@ -509,8 +584,12 @@ impl Shared {
             }
         };
         let settled = match outcome {
-            HandlerOutcome::Ack => return Ok(true),
+            HandlerOutcome::Ack => {
+                metrics.handled(took);
+                return Ok(true);
+            }
             HandlerOutcome::DeadLetter { reason, detail } => {
+                metrics.dead_lettered(Some(took));
                 self.dead_letter(token, occurrence, &reason, &detail, occurrence.attempts)
                     .await?;
                 return Ok(false);
@@ -521,10 +600,12 @@ impl Shared {
                 after,
             } => {
                 if self.retry.is_exhausted(occurrence.attempts) {
+                    metrics.dead_lettered(Some(took));
                     self.dead_letter(token, occurrence, &reason, &detail, occurrence.attempts)
                         .await?;
                     return Ok(false);
                 }
+                metrics.retried(took);
                 let delay = self.retry.delay_after(occurrence.attempts, after);
                 tracing::warn!(
                     job = %occurrence.schedule,

@@ -6,9 +6,10 @@
 //! ```
 //!
 //! It runs one [`SchedulerWorker`] over `<schema>` (already migrated, with a `ledger` table
-//! made by the test) with one job, `pausable`, hourly. Each run first records `(occurrence id,
+//! made by the test) with one job, `pausable`, daily. Each run first records `(occurrence id,
 //! attempt, pid)` in the ledger; the first attempt then sleeps 2 s and fails, the second fails
-//! at once, later ones succeed. Failures retry after `<retry_ms>`.
+//! at once, later ones succeed; each marks its row `ended` just before it returns. Failures
+//! retry after `<retry_ms>`.
 //!
 //! It prints `ready` once the worker is built and stops gracefully when its standard input
 //! closes. The URL comes from the environment, so that no password shows in `ps`.
@@ -46,16 +47,35 @@ fn pausable(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
         if let Err(error) = recorded {
             return HandlerOutcome::retry(format_args!("ledger: {error}"));
         }
-        match ctx.attempt() {
+        let outcome = match ctx.attempt() {
             1 => {
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 HandlerOutcome::retry("the first run failed, late")
             }
             2 => HandlerOutcome::retry("the second run failed"),
             _ => HandlerOutcome::Ack,
-        }
+        };
+        // Tells the test the run is over: its settle follows at once.
+        let (pool, _) = LEDGER.get().expect("set before the worker starts");
+        let ended = format!(
+            "UPDATE {} SET ended = true WHERE attempt = $1 AND pid = $2",
+            ledger_table()
+        );
+        let _ = sqlx::query(&ended)
+            .bind(i32::try_from(ctx.attempt()).unwrap_or(i32::MAX))
+            .bind(i32::try_from(std::process::id()).unwrap_or(-1))
+            .execute(pool)
+            .await;
+        outcome
     })
 }
+
+/// The ledger's quoted name.
+fn ledger_table() -> &'static str {
+    LEDGER_TABLE.get().expect("set before the worker starts")
+}
+
+static LEDGER_TABLE: OnceLock<String> = OnceLock::new();
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
@@ -102,6 +122,9 @@ async fn run() -> Result<(), String> {
     LEDGER
         .set((pool, insert))
         .map_err(|_| "set twice".to_owned())?;
+    LEDGER_TABLE
+        .set(format!("{}.ledger", store.schema().quoted()))
+        .map_err(|_| "set twice".to_owned())?;
     let worker = SchedulerWorker::builder(store)
         .job(job())
         .lease(lease)
@@ -125,5 +148,5 @@ async fn run() -> Result<(), String> {
 
 /// The child's one job; the test uses the same definition to write its schedule.
 pub fn job() -> ScheduledJob {
-    ScheduledJob::new(JOB, Spec::Every(Duration::from_secs(3600)), pausable)
+    ScheduledJob::new(JOB, Spec::Every(Duration::from_secs(86_400)), pausable)
 }

@@ -153,7 +153,8 @@ impl ScheduleStatements {
                 "INSERT INTO {s}.scheduled_messages
                      (id, due_at, message_type, payload, headers, correlation_id, causation_id,
                       created_at)
-                 SELECT id, coalesce($2::timestamptz, now() + $3::bigint * interval '1 millisecond'), message_type,
+                 SELECT id, coalesce($2::timestamptz,
+                                 clock_timestamp() + $3::bigint * interval '1 millisecond'), message_type,
                         payload, headers, correlation_id, causation_id, created_at
                  FROM UNNEST($1::uuid[], $4::text[], $5::bytea[], $6::jsonb[], $7::uuid[],
                              $8::uuid[], $9::timestamptz[])

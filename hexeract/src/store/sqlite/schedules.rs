@@ -403,14 +403,15 @@ impl ScheduleStore for SqliteStore {
         due: Due,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
+            let sql = &self.schedule_sql.schedule_message;
+            if envelopes.len() <= 1 {
+                // One statement, no transaction: nothing is left open if this future is
+                // dropped halfway (sqlx #4393).
+                let mut conn = self.pool.acquire().await?;
+                return insert_scheduled_with(&mut conn, sql, &envelopes, due).await;
+            }
             let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
-            insert_scheduled_with(
-                &mut tx,
-                &self.schedule_sql.schedule_message,
-                &envelopes,
-                due,
-            )
-            .await?;
+            insert_scheduled_with(&mut tx, sql, &envelopes, due).await?;
             tx.commit().await?;
             Ok(())
         })

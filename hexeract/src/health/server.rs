@@ -1,0 +1,129 @@
+//! The HTTP endpoints on `WORKER_PORT`: `/health`, `/health/ready`, `/metrics`.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+
+use crate::health::{Health, Status};
+use crate::metrics::{escape, Metrics};
+use crate::store::DeliveryStore;
+
+/// What the endpoints read.
+#[derive(Clone)]
+struct Served {
+    health: Health,
+    metrics: Metrics,
+    store: Option<Arc<dyn DeliveryStore>>,
+}
+
+/// Serves the health and metrics endpoints on `listener` until `cancel` fires:
+///
+/// - `GET /health`: `200 ok` while the process runs;
+/// - `GET /health/ready`: `200` when every component of `health` is ready, else `503`; the body
+///   has one line per component (`bus worker: failing for 3s (2 in a row): …`), never a
+///   connection string;
+/// - `GET /metrics`: the Prometheus text format: per-handler counters and latency histograms
+///   of [`Metrics::global`], each component's readiness, and the outbox backlog when a `store`
+///   is given.
+///
+/// `hexeract::run` serves them on `WORKER_PORT` (8081). For a process of your own:
+///
+/// ```no_run
+/// # async fn example() -> std::io::Result<()> {
+/// use hexeract::health::{serve, Health};
+/// use hexeract::CancellationToken;
+///
+/// let health = Health::new();
+/// let listener = tokio::net::TcpListener::bind("0.0.0.0:8081").await?;
+/// serve(listener, health.clone(), None, CancellationToken::new()).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    health: Health,
+    store: Option<Arc<dyn DeliveryStore>>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    let served = Served {
+        health,
+        metrics: Metrics::global().clone(),
+        store,
+    };
+    let app = Router::new()
+        .route("/health", get(alive))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(served);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
+}
+
+async fn alive() -> &'static str {
+    "ok\n"
+}
+
+async fn ready(State(served): State<Served>) -> impl IntoResponse {
+    let readiness = served.health.readiness();
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = if readiness.components.is_empty() {
+        "ready\n".to_owned()
+    } else {
+        readiness.to_string()
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+}
+
+async fn metrics(State(served): State<Served>) -> impl IntoResponse {
+    let mut out = String::with_capacity(4096);
+    served.metrics.render_into(&mut out);
+    let readiness = served.health.readiness();
+    let _ = writeln!(
+        out,
+        "# HELP hexeract_component_ready 1 when the component's last pass worked (for the \
+         relay and the bus worker: connected to the broker), else 0.\n\
+         # TYPE hexeract_component_ready gauge"
+    );
+    for component in &readiness.components {
+        let ready = u8::from(component.status == Status::Ready);
+        let _ = writeln!(
+            out,
+            "hexeract_component_ready{{component=\"{}\"}} {ready}",
+            escape(&component.name)
+        );
+    }
+    if let Some(store) = &served.store {
+        // A store that cannot answer leaves the gauge out rather than failing the scrape.
+        if let Ok(backlog) = store.backlog().await {
+            let _ = writeln!(
+                out,
+                "# HELP hexeract_outbox_backlog Messages and deliveries not settled yet.\n\
+                 # TYPE hexeract_outbox_backlog gauge\n\
+                 hexeract_outbox_backlog {backlog}"
+            );
+        }
+    }
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+}
