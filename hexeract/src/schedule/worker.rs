@@ -328,6 +328,7 @@ impl SchedulerWorker {
         let mut finished: Vec<Finished> = Vec::new();
         let next_cycle = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(next_cycle);
+        let mut cycle_now = true;
         tracing::info!(jobs = shared.names.len(), "scheduler started");
         loop {
             let room = (shared.batch_size as usize).saturating_sub(running.len());
@@ -341,7 +342,9 @@ impl SchedulerWorker {
                     }
                     shared.settle(&mut finished).await;
                 }
-                () = &mut next_cycle, if room > 0 && !cancel.is_cancelled() => {
+                // A zero wait goes by the flag: a timer would still wait for the clock's next
+                // tick (a millisecond).
+                () = async { if !cycle_now { (&mut next_cycle).await } }, if room > 0 && !cancel.is_cancelled() => {
                     let cycle = async {
                         if !synced {
                             shared.sync().await?;
@@ -376,6 +379,7 @@ impl SchedulerWorker {
                             shared.poll_interval
                         }
                     };
+                    cycle_now = wait.is_zero();
                     next_cycle
                         .as_mut()
                         .reset(tokio::time::Instant::now() + wait);
