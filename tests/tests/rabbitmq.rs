@@ -228,6 +228,11 @@ async fn a_failure_waits_in_a_tier_and_comes_back_with_its_attempt_count_across_
                 FailFirst(calls.clone(), 2),
                 HandlerOptions::new().name("flaky"),
             )
+            // Long enough for the first worker to be gone when the retry comes back: a
+            // delivery given back at shutdown is counted by RabbitMQ < 4.3, which would add an
+            // attempt the handler never saw.
+            .wait_tiers([Duration::from_millis(700), Duration::from_millis(1_400)])
+            .retry_delays(Duration::from_millis(700), Duration::from_millis(1_400))
             .build()
             .unwrap()
     };
