@@ -17,6 +17,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -187,6 +188,13 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// (running, due, or waiting for a retry). Zero when everything was handled or
     /// dead-lettered.
     fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// When the oldest message still owed (in the outbox, or with a delivery not settled) was
+    /// published; `None` when nothing is owed, or the store cannot tell. For the
+    /// `hexeract_outbox_oldest_pending_seconds` gauge.
+    fn oldest_pending(&self) -> BoxFuture<'_, Result<Option<DateTime<Utc>>, StoreError>> {
+        Box::pin(async { Ok(None) })
+    }
 
     /// A signal that fires when new messages may be waiting: a publish through this store in
     /// this process, and, where the database can tell (PostgreSQL `LISTEN`), a commit of

@@ -95,6 +95,17 @@ async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
         .publish(vec![known.clone(), unknown.clone()])
         .await
         .unwrap();
+    // The oldest message owed is the first published, in the outbox or (below) as deliveries.
+    let oldest = store
+        .oldest_pending()
+        .await
+        .unwrap()
+        .expect("something is owed");
+    assert!(
+        (oldest - known.created_at).num_milliseconds().abs() <= 1,
+        "{oldest} vs {}",
+        known.created_at
+    );
 
     let created = store
         .expand(
@@ -109,6 +120,12 @@ async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
         0,
         "expanded rows leave the outbox"
     );
+    let oldest = store
+        .oldest_pending()
+        .await
+        .unwrap()
+        .expect("something is owed");
+    assert!((oldest - known.created_at).num_milliseconds().abs() <= 1);
 
     let claimed = store
         .claim(Uuid::now_v7(), 10, Duration::from_secs(30))

@@ -183,6 +183,18 @@ async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
         .await
         .unwrap();
 
+    // The oldest message owed is the first published, in the outbox or (below) as deliveries.
+    let oldest = store
+        .oldest_pending()
+        .await
+        .unwrap()
+        .expect("something is owed");
+    assert!(
+        (oldest - known.created_at).num_milliseconds().abs() <= 1,
+        "{oldest} vs {}",
+        known.created_at
+    );
+
     let moved = store
         .expand(
             &routes(&[("test.OrderPlaced", "a"), ("test.OrderPlaced", "b")]),
@@ -197,6 +209,12 @@ async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
         "expanded rows leave the outbox"
     );
     assert_eq!(db.count("deliveries").await, 3);
+    let oldest = store
+        .oldest_pending()
+        .await
+        .unwrap()
+        .expect("something is owed");
+    assert!((oldest - known.created_at).num_milliseconds().abs() <= 1);
     assert_eq!(store.expand(&routes(&[]), 10).await.unwrap(), 0);
 
     let claimed = store

@@ -176,6 +176,10 @@ async fn run_relays_the_outbox_and_survives_its_consumer_connection_being_closed
     }
     assert!(metrics.contains("hexeract_component_ready{component=\"bus worker\"} 1"));
     assert!(metrics.contains("hexeract_outbox_backlog 0"), "{metrics}");
+    assert!(
+        metrics.contains("hexeract_outbox_oldest_pending_seconds 0.000"),
+        "{metrics}"
+    );
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(30), running)
         .await

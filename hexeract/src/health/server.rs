@@ -117,6 +117,21 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
                  hexeract_outbox_backlog {backlog}"
             );
         }
+        if let Ok(oldest) = store.oldest_pending().await {
+            let age = oldest.map_or(0.0, |published| {
+                (chrono::Utc::now() - published)
+                    .to_std()
+                    .unwrap_or_default()
+                    .as_secs_f64()
+            });
+            let _ = writeln!(
+                out,
+                "# HELP hexeract_outbox_oldest_pending_seconds How long ago the oldest message \
+                 still owed was published (0 when none is).\n\
+                 # TYPE hexeract_outbox_oldest_pending_seconds gauge\n\
+                 hexeract_outbox_oldest_pending_seconds {age:.3}"
+            );
+        }
     }
     (
         StatusCode::OK,

@@ -252,6 +252,7 @@ struct Statements {
     purge: String,
     purge_inbox: String,
     backlog: String,
+    oldest_pending: String,
 }
 
 /// The columns a delivery and a dead letter share with the outbox row they come from.
@@ -356,6 +357,10 @@ impl Statements {
             purge: format!("DELETE FROM {s}.dead_letters"),
             backlog: format!(
                 "SELECT (SELECT count(*) FROM {s}.outbox) + (SELECT count(*) FROM {s}.deliveries)"
+            ),
+            oldest_pending: format!(
+                "SELECT (SELECT created_at FROM {s}.outbox ORDER BY id LIMIT 1),
+                        (SELECT created_at FROM {s}.deliveries ORDER BY message_id LIMIT 1)"
             ),
             // No index on processed_at: a purge reads the whole inbox, which it runs rarely.
             purge_inbox: format!(
@@ -784,6 +789,20 @@ impl DeliveryStore for PgStore {
                 .fetch_one(&self.pool)
                 .await?;
             Ok(u64::try_from(owed).unwrap_or(0))
+        })
+    }
+
+    fn oldest_pending(&self) -> BoxFuture<'_, Result<Option<DateTime<Utc>>, StoreError>> {
+        Box::pin(async move {
+            // Message ids are UUID v7, in publish order: both lookups follow an index.
+            let oldest: (Option<DateTime<Utc>>, Option<DateTime<Utc>>) =
+                sqlx::query_as(&self.sql.oldest_pending)
+                    .fetch_one(&self.pool)
+                    .await?;
+            Ok(match oldest {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            })
         })
     }
 

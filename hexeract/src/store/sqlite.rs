@@ -859,6 +859,23 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
+    fn oldest_pending(&self) -> BoxFuture<'_, Result<Option<DateTime<Utc>>, StoreError>> {
+        Box::pin(async move {
+            let p = &self.prefix;
+            // Message ids are UUID v7 text, in publish order: both lookups follow an index.
+            let sql = format!(
+                "SELECT (SELECT created_at FROM \"{p}_outbox\" ORDER BY id LIMIT 1),
+                        (SELECT created_at FROM \"{p}_deliveries\" ORDER BY message_id LIMIT 1)"
+            );
+            let oldest: (Option<DateTime<Utc>>, Option<DateTime<Utc>>) =
+                sqlx::query_as(&sql).fetch_one(&self.pool).await?;
+            Ok(match oldest {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            })
+        })
+    }
+
     fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
         Box::pin(async move { Ok(Some(self.wake.clone())) })
     }
