@@ -25,6 +25,8 @@ use uuid::Uuid;
 struct Ledger {
     runs: HashMap<Uuid, Vec<(String, u32)>>,
     running: HashSet<Uuid>,
+    /// The most runs at once.
+    most_at_once: usize,
     overlaps: u32,
     fire_times: Vec<(String, Option<DateTime<Utc>>)>,
 }
@@ -48,6 +50,7 @@ fn start_run(ctx: &Context) {
         if !ledger.running.insert(ctx.message_id()) {
             ledger.overlaps += 1;
         }
+        ledger.most_at_once = ledger.most_at_once.max(ledger.running.len());
     });
 }
 
@@ -642,4 +645,86 @@ async fn a_slow_run_holds_up_neither_the_ack_of_a_fast_one_nor_the_next_cycles()
         "the fast run was acked before its lease ended: it ran once"
     );
     schema.drop_schema().await;
+}
+
+/// Sleeps 50 ms, long enough for runs started together to overlap.
+fn napping_job(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
+    Box::pin(async move {
+        start_run(ctx);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        end_run(ctx);
+        HandlerOutcome::Ack
+    })
+}
+
+/// A worker that claimed a batch and died (its claims never settled): each occurrence of that
+/// batch may be the one that crashed it, so each runs alone, charged the dead worker's attempt
+/// only; the rest wait uncharged.
+async fn the_batch_of_a_dead_worker_runs_one_occurrence_at_a_time(store: Arc<dyn ScheduleStore>) {
+    let jobs: Vec<ScheduledJob> = (0..5)
+        .map(|n| every_day(&format!("crashed-{n}"), napping_job))
+        .collect();
+    due_now(&*store, &jobs, Duration::from_secs(1)).await;
+    let names: Vec<String> = jobs.iter().map(|job| job.name().to_owned()).collect();
+    let cancel = CancellationToken::new();
+    let worker = jobs
+        .iter()
+        .fold(
+            SchedulerWorker::builder_shared(store.clone()).poll_interval(Duration::from_millis(20)),
+            |builder, job| builder.job(job.clone()),
+        )
+        .build()
+        .unwrap();
+    // The dead worker: it planned (as this one would), claimed everything, and was gone.
+    let planner = worker_plan_once(&store, &names).await;
+    assert_eq!(planner, 5, "five occurrences due");
+    let dead = store
+        .claim_occurrences(Uuid::now_v7(), &names, 10, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 5);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    wait_until("five runs", Duration::from_secs(20), || {
+        ledger(|ledger| ledger.runs.len() == 5 && ledger.running.is_empty())
+    })
+    .await;
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+    ledger(|ledger| {
+        assert_eq!(ledger.most_at_once, 1, "one at a time");
+        for runs in ledger.runs.values() {
+            assert_eq!(
+                runs.iter().map(|(_, attempt)| *attempt).collect::<Vec<_>>(),
+                [2],
+                "charged the dead worker's claim, and only that"
+            );
+        }
+    });
+    assert_eq!(store.schedule_backlog().await.unwrap(), 0);
+}
+
+/// Plans the due schedules of `names` as a worker's cycle does; returns how many occurrences
+/// it wrote.
+async fn worker_plan_once(store: &Arc<dyn ScheduleStore>, names: &[String]) -> u64 {
+    let planner = |_: &str, due, _now| hexeract::store::Plan {
+        fire_at: Some(due),
+        next_fire_at: due + chrono::Duration::days(1),
+    };
+    store.plan(names, 10, &planner).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_the_batch_of_a_dead_worker_runs_one_occurrence_at_a_time() {
+    let (schema, store) = pg_store().await;
+    the_batch_of_a_dead_worker_runs_one_occurrence_at_a_time(store).await;
+    schema.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_the_batch_of_a_dead_worker_runs_one_occurrence_at_a_time() {
+    let (dir, store) = sqlite_store().await;
+    the_batch_of_a_dead_worker_runs_one_occurrence_at_a_time(store).await;
+    let _ = std::fs::remove_dir_all(dir);
 }

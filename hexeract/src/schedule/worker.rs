@@ -329,9 +329,15 @@ impl SchedulerWorker {
         let next_cycle = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(next_cycle);
         let mut cycle_now = true;
+        let mut isolating: Option<Uuid> = None;
         tracing::info!(jobs = shared.names.len(), "scheduler started");
         loop {
-            let room = (shared.batch_size as usize).saturating_sub(running.len());
+            // While a suspect runs alone, nothing else is claimed.
+            let room = if isolating.is_some() {
+                0
+            } else {
+                (shared.batch_size as usize).saturating_sub(running.len())
+            };
             tokio::select! {
                 biased;
                 Some(done) = running.next(), if !running.is_empty() => {
@@ -339,6 +345,9 @@ impl SchedulerWorker {
                     // Every run that is done by now is settled with it, in one ack.
                     while let Some(Some(done)) = running.next().now_or_never() {
                         finished.push(done);
+                    }
+                    if finished.iter().any(|(_, occurrence, _)| Some(occurrence.id) == isolating) {
+                        isolating = None;
                     }
                     shared.settle(&mut finished).await;
                 }
@@ -354,8 +363,27 @@ impl SchedulerWorker {
                     }
                     .await;
                     let wait = match cycle {
-                        Ok((found, token, claimed)) => {
+                        Ok((found, token, mut claimed)) => {
                             shared.health.pass();
+                            if let Some(suspect) = claimed.iter().position(|o| o.recovered) {
+                                // Its last claim was never settled: the run may have crashed
+                                // the process. It runs alone, and the rest of the batch goes
+                                // back uncharged, so that a crash again costs no one else an
+                                // attempt.
+                                let suspect = claimed.swap_remove(suspect);
+                                let others: Vec<Uuid> = claimed.iter().map(|o| o.id).collect();
+                                if let Err(error) = shared.store.release_occurrences(token, &others).await {
+                                    tracing::warn!(%error, "could not give back occurrences; they come back after their lease");
+                                }
+                                tracing::warn!(
+                                    job = %suspect.schedule,
+                                    fire_at = %suspect.fire_at,
+                                    attempt = suspect.attempts,
+                                    "an earlier run of this occurrence never settled (did it crash the process?): running it alone"
+                                );
+                                isolating = Some(suspect.id);
+                                claimed = vec![suspect];
+                            }
                             for occurrence in claimed {
                                 running.push(Box::pin(shared.run_one(
                                     token,

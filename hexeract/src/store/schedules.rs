@@ -54,6 +54,9 @@ pub struct ClaimedOccurrence {
     pub fire_at: DateTime<Utc>,
     /// Claims so far, this one included.
     pub attempts: u32,
+    /// Claimed while an earlier claim of it was never settled: its last run may have crashed
+    /// its worker, so it runs alone.
+    pub recovered: bool,
 }
 
 /// When a delayed message is due.

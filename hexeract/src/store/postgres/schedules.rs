@@ -38,6 +38,9 @@ pub(super) fn schema_v3(schema: &Identifier) -> String {
              -- Due time; a claim moves it to the end of the lease.
              available_at timestamptz NOT NULL,
              lease_owner uuid,
+             -- Claimed again while a claim was unsettled: its last run may have crashed the
+             -- process, so it runs alone.
+             recovered boolean NOT NULL DEFAULT false,
              last_error text,
              UNIQUE (schedule, fire_at)
          ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01,
@@ -113,6 +116,8 @@ impl ScheduleStatements {
             claim: format!(
                 "UPDATE {s}.occurrences
                  SET attempts = attempts + 1,
+                     -- SET sees the row as it was: a token still there is an unsettled claim.
+                     recovered = recovered OR lease_owner IS NOT NULL,
                      lease_owner = $1,
                      available_at = now() + $3::bigint * interval '1 millisecond'
                  WHERE id = ANY(ARRAY(
@@ -121,13 +126,14 @@ impl ScheduleStatements {
                      ORDER BY available_at
                      LIMIT $2
                      FOR UPDATE SKIP LOCKED))
-                 RETURNING id, schedule, fire_at, attempts"
+                 RETURNING id, schedule, fire_at, attempts, recovered"
             ),
             ack: format!("DELETE FROM {s}.occurrences WHERE id = ANY($1) AND lease_owner = $2"),
             retry: format!(
                 "UPDATE {s}.occurrences
                  SET available_at = now() + $3::bigint * interval '1 millisecond',
                      lease_owner = NULL,
+                     recovered = false,
                      last_error = $4
                  WHERE id = $1 AND lease_owner = $2"
             ),
@@ -311,6 +317,7 @@ impl ScheduleStore for PgStore {
                         schedule: row.try_get("schedule")?,
                         fire_at: row.try_get("fire_at")?,
                         attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
+                        recovered: row.try_get("recovered")?,
                     })
                 })
                 .collect()

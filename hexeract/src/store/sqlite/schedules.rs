@@ -44,6 +44,8 @@ pub(super) fn schema_v3(prefix: &Identifier) -> String {
              -- Due time in ms since the epoch; a claim moves it to the end of the lease.
              available_at INTEGER NOT NULL,
              lease_owner TEXT,
+             -- Claimed again while a claim was unsettled: it runs alone.
+             recovered INTEGER NOT NULL DEFAULT 0,
              last_error TEXT,
              UNIQUE (schedule, fire_at)
          ) STRICT;
@@ -117,19 +119,22 @@ impl ScheduleStatements {
             ),
             claim: format!(
                 "UPDATE {o}
-                 SET attempts = attempts + 1, lease_owner = ?1, available_at = ?3
+                 SET attempts = attempts + 1,
+                     recovered = recovered OR lease_owner IS NOT NULL,
+                     lease_owner = ?1,
+                     available_at = ?3
                  WHERE id IN (
                      SELECT id FROM {o}
                      WHERE available_at <= ?2 AND schedule IN (SELECT value FROM json_each(?5))
                      ORDER BY available_at
                      LIMIT ?4)
-                 RETURNING id, schedule, fire_at, attempts"
+                 RETURNING id, schedule, fire_at, attempts, recovered"
             ),
             ack: format!(
                 "DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
             ),
             retry: format!(
-                "UPDATE {o} SET available_at = ?3, lease_owner = NULL, last_error = ?4
+                "UPDATE {o} SET available_at = ?3, lease_owner = NULL, recovered = 0, last_error = ?4
                  WHERE id = ?1 AND lease_owner = ?2"
             ),
             dead_letter_copy: format!(
@@ -299,6 +304,7 @@ impl ScheduleStore for SqliteStore {
                         schedule: row.try_get("schedule")?,
                         fire_at: millis_to_time(row.try_get("fire_at")?),
                         attempts: u32::try_from(row.try_get::<i64, _>("attempts")?).unwrap_or(0),
+                        recovered: row.try_get::<i64, _>("recovered")? != 0,
                     })
                 })
                 .collect()
