@@ -464,6 +464,81 @@ async fn no_more_than_prefetch_calls_run_at_once_and_cancel_finishes_the_calls_i
     broker.delete(&topology).await;
 }
 
+/// Records each call, after a pause.
+struct Pausing(Calls, Duration);
+
+impl Handler<OrderPlaced> for Pausing {
+    type Output = Result<(), String>;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push((order.order_id, "pausing", ctx.attempt()));
+        tokio::time::sleep(self.1).await;
+        Ok(())
+    }
+}
+
+/// Deliveries a stopping worker holds but never started a call on go back uncharged (on
+/// RabbitMQ < 4.3 a plain `nack` would count each one as an attempt): the next worker calls
+/// every message at attempt 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let build = |connection, pause| {
+        worker(&broker, connection)
+            .register_handler_with::<OrderPlaced, _>(
+                Pausing(calls.clone(), pause),
+                HandlerOptions::new()
+                    .name("one_at_a_time")
+                    .concurrency(std::num::NonZeroU32::new(1).unwrap()),
+            )
+            .prefetch(8)
+            .build()
+            .unwrap()
+    };
+    let running = Running::start(build(
+        broker.connect("hexeract-tests-handback-1").await,
+        Duration::from_millis(300),
+    ));
+    declared(&broker, &running.topology).await;
+    let envelopes: Vec<Envelope> = (0..8)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    publisher(&broker)
+        .await
+        .publish_all(&envelopes)
+        .await
+        .unwrap();
+    // One call runs; the other seven wait for the handler's only permit.
+    calls.wait_for(1, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    running.stop().await;
+    assert_eq!(
+        calls.all().len(),
+        1,
+        "the stopping worker started no other call"
+    );
+
+    let running = Running::start(build(
+        broker.connect("hexeract-tests-handback-2").await,
+        Duration::ZERO,
+    ));
+    calls.wait_for(8, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let topology = running.stop().await;
+    let mut seen = calls.all();
+    seen.sort();
+    assert_eq!(
+        seen,
+        (0..8).map(|n| (n, "pausing", 1)).collect::<Vec<_>>(),
+        "each message called once, at attempt 1"
+    );
+    broker.delete(&topology).await;
+}
+
 #[tokio::test]
 async fn build_rejects_invalid_knobs_all_at_once() {
     let broker = TestBroker::new().await;

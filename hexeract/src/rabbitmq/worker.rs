@@ -815,9 +815,8 @@ impl ConsumeLoop<'_> {
             }
         };
         if lost.is_none() {
-            // Stop taking deliveries, and give back those the broker already sent that no call
-            // has started on (`nack`: RabbitMQ 4.3 and later do not count these as deliveries;
-            // older brokers count any returned delivery).
+            // Stop taking deliveries, and hand back those the broker already sent that no call
+            // has started on, uncharged.
             let _ = channel
                 .basic_cancel(short(&tag)?, BasicCancelOptions::default())
                 .await;
@@ -825,7 +824,8 @@ impl ConsumeLoop<'_> {
                 tokio::time::timeout(Duration::from_millis(20), deliveries.next()).await
             {
                 tracker.received(delivery.delivery_tag);
-                tracker.give_back(delivery.delivery_tag);
+                let settled = self.hand_back(&delivery).await;
+                settle(&mut tracker, delivery.delivery_tag, settled);
             }
         }
         // Calls already running finish (up to the grace; then they are given back) and are
@@ -896,6 +896,8 @@ impl ConsumeLoop<'_> {
                 took = Some(started.elapsed());
                 match call {
                     Ok(outcome) => outcome,
+                    // The call never started: the message goes back with the count it came with.
+                    Err(Settled::GiveBack) => return (tag, self.hand_back(&delivery).await),
                     Err(settled) => return (tag, settled),
                 }
             }
@@ -1104,6 +1106,39 @@ impl ConsumeLoop<'_> {
                 self.stop_if_publisher_lost();
                 self.pause_before_requeue().await;
                 Settled::Requeue
+            }
+        }
+    }
+
+    /// Gives back a delivery no call started on, without charging it an attempt: a copy with
+    /// the attempts made so far goes to the end of its queue (confirmed), and the delivery is
+    /// acked. A plain `nack` would do on RabbitMQ 4.3 and later, but older brokers count every
+    /// returned delivery in `x-delivery-count`, so each graceful shutdown would cost the
+    /// messages in flight an attempt. If the copy cannot be published, the delivery is
+    /// returned with `nack` (and counted there).
+    async fn hand_back(&self, delivery: &Delivery) -> Settled {
+        if self.lost.load(Ordering::SeqCst) {
+            return Settled::GiveBack;
+        }
+        let salvaged = wire::salvage(delivery, &self.shared.exchange);
+        let properties = wire::retry_properties(
+            &delivery.properties,
+            &salvaged.message_type,
+            salvaged.attempt.saturating_sub(1),
+        );
+        match self
+            .publisher
+            .publish_raw("", &self.consumer.queue, &delivery.data, properties, true)
+            .await
+        {
+            Ok(()) => Settled::Ack,
+            Err(error) => {
+                tracing::warn!(
+                    queue = %self.consumer.queue,
+                    %error,
+                    "could not hand a delivery back uncharged; returning it to the broker"
+                );
+                Settled::GiveBack
             }
         }
     }
