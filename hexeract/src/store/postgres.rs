@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::types::Json;
-use sqlx::{ConnectOptions, Row};
+use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -75,6 +75,11 @@ impl PgStore {
         let options = options
             .application_name("hexeract")
             .log_statements(tracing::log::LevelFilter::Trace);
+        // One connection first: an unreachable database or a refused login fails here at once,
+        // with its cause, where the pool would retry for its whole acquire timeout (30 s) and
+        // then report only that it timed out.
+        let probe = PgConnection::connect_with(&options).await?;
+        let _ = probe.close().await;
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .connect_with(options)
