@@ -58,6 +58,7 @@
 #[allow(unused_extern_crates)]
 extern crate self as hexeract;
 
+pub mod cli;
 mod config;
 mod context;
 mod dead_letter;
@@ -82,6 +83,9 @@ pub struct RabbitMqGuide;
 #[cfg(all(doctest, feature = "rabbitmq"))]
 #[doc = include_str!("../../docs/health.md")]
 pub struct HealthGuide;
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/operations.md")]
+pub struct OperationsGuide;
 #[cfg(all(doctest, feature = "postgres"))]
 #[doc = include_str!("../../docs/scheduler.md")]
 pub struct SchedulerGuide;
