@@ -157,7 +157,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Wait until the delayed order went out, every message is handled or dead-lettered and
     // the heartbeat fired twice, then shut down.
     let schedules = hexeract::store::default_schedule_store().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while schedules.schedule_backlog().await? > 0 || HEARTBEATS.load(Ordering::SeqCst) < 2 {
+        if tokio::time::Instant::now() > deadline {
+            cancel.cancel();
+            runtime.await??;
+            return Err(
+                "the delayed order or the heartbeat did not come within 30 s (see the \
+                        warnings above)"
+                    .into(),
+            );
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     hexeract::store::wait_until_drained(&*store, Duration::from_millis(20)).await?;

@@ -71,8 +71,12 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     ));
     let result = run_loops(&settings, store, &health, &stop).await;
     stop.cancel();
-    if let Ok(Err(error)) = http.await {
-        tracing::warn!(%error, "the health endpoint stopped with an error");
+    // A client holding a connection open would keep the server's graceful shutdown waiting.
+    let mut http = http;
+    match tokio::time::timeout(Duration::from_secs(2), &mut http).await {
+        Ok(Ok(Err(error))) => tracing::warn!(%error, "the health endpoint stopped with an error"),
+        Ok(_) => {}
+        Err(_) => http.abort(),
     }
     result
 }

@@ -481,8 +481,8 @@ impl Handler<OrderPlaced> for Pausing {
 }
 
 /// Deliveries a stopping worker holds but never started a call on go back uncharged (on
-/// RabbitMQ < 4.3 a plain `nack` would count each one as an attempt): the next worker calls
-/// every message at attempt 1.
+/// RabbitMQ < 4.3 a plain `nack` would count each one as an attempt), keeping the calls made
+/// before: the next worker calls every message at attempt 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
     let broker = TestBroker::new().await;
@@ -504,14 +504,23 @@ async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
         Duration::from_millis(300),
     ));
     declared(&broker, &running.topology).await;
-    let envelopes: Vec<Envelope> = (0..8)
-        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
-        .collect();
-    publisher(&broker)
-        .await
-        .publish_all(&envelopes)
-        .await
-        .unwrap();
+    // Each message was called once already (a failed call, retried): the next call is the
+    // second.
+    for n in 0..8u32 {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(headers::ATTEMPTS.into(), AMQPValue::LongLongInt(1));
+        broker
+            .publish_raw(
+                "test.OrderPlaced",
+                format!("{{\"order_id\":{n}}}").as_bytes(),
+                BasicProperties::default()
+                    .with_message_id(Uuid::now_v7().to_string().as_str().into())
+                    .with_type("test.OrderPlaced".into())
+                    .with_content_type("application/json".into())
+                    .with_headers(headers),
+            )
+            .await;
+    }
     // One call runs; the other seven wait for the handler's only permit.
     calls.wait_for(1, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -533,8 +542,8 @@ async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
     seen.sort();
     assert_eq!(
         seen,
-        (0..8).map(|n| (n, "pausing", 1)).collect::<Vec<_>>(),
-        "each message called once, at attempt 1"
+        (0..8).map(|n| (n, "pausing", 2)).collect::<Vec<_>>(),
+        "each message called once more, at attempt 2: the hand-back cost nothing"
     );
     broker.delete(&topology).await;
 }

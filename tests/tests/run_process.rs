@@ -78,8 +78,9 @@ async fn sigterm_while_a_handler_sleeps_lets_it_finish_acks_its_message_and_exit
         .unwrap()
         .unwrap();
     assert!(exited.success(), "exit status {exited}");
+    // Everything it said until its standard output closed.
     let mut rest = Vec::new();
-    while let Ok(line) = said.try_recv() {
+    while let Some(line) = said.recv().await {
         rest.push(line);
     }
     assert_eq!(

@@ -110,6 +110,30 @@ pub(crate) struct Unreadable {
     pub(crate) detail: String,
 }
 
+/// The number of the call a delivery is for: the calls made before it was published
+/// (`x-hexeract-attempts`), plus the broker's redeliveries of it (`x-delivery-count`), plus
+/// one. What [`read`] puts in `attempt`, without reading the rest.
+pub(crate) fn attempt_of(delivery: &Delivery) -> u32 {
+    let mut attempts_made = 0;
+    let mut redeliveries = None;
+    if let Some(table) = delivery.properties.headers() {
+        for (name, value) in table.inner() {
+            match name.as_str() {
+                headers::ATTEMPTS => attempts_made = number(value).unwrap_or(0),
+                headers::DELIVERY_COUNT => redeliveries = number(value),
+                _ => {}
+            }
+        }
+    }
+    attempt_from(delivery, attempts_made, redeliveries)
+}
+
+fn attempt_from(delivery: &Delivery, attempts_made: u64, redeliveries: Option<u64>) -> u32 {
+    // A classic queue only says "redelivered"; a quorum queue counts.
+    let redeliveries = redeliveries.unwrap_or(u64::from(delivery.redelivered));
+    u32::try_from(attempts_made + redeliveries + 1).unwrap_or(u32::MAX)
+}
+
 /// Reads a delivery into an envelope whose `attempt` is the number of the call about to be
 /// made. The size is checked first, before anything is copied or parsed.
 pub(crate) fn read(
@@ -216,9 +240,7 @@ pub(crate) fn read(
                 .and_then(|seconds| Utc.timestamp_opt(seconds, 0).single())
         })
         .unwrap_or_else(Utc::now);
-    // A classic queue only says "redelivered"; a quorum queue counts.
-    let redeliveries = redeliveries.unwrap_or(u64::from(delivery.redelivered));
-    envelope.attempt = u32::try_from(attempts_made + redeliveries + 1).unwrap_or(u32::MAX);
+    envelope.attempt = attempt_from(delivery, attempts_made, redeliveries);
     Ok(envelope)
 }
 

@@ -826,6 +826,8 @@ impl ConsumeLoop<'_> {
                 tracker.received(delivery.delivery_tag);
                 let settled = self.hand_back(&delivery).await;
                 settle(&mut tracker, delivery.delivery_tag, settled);
+                // At once: a copy is in the queue now, and the original must not come back too.
+                acks.send(tracker.take(true));
             }
         }
         // Calls already running finish (up to the grace; then they are given back) and are
@@ -836,7 +838,8 @@ impl ConsumeLoop<'_> {
         }
         while let Some((tag, settled)) = running.next().await {
             settle(&mut tracker, tag, settled);
-            acks.send(tracker.take(false));
+            // Singles too: a delivery handed back uncharged has a copy in the queue already.
+            acks.send(tracker.take(true));
         }
         // Queued ahead of the channel's close, so every ack is written before it.
         acks.send(tracker.take(true));
@@ -1117,14 +1120,22 @@ impl ConsumeLoop<'_> {
     /// messages in flight an attempt. If the copy cannot be published, the delivery is
     /// returned with `nack` (and counted there).
     async fn hand_back(&self, delivery: &Delivery) -> Settled {
-        if self.lost.load(Ordering::SeqCst) {
+        // Lost, the broker returns it anyway; blocked, each publish would wait for its
+        // confirm timeout.
+        if self.lost.load(Ordering::SeqCst) || self.shared.connection.is_blocked() {
             return Settled::GiveBack;
         }
-        let salvaged = wire::salvage(delivery, &self.shared.exchange);
+        let message_type = delivery
+            .properties
+            .kind()
+            .as_ref()
+            .map_or_else(String::new, |kind| kind.to_string());
+        // Every call made so far, the broker's redeliveries included: this delivery's own
+        // attempt has not happened.
         let properties = wire::retry_properties(
             &delivery.properties,
-            &salvaged.message_type,
-            salvaged.attempt.saturating_sub(1),
+            &message_type,
+            wire::attempt_of(delivery).saturating_sub(1),
         );
         match self
             .publisher

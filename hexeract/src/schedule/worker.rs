@@ -7,8 +7,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{BoxFuture, FutureExt};
-use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::future::FutureExt;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -322,38 +322,51 @@ impl SchedulerWorker {
         let publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(shared.store.clone(), wake));
         let mut synced = false;
         let mut pacing = Pacing::default();
-        // Runs in flight: a cycle never waits for them, so a slow job holds up neither the
-        // planning of other jobs nor the acks of runs that finished.
-        let mut running: FuturesUnordered<BoxFuture<'_, Finished>> = FuturesUnordered::new();
+        // Runs in flight, each in a task of its own (run and settle): a cycle never waits for
+        // them, and they go on while the loop awaits the store.
+        let mut running: JoinSet<Finished> = JoinSet::new();
         let mut finished: Vec<Finished> = Vec::new();
         let next_cycle = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(next_cycle);
         let mut cycle_now = true;
-        let mut isolating: Option<Uuid> = None;
+        let mut stopping = false;
+        // The claim (token, occurrence) of a suspect running alone, and whether claims wait
+        // for the runs in flight to end first so that it can.
+        let mut isolating: Option<(Uuid, Uuid)> = None;
+        let mut quieting = false;
         tracing::info!(jobs = shared.names.len(), "scheduler started");
         loop {
-            // While a suspect runs alone, nothing else is claimed.
-            let room = if isolating.is_some() {
+            if stopping && running.is_empty() {
+                break;
+            }
+            if quieting && running.is_empty() {
+                quieting = false;
+            }
+            let room = if isolating.is_some() || quieting {
                 0
             } else {
                 (shared.batch_size as usize).saturating_sub(running.len())
             };
             tokio::select! {
                 biased;
-                Some(done) = running.next(), if !running.is_empty() => {
-                    finished.push(done);
+                () = cancel.cancelled(), if !stopping => stopping = true,
+                Some(done) = running.join_next(), if !running.is_empty() => {
+                    finished.extend(joined(done));
                     // Every run that is done by now is settled with it, in one ack.
-                    while let Some(Some(done)) = running.next().now_or_never() {
-                        finished.push(done);
+                    while let Some(Some(done)) = running.join_next().now_or_never() {
+                        finished.extend(joined(done));
                     }
-                    if finished.iter().any(|(_, occurrence, _)| Some(occurrence.id) == isolating) {
+                    if finished
+                        .iter()
+                        .any(|(token, occurrence, _)| Some((*token, occurrence.id)) == isolating)
+                    {
                         isolating = None;
                     }
                     shared.settle(&mut finished).await;
                 }
                 // A zero wait goes by the flag: a timer would still wait for the clock's next
                 // tick (a millisecond).
-                () = async { if !cycle_now { (&mut next_cycle).await } }, if room > 0 && !cancel.is_cancelled() => {
+                () = async { if !cycle_now { (&mut next_cycle).await } }, if !stopping => {
                     let cycle = async {
                         if !synced {
                             shared.sync().await?;
@@ -367,31 +380,38 @@ impl SchedulerWorker {
                             shared.health.pass();
                             if let Some(suspect) = claimed.iter().position(|o| o.recovered) {
                                 // Its last claim was never settled: the run may have crashed
-                                // the process. It runs alone, and the rest of the batch goes
-                                // back uncharged, so that a crash again costs no one else an
-                                // attempt.
+                                // the process. It runs alone: the rest of the batch goes back
+                                // uncharged, and if other runs are still going, it goes back
+                                // too until they end.
                                 let suspect = claimed.swap_remove(suspect);
-                                let others: Vec<Uuid> = claimed.iter().map(|o| o.id).collect();
-                                if let Err(error) = shared.store.release_occurrences(token, &others).await {
+                                let mut back: Vec<Uuid> = claimed.iter().map(|o| o.id).collect();
+                                claimed.clear();
+                                if running.is_empty() {
+                                    tracing::warn!(
+                                        job = %suspect.schedule,
+                                        fire_at = %suspect.fire_at,
+                                        attempt = suspect.attempts,
+                                        "an earlier run of this occurrence never settled (did it crash the process?): running it alone"
+                                    );
+                                    isolating = Some((token, suspect.id));
+                                    claimed.push(suspect);
+                                } else {
+                                    back.push(suspect.id);
+                                    quieting = true;
+                                }
+                                if let Err(error) = shared.store.release_occurrences(token, &back).await {
                                     tracing::warn!(%error, "could not give back occurrences; they come back after their lease");
                                 }
-                                tracing::warn!(
-                                    job = %suspect.schedule,
-                                    fire_at = %suspect.fire_at,
-                                    attempt = suspect.attempts,
-                                    "an earlier run of this occurrence never settled (did it crash the process?): running it alone"
-                                );
-                                isolating = Some(suspect.id);
-                                claimed = vec![suspect];
                             }
                             for occurrence in claimed {
-                                running.push(Box::pin(shared.run_one(
-                                    token,
-                                    occurrence,
-                                    &cancel,
-                                    &interrupt,
-                                    &publisher,
-                                )));
+                                let shared = self.shared.clone();
+                                let (cancel, interrupt, publisher) =
+                                    (cancel.clone(), interrupt.clone(), publisher.clone());
+                                running.spawn(async move {
+                                    shared
+                                        .run_one(token, occurrence, &cancel, &interrupt, &publisher)
+                                        .await
+                                });
                             }
                             if found > 0 {
                                 shared.min_cycle_delay
@@ -412,11 +432,22 @@ impl SchedulerWorker {
                         .as_mut()
                         .reset(tokio::time::Instant::now() + wait);
                 }
-                () = cancel.cancelled(), if running.is_empty() => break,
             }
         }
         tracing::info!("scheduler stopped");
         Ok(())
+    }
+}
+
+/// A run's task, joined: a panic outside the job (the job's own are caught) is logged, and
+/// its claim comes back after its lease.
+fn joined(done: Result<Finished, tokio::task::JoinError>) -> Option<Finished> {
+    match done {
+        Ok(finished) => Some(finished),
+        Err(error) => {
+            tracing::error!(%error, "a scheduled run's task failed; its occurrence comes back after its lease");
+            None
+        }
     }
 }
 
@@ -488,6 +519,10 @@ impl Shared {
                 .await?;
             // A full batch of due schedules: there may be more.
             pacing.planned(written >= u64::from(self.batch_size));
+        }
+        if room == 0 {
+            // Runs fill the batch (or one runs alone): plan and release, claim nothing.
+            return Ok((found, token, Vec::new()));
         }
         let limit = u32::try_from(room).unwrap_or(u32::MAX).min(self.batch_size);
         let claimed = self
