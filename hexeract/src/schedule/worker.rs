@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::FutureExt;
+use futures_util::future::{BoxFuture, FutureExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -363,6 +363,8 @@ impl SchedulerWorker {
                         isolating = None;
                     }
                     shared.settle(&mut finished).await;
+                    // Room for claims again: the next cycle need not wait.
+                    cycle_now = true;
                 }
                 // A zero wait goes by the flag: a timer would still wait for the clock's next
                 // tick (a millisecond).
@@ -407,11 +409,23 @@ impl SchedulerWorker {
                                 let shared = self.shared.clone();
                                 let (cancel, interrupt, publisher) =
                                     (cancel.clone(), interrupt.clone(), publisher.clone());
-                                running.spawn(async move {
+                                let mut run: BoxFuture<'static, Finished> = Box::pin(async move {
                                     shared
                                         .run_one(token, occurrence, &cancel, &interrupt, &publisher)
                                         .await
                                 });
+                                // Polled once here: a job that does not wait finishes without a
+                                // task (and is acked with the others of its batch); one that
+                                // waits goes on in a task of its own, never dropped.
+                                match futures_util::poll!(&mut run) {
+                                    std::task::Poll::Ready(done) => finished.push(done),
+                                    std::task::Poll::Pending => {
+                                        running.spawn(run);
+                                    }
+                                }
+                            }
+                            if !finished.is_empty() {
+                                shared.settle(&mut finished).await;
                             }
                             if found > 0 {
                                 shared.min_cycle_delay
