@@ -19,7 +19,8 @@
 //! - `dead-letters list [--handler NAME] [--reason REASON] [--older-than DURATION] [--limit N]`:
 //!   one line per dead letter, newest last.
 //! - `dead-letters show ID`: one dead letter in full, payload included.
-//! - `dead-letters replay ID`: sends it back to its handler (a new delivery, attempts from 1).
+//! - `dead-letters replay ID`: sends it back to its handler, attempts from 1: a new delivery
+//!   from the outbox, or under `AMQP_URL` a publish to the handler's queue.
 //! - `dead-letters purge`: deletes every dead letter.
 
 use std::fmt::Write as _;
@@ -306,16 +307,26 @@ async fn show(id: &Uuid, out: &mut String) -> Result<(), CliError> {
 
 async fn replay(id: &Uuid, out: &mut String) -> Result<(), CliError> {
     let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
-    if settings.amqp.is_some() {
-        return Err(CliError::Failed(Error::Unsupported(
-            "replaying a dead letter under AMQP_URL is not supported yet: its handler consumes a \
-             queue, and the replay would have to be published there; unset AMQP_URL to replay \
-             through the database's outbox worker"
-                .to_owned(),
-        )));
-    }
     let letter = find(id).await?;
+    if letter.envelope.message_type == crate::store::SCHEDULE_MESSAGE_TYPE {
+        return Err(CliError::Failed(Error::Unsupported(format!(
+            "{id} is a run of the scheduled job {:?}: replaying job runs is not supported yet; \
+             the job runs again at its next fire time",
+            letter.handler.as_deref().unwrap_or("?")
+        ))));
+    }
     let store = crate::store::default_store().await?;
+    #[cfg(feature = "rabbitmq")]
+    if let Some(amqp) = &settings.amqp {
+        let place = crate::rabbitmq::supervisor::replay_to_broker(amqp, &letter, &*store).await?;
+        let _ = writeln!(
+            out,
+            "replayed {} ({}) to {place}: attempts start over",
+            letter.id, letter.envelope.message_type
+        );
+        return Ok(());
+    }
+    let _ = &settings;
     if !store.replay_dead_letter(*id).await? {
         return Err(CliError::Usage(format!("no dead letter has the id {id}")));
     }

@@ -29,6 +29,10 @@ pub enum Error {
     /// The configuration asks for something this build cannot do.
     #[error("{0}")]
     Unsupported(String),
+    /// The broker failed (it could not be reached, or refused a publish).
+    #[cfg(feature = "rabbitmq")]
+    #[error(transparent)]
+    Broker(#[from] crate::rabbitmq::BusError),
 }
 
 /// One or more settings are invalid. Every problem is listed, not only the first.

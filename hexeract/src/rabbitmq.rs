@@ -32,7 +32,7 @@ mod relay;
 pub(crate) mod supervisor;
 mod topology;
 mod transport;
-mod wire;
+pub(crate) mod wire;
 mod worker;
 
 pub use connection::{redact_url, RabbitMqConnection};

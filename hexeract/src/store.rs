@@ -184,6 +184,10 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// Deletes every dead letter; returns how many there were.
     fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
 
+    /// Deletes one dead letter (once it was replayed some other way, say to a broker);
+    /// `false` when there is none with this id.
+    fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
+
     /// Messages still owed: outbox rows not yet expanded plus deliveries not yet settled
     /// (running, due, or waiting for a retry). Zero when everything was handled or
     /// dead-lettered.

@@ -173,3 +173,43 @@ where
         }
     }
 }
+
+/// Sends a dead letter back to its handler's queue on the broker (or, without a handler, to
+/// the exchange under its type): attempts start over. Then deletes the dead letter. What
+/// `dead-letters replay` does under `AMQP_URL`.
+pub(crate) async fn replay_to_broker(
+    amqp: &crate::config::Amqp,
+    letter: &crate::dead_letter::DeadLetter,
+    store: &dyn DeliveryStore,
+) -> Result<String, Error> {
+    let connection =
+        RabbitMqConnection::connect_named(&amqp.url, &format!("{}.cli", amqp.queue_prefix)).await?;
+    let publisher = crate::rabbitmq::RabbitMqPublisher::new(&connection)
+        .await?
+        .exchange(amqp.exchange.clone());
+    let properties = crate::rabbitmq::wire::properties(&letter.envelope, 0);
+    let (exchange, routing_key, place) = match &letter.handler {
+        Some(handler) => {
+            let queue = format!("{}.{}", amqp.queue_prefix, handler.replace("::", "."));
+            (String::new(), queue.clone(), format!("queue {queue}"))
+        }
+        None => (
+            amqp.exchange.clone(),
+            letter.envelope.message_type.clone(),
+            format!("exchange {} (every handler of its type)", amqp.exchange),
+        ),
+    };
+    // Mandatory: a queue that is not there (a renamed handler) is an error, not a loss.
+    publisher
+        .publish_raw(
+            &exchange,
+            &routing_key,
+            &letter.envelope.payload,
+            properties,
+            true,
+        )
+        .await?;
+    store.delete_dead_letter(letter.id).await?;
+    let _ = connection.close().await;
+    Ok(place)
+}

@@ -781,6 +781,19 @@ impl DeliveryStore for PgStore {
         })
     }
 
+    fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "DELETE FROM {}.dead_letters WHERE id = $1",
+                self.schema.quoted()
+            ))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
     fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
             let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;

@@ -841,6 +841,19 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
+    fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "DELETE FROM \"{}_dead_letters\" WHERE id = ?1",
+                self.prefix
+            ))
+            .bind(id.hyphenated())
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
     fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
             let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;
