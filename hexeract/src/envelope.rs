@@ -94,7 +94,28 @@ impl Envelope {
     pub fn caused_by(mut self, parent: &Envelope) -> Envelope {
         self.correlation_id = Some(parent.correlation_id.unwrap_or(parent.id));
         self.causation_id = Some(parent.id);
+        // The same W3C trace, one hop further: a new parent id under the parent's trace id.
+        if let Some(child) = parent.header(TRACEPARENT).and_then(child_traceparent) {
+            self.headers.insert(TRACEPARENT.to_owned(), child);
+        }
         self
+    }
+
+    /// The W3C trace id of the `traceparent` header (32 hex digits), if it has a valid one.
+    ///
+    /// ```
+    /// use hexeract::Envelope;
+    ///
+    /// let envelope = Envelope::from_raw("Ping", &b"{}"[..])
+    ///     .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    /// assert_eq!(envelope.trace_id(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+    /// let follow_up = Envelope::from_raw("Pong", &b"{}"[..]).caused_by(&envelope);
+    /// assert_eq!(follow_up.trace_id(), envelope.trace_id(), "the same trace");
+    /// assert_ne!(follow_up.header("traceparent"), envelope.header("traceparent"), "a new hop");
+    /// ```
+    pub fn trace_id(&self) -> Option<&str> {
+        let traceparent = self.header(TRACEPARENT)?;
+        parse_traceparent(traceparent).map(|(trace_id, _, _)| trace_id)
     }
 
     /// Sets the correlation id.
@@ -147,4 +168,69 @@ pub enum DecodeError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// The W3C Trace Context header a message carries its trace in.
+pub(crate) const TRACEPARENT: &str = "traceparent";
+
+/// `(trace id, parent id, flags)` of a version-00 `traceparent`, or `None` when it is not one.
+fn parse_traceparent(value: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = value.split('-');
+    let (version, trace_id, parent_id, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |text: &str, len: usize| {
+        text.len() == len
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let valid = parts.next().is_none()
+        && version == "00"
+        && hex(trace_id, 32)
+        && trace_id.bytes().any(|b| b != b'0')
+        && hex(parent_id, 16)
+        && parent_id.bytes().any(|b| b != b'0')
+        && hex(flags, 2);
+    valid.then_some((trace_id, parent_id, flags))
+}
+
+/// A `traceparent` for the next hop of `parent`'s trace: same trace id and flags, a new
+/// parent id.
+fn child_traceparent(parent: &str) -> Option<String> {
+    let (trace_id, _, flags) = parse_traceparent(parent)?;
+    let span_id = loop {
+        let id = fastrand::u64(..);
+        if id != 0 {
+            break id;
+        }
+    };
+    Some(format!("00-{trace_id}-{span_id:016x}-{flags}"))
+}
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+
+    #[test]
+    fn only_valid_version_00_traceparents_are_read_and_followed() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(parse_traceparent(valid).is_some());
+        for invalid in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-abc-def-01",
+        ] {
+            assert!(parse_traceparent(invalid).is_none(), "{invalid}");
+            assert!(child_traceparent(invalid).is_none(), "{invalid}");
+        }
+        let child = child_traceparent(valid).unwrap();
+        let (trace_id, parent_id, flags) = parse_traceparent(&child).unwrap();
+        assert_eq!(trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_ne!(parent_id, "00f067aa0ba902b7");
+        assert_eq!(flags, "01");
+    }
 }

@@ -694,6 +694,7 @@ impl Shared {
                         message_type = %envelope.message_type,
                         handler = %slot.name,
                         attempt = envelope.attempt,
+                        trace_id = %envelope.trace_id().unwrap_or(""),
                     );
                     let call = call_handler(slot.handler.clone(), ctx, slot.timeout, &abort);
                     match call.instrument(span).await {

@@ -1000,6 +1000,7 @@ impl ConsumeLoop<'_> {
             message_type = %envelope.message_type,
             handler = %runner.name,
             attempt = envelope.attempt,
+            trace_id = %envelope.trace_id().unwrap_or(""),
         );
         let timeout = runner
             .handler

@@ -1,0 +1,142 @@
+//! W3C trace context through the outbox: a message published with a `traceparent` reaches its
+//! handler with it, the handler's span carries its trace id (so every log line of the call
+//! does), and a follow-up published from the handler continues the same trace with a new hop.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hexeract::outbox::OutboxWorker;
+use hexeract::store::sqlite::SqliteStore;
+use hexeract::store::DeliveryStore;
+use hexeract::{CancellationToken, Context, Envelope, Handler, HandlerOptions, Message, Registry};
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "trace.Ordered")]
+struct Ordered {}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "trace.Shipped")]
+struct Shipped {}
+
+/// The `traceparent` each handler saw.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<(&'static str, Option<String>)>>>);
+
+struct Ship(Seen);
+
+impl Handler<Ordered> for Ship {
+    type Output = Result<(), hexeract::PublishError>;
+    async fn handle(&self, _order: Ordered, ctx: &Context) -> Self::Output {
+        tracing::info!("shipping");
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push(("ship", ctx.header("traceparent").map(str::to_owned)));
+        ctx.publish(&Shipped {}).await?;
+        Ok(())
+    }
+}
+
+struct Notify(Seen);
+
+impl Handler<Shipped> for Notify {
+    type Output = Result<(), String>;
+    async fn handle(&self, _shipped: Shipped, ctx: &Context) -> Self::Output {
+        tracing::info!("notifying");
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push(("notify", ctx.header("traceparent").map(str::to_owned)));
+        Ok(())
+    }
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traceparent_reaches_the_handlers_span_and_its_follow_up_continues_the_trace() {
+    let logs = Captured::default();
+    tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .init();
+    let store = SqliteStore::in_memory().await.unwrap();
+    store.migrate().await.unwrap();
+    let seen = Seen::default();
+    let worker = OutboxWorker::builder(store.clone())
+        .registry(Registry::new())
+        .register_handler_with::<Ordered, _>(Ship(seen.clone()), HandlerOptions::new().name("ship"))
+        .register_handler_with::<Shipped, _>(
+            Notify(seen.clone()),
+            HandlerOptions::new().name("notify"),
+        )
+        .poll_interval(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    store
+        .publish(vec![Envelope::new(&Ordered {})
+            .unwrap()
+            .with_header("traceparent", TRACEPARENT)])
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while seen.0.lock().unwrap().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "both handlers ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+
+    let seen = seen.0.lock().unwrap().clone();
+    assert_eq!(
+        seen[0],
+        ("ship", Some(TRACEPARENT.to_owned())),
+        "carried as published"
+    );
+    let follow_up = seen[1]
+        .1
+        .clone()
+        .expect("the follow-up carries a traceparent");
+    assert!(
+        follow_up.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+        "same trace: {follow_up}"
+    );
+    assert_ne!(follow_up, TRACEPARENT, "a new hop");
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    for handler in ["ship", "notify"] {
+        let line = logs
+            .lines()
+            .find(|line| line.contains(&format!("handler={handler}")))
+            .unwrap_or_else(|| panic!("no log line of {handler} in:\n{logs}"));
+        assert!(
+            line.contains("trace_id=4bf92f3577b34da6a3ce929d0e0e4736"),
+            "{line}"
+        );
+    }
+}
