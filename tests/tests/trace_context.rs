@@ -21,9 +21,12 @@ struct Ordered {}
 #[message(type = "trace.Shipped")]
 struct Shipped {}
 
-/// The `traceparent` each handler saw.
+/// A handler and the `traceparent` it saw.
+type Sighting = (&'static str, Option<String>);
+
+/// What each handler saw.
 #[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(&'static str, Option<String>)>>>);
+struct Seen(Arc<Mutex<Vec<Sighting>>>);
 
 struct Ship(Seen);
 
