@@ -43,6 +43,10 @@ pub(crate) struct EnvSettings {
     pub(crate) consumer_poll_interval: Option<Duration>,
     /// `WORKER_PORT`: the port of the health and metrics endpoints (8081; 0 picks a free one).
     pub(crate) worker_port: u16,
+    /// `INBOX_RETENTION_DAYS` (7): inbox marks older than this are deleted; `None`: kept.
+    pub(crate) inbox_retention: Option<Duration>,
+    /// `DEAD_LETTER_RETENTION_DAYS` (30): dead letters older than this are deleted; `None`: kept.
+    pub(crate) dead_letter_retention: Option<Duration>,
     /// `AMQP_URL`: deliver through RabbitMQ.
     pub(crate) amqp: Option<Amqp>,
 }
@@ -77,8 +81,27 @@ impl Default for EnvSettings {
             relay_poll_interval: None,
             consumer_poll_interval: None,
             worker_port: DEFAULT_WORKER_PORT,
+            inbox_retention: Some(days(DEFAULT_INBOX_RETENTION_DAYS)),
+            dead_letter_retention: Some(days(DEFAULT_DEAD_LETTER_RETENTION_DAYS)),
             amqp: None,
         }
+    }
+}
+
+/// Inbox marks are kept this many days unless `INBOX_RETENTION_DAYS` says otherwise.
+pub(crate) const DEFAULT_INBOX_RETENTION_DAYS: u64 = 7;
+/// Dead letters are kept this many days unless `DEAD_LETTER_RETENTION_DAYS` says otherwise.
+pub(crate) const DEFAULT_DEAD_LETTER_RETENTION_DAYS: u64 = 30;
+
+fn days(days: u64) -> Duration {
+    Duration::from_secs(days * 86_400)
+}
+
+/// A retention in days; 0 keeps forever.
+fn retention(days_set: Option<u64>, default: u64) -> Option<Duration> {
+    match days_set.unwrap_or(default) {
+        0 => None,
+        n => Some(days(n)),
     }
 }
 
@@ -132,6 +155,14 @@ impl EnvSettings {
             .map(Duration::from_millis),
             worker_port: read("WORKER_PORT", |v| whole_number(v, 0, 65_535))
                 .map_or(DEFAULT_WORKER_PORT, |port| port as u16),
+            inbox_retention: retention(
+                read("INBOX_RETENTION_DAYS", |v| whole_number(v, 0, 36_500)),
+                DEFAULT_INBOX_RETENTION_DAYS,
+            ),
+            dead_letter_retention: retention(
+                read("DEAD_LETTER_RETENTION_DAYS", |v| whole_number(v, 0, 36_500)),
+                DEFAULT_DEAD_LETTER_RETENTION_DAYS,
+            ),
             amqp: None,
         };
         if let Some(url) = lookup("AMQP_URL") {
@@ -339,6 +370,33 @@ mod tests {
             !text.contains("secret"),
             "a password reached the error: {text}"
         );
+    }
+
+    #[test]
+    fn retention_defaults_to_7_and_30_days_and_0_keeps_forever() {
+        let defaults = EnvSettings::from_lookup(lookup(&[])).unwrap();
+        assert_eq!(
+            defaults.inbox_retention,
+            Some(Duration::from_secs(7 * 86_400))
+        );
+        assert_eq!(
+            defaults.dead_letter_retention,
+            Some(Duration::from_secs(30 * 86_400))
+        );
+        let set = EnvSettings::from_lookup(lookup(&[
+            ("INBOX_RETENTION_DAYS", "0"),
+            ("DEAD_LETTER_RETENTION_DAYS", "90"),
+        ]))
+        .unwrap();
+        assert_eq!(set.inbox_retention, None, "0: kept forever");
+        assert_eq!(
+            set.dead_letter_retention,
+            Some(Duration::from_secs(90 * 86_400))
+        );
+        let error = EnvSettings::from_lookup(lookup(&[("DEAD_LETTER_RETENTION_DAYS", "a month")]))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("DEAD_LETTER_RETENTION_DAYS"), "{error}");
     }
 
     #[test]

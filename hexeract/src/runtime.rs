@@ -69,8 +69,15 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         Some(store.clone()),
         stop.clone(),
     ));
+    let hygiene = tokio::spawn(retention(
+        store.clone(),
+        settings.inbox_retention,
+        settings.dead_letter_retention,
+        stop.clone(),
+    ));
     let result = run_loops(&settings, store, &health, &stop).await;
     stop.cancel();
+    let _ = hygiene.await;
     // A client holding a connection open would keep the server's graceful shutdown waiting.
     let mut http = http;
     match tokio::time::timeout(Duration::from_secs(2), &mut http).await {
@@ -79,6 +86,37 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         Err(_) => http.abort(),
     }
     result
+}
+
+/// Deletes expired inbox marks and dead letters: a minute after startup, then every hour.
+async fn retention(
+    store: Arc<dyn crate::store::ScheduleStore>,
+    inbox: Option<Duration>,
+    dead_letters: Option<Duration>,
+    stop: CancellationToken,
+) {
+    let mut wait = Duration::from_secs(60);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = Duration::from_secs(3_600);
+        if let Some(age) = inbox {
+            match store.purge_inbox_before(age).await {
+                Ok(0) => {}
+                Ok(purged) => tracing::info!(purged, ?age, "expired inbox marks deleted"),
+                Err(error) => tracing::warn!(%error, "could not delete expired inbox marks"),
+            }
+        }
+        if let Some(age) = dead_letters {
+            match store.purge_dead_letters_before(age).await {
+                Ok(0) => {}
+                Ok(purged) => tracing::info!(purged, ?age, "expired dead letters deleted"),
+                Err(error) => tracing::warn!(%error, "could not delete expired dead letters"),
+            }
+        }
+    }
 }
 
 /// Binds the health and metrics endpoints, or says which variable to change.

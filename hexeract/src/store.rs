@@ -184,6 +184,15 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// Deletes every dead letter; returns how many there were.
     fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
 
+    /// Deletes the inbox marks older than `age` and returns how many (see
+    /// [`outbox::inbox`](crate::outbox::inbox)); what `run`'s retention task does with
+    /// `INBOX_RETENTION_DAYS`.
+    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// Deletes the dead letters older than `age` (by when they were dead-lettered) and returns
+    /// how many; what `run`'s retention task does with `DEAD_LETTER_RETENTION_DAYS`.
+    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
+
     /// Deletes one dead letter (once it was replayed some other way, say to a broker);
     /// `false` when there is none with this id.
     fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;

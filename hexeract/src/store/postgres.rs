@@ -781,6 +781,26 @@ impl DeliveryStore for PgStore {
         })
     }
 
+    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(self.purge_inbox_older_than(age))
+    }
+
+    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            // Keeps `now() - age` within PostgreSQL's timestamp range.
+            const MAX_AGE_MILLIS: i64 = 1000 * 365 * 24 * 3600 * 1000;
+            let done = sqlx::query(&format!(
+                "DELETE FROM {}.dead_letters
+                 WHERE dead_lettered_at < now() - $1::bigint * interval '1 millisecond'",
+                self.schema.quoted()
+            ))
+            .bind(millis(age).min(MAX_AGE_MILLIS))
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
     fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
             let done = sqlx::query(&format!(

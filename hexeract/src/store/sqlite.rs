@@ -841,6 +841,23 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
+    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(self.purge_inbox_older_than(age))
+    }
+
+    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "DELETE FROM \"{}_dead_letters\" WHERE dead_lettered_at < ?1",
+                self.prefix
+            ))
+            .bind(now_millis().saturating_sub(millis(age)))
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected())
+        })
+    }
+
     fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
             let done = sqlx::query(&format!(
