@@ -89,7 +89,7 @@ pub async fn execute(args: &[String], out: &mut String) -> Result<(), CliError> 
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
         [] | ["run"] => Ok(crate::run(tokio_util::sync::CancellationToken::new()).await?),
-        ["handlers"] => handlers(out),
+        ["handlers"] => handlers(out).await,
         ["migrate"] => {
             let store = crate::store::default_store().await?;
             store.migrate().await?;
@@ -120,7 +120,7 @@ pub async fn execute(args: &[String], out: &mut String) -> Result<(), CliError> 
     }
 }
 
-fn handlers(out: &mut String) -> Result<(), CliError> {
+async fn handlers(out: &mut String) -> Result<(), CliError> {
     let registry = Registry::from_inventory().map_err(Error::from)?;
     let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
     let _ = writeln!(out, "handlers ({}):", registry.len());
@@ -152,6 +152,19 @@ fn handlers(out: &mut String) -> Result<(), CliError> {
             job.spec(),
             job.catch_up_rule()
         );
+    }
+    let store = crate::store::default_store().await?;
+    let unowned = crate::runtime::unowned_deliveries(&*store).await?;
+    if !unowned.is_empty() {
+        let _ = writeln!(out, "pending deliveries no handler here owns:");
+        for (handler, count) in unowned {
+            let who = if handler.is_empty() {
+                "(a message type no handler knows)".to_owned()
+            } else {
+                format!("{handler} (renamed or removed?)")
+            };
+            let _ = writeln!(out, "  {who}: {count}");
+        }
     }
     Ok(())
 }

@@ -69,6 +69,7 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         Some(store.clone()),
         stop.clone(),
     ));
+    warn_about_unowned(&*store).await;
     let hygiene = tokio::spawn(retention(
         store.clone(),
         settings.inbox_retention,
@@ -86,6 +87,36 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         Err(_) => http.abort(),
     }
     result
+}
+
+/// Pending deliveries no registered handler owns: `(handler, count)`; `""` stands for message
+/// types no handler knew.
+pub(crate) async fn unowned_deliveries(
+    store: &dyn crate::store::DeliveryStore,
+) -> Result<Vec<(String, u64)>, Error> {
+    let registry = Registry::from_inventory()?;
+    Ok(store
+        .pending_by_handler()
+        .await?
+        .into_iter()
+        .filter(|(handler, _)| registry.get(handler).is_none())
+        .collect())
+}
+
+/// Says at startup which pending deliveries nobody will handle (a handler renamed or removed).
+async fn warn_about_unowned(store: &dyn crate::store::DeliveryStore) {
+    match unowned_deliveries(store).await {
+        Ok(unowned) => {
+            for (handler, count) in unowned {
+                if handler.is_empty() {
+                    tracing::warn!(count, "deliveries of message types no handler knows are waiting; they retry and then go to the dead letters");
+                } else {
+                    tracing::warn!(%handler, count, "deliveries for a handler this program does not have (renamed or removed?) are waiting; they retry and then go to the dead letters");
+                }
+            }
+        }
+        Err(error) => tracing::warn!(%error, "could not look for deliveries no handler owns"),
+    }
 }
 
 /// Deletes expired inbox marks and dead letters: a minute after startup, then every hour.

@@ -184,6 +184,11 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// Deletes every dead letter; returns how many there were.
     fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
 
+    /// Deliveries still owed, counted by handler name (`""` for a message type no handler
+    /// knew when it was expanded): a name no registered handler has is a handler that was
+    /// renamed or removed, and its deliveries wait for nobody.
+    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>>;
+
     /// Deletes the inbox marks older than `age` and returns how many (see
     /// [`outbox::inbox`](crate::outbox::inbox)); what `run`'s retention task does with
     /// `INBOX_RETENTION_DAYS`.

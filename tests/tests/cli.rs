@@ -122,3 +122,35 @@ async fn the_commands_list_handlers_and_list_show_replay_and_purge_dead_letters(
     service.await.unwrap().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A delivery waiting for a handler that is gone (renamed, say) is listed by `handlers`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_lists_pending_deliveries_that_no_handler_owns() {
+    let dir = std::env::temp_dir().join(format!("hexeract-cli-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for variable in ["DATABASE_URL", "AMQP_URL", "KAFKA_BROKERS"] {
+        std::env::remove_var(variable);
+    }
+    std::env::set_var("HEXERACT_SQLITE_PATH", dir.join("outbox.db"));
+    let store = hexeract::store::default_store().await.unwrap();
+    store
+        .publish(vec![
+            hexeract::Envelope::new(&Invoice { number: 1 }).unwrap()
+        ])
+        .await
+        .unwrap();
+    // Expanded by an older version, whose handler had another name.
+    let routes = hexeract::store::Routes {
+        pairs: vec![("cli.Invoice".to_owned(), "billing::book_v1".to_owned())],
+    };
+    assert_eq!(store.expand(&routes, 10).await.unwrap(), 1);
+    let listed = run(&["handlers"]).await.unwrap();
+    assert!(
+        listed.contains(
+            "pending deliveries no handler here owns:\n  billing::book_v1 (renamed or removed?): 1"
+        ),
+        "{listed}"
+    );
+    assert!(!listed.contains("billing::book (renamed"), "{listed}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -781,6 +781,21 @@ impl DeliveryStore for PgStore {
         })
     }
 
+    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+                "SELECT handler, count(*) FROM {}.deliveries GROUP BY handler ORDER BY handler",
+                self.schema.quoted()
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(handler, count)| (handler, u64::try_from(count).unwrap_or(0)))
+                .collect())
+        })
+    }
+
     fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(self.purge_inbox_older_than(age))
     }
