@@ -127,7 +127,9 @@ impl Metrics {
                     "{name}_bucket{{handler=\"{handler}\",le=\"{bound}\"}} {cumulative}"
                 );
             }
-            let count = metrics.count.load(Ordering::Relaxed);
+            // Read one counter at a time while calls are counted: `+Inf` is never below a
+            // finite bucket.
+            let count = metrics.count.load(Ordering::Relaxed).max(cumulative);
             let sum = metrics.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
             let _ = writeln!(
                 out,
@@ -170,6 +172,12 @@ impl HandlerMetrics {
     pub fn retried(&self, took: Duration) {
         self.retried.fetch_add(1, Ordering::Relaxed);
         self.observe(took);
+    }
+
+    /// A message that will be retried without a call (no handler could take it): counted, not
+    /// timed.
+    pub fn retried_without_call(&self) {
+        self.retried.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A message dead-lettered after a call that took `took` (`None`: no call was made, as for
@@ -255,5 +263,17 @@ mod tests {
         assert!(line("hexeract_messages_dead_lettered_total").ends_with(" 1"));
         assert!(line("hexeract_messages_retried_total").ends_with(" 1"));
         assert!(line("hexeract_handler_duration_seconds_sum").ends_with(" 60.0305"));
+
+        // A retry without a call is counted, not timed.
+        handler.retried_without_call();
+        let text = metrics.render();
+        assert!(
+            text.contains("hexeract_messages_retried_total{handler=\"a\\\"b\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hexeract_handler_duration_seconds_count{handler=\"a\\\"b\"} 3"),
+            "{text}"
+        );
     }
 }

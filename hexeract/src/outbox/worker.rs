@@ -499,7 +499,8 @@ impl OutboxWorker {
         let metrics = metrics.unwrap_or_else(|| Metrics::global().handler(crate::metrics::UNKNOWN));
         match (&settlement, took) {
             (Settlement::Ack(_), Some(took)) => metrics.handled(took),
-            (Settlement::Retry { .. }, took) => metrics.retried(took.unwrap_or_default()),
+            (Settlement::Retry { .. }, Some(took)) => metrics.retried(took),
+            (Settlement::Retry { .. }, None) => metrics.retried_without_call(),
             (Settlement::DeadLetter { .. }, took) => metrics.dead_lettered(took),
             _ => {}
         }

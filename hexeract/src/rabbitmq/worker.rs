@@ -955,7 +955,10 @@ impl ConsumeLoop<'_> {
                     };
                     return (tag, self.park(&delivery, envelope, &info).await);
                 }
-                metrics.retried(took.unwrap_or_default());
+                match took {
+                    Some(took) => metrics.retried(took),
+                    None => metrics.retried_without_call(),
+                }
                 let delay = shared.retry.delay_after(envelope.attempt, after);
                 (tag, self.retry(&delivery, &envelope, delay, &detail).await)
             }
