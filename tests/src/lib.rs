@@ -2,5 +2,6 @@
 
 pub mod amqp;
 pub mod http;
+pub mod logs;
 pub mod pg;
 pub mod tls;

@@ -2,44 +2,15 @@
 //! connections fail: PostgreSQL and RabbitMQ unreachable, RabbitMQ refusing the credentials,
 //! and `hexeract::run` retrying a broker that is down.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hexeract::CancellationToken;
 
 const SECRET: &str = "pw-s3cret-4711";
 
-/// Every log line, at every level, of every crate.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_password_in_logs_or_errors_when_connections_fail() {
-    let logs = Captured::default();
-    tracing_subscriber::fmt()
-        .with_env_filter("trace")
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .init();
+    let logs = hexeract_tests::logs::Captured::install("trace");
     let mut errors = Vec::new();
 
     // Nothing listens on port 1.
@@ -98,7 +69,7 @@ async fn no_password_in_logs_or_errors_when_connections_fail() {
             .to_string(),
     );
 
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(
         logs.contains("cannot reach RabbitMQ"),
         "the supervisor's retries were logged (the capture works):\n{logs}"

@@ -2,7 +2,6 @@
 //! handler with it, the handler's span carries its trace id (so every log line of the call
 //! does), and a follow-up published from the handler continues the same trace with a new hop.
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,34 +58,9 @@ impl Handler<Shipped> for Notify {
     }
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_traceparent_reaches_the_handlers_span_and_its_follow_up_continues_the_trace() {
-    let logs = Captured::default();
-    tracing_subscriber::fmt()
-        .with_env_filter("info")
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .init();
+    let logs = hexeract_tests::logs::Captured::install("info");
     let store = SqliteStore::in_memory().await.unwrap();
     store.migrate().await.unwrap();
     let seen = Seen::default();
@@ -131,7 +105,7 @@ async fn a_traceparent_reaches_the_handlers_span_and_its_follow_up_continues_the
         "same trace: {follow_up}"
     );
     assert_ne!(follow_up, TRACEPARENT, "a new hop");
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     for handler in ["ship", "notify"] {
         let line = logs
             .lines()
