@@ -464,6 +464,64 @@ async fn no_more_than_prefetch_calls_run_at_once_and_cancel_finishes_the_calls_i
     broker.delete(&topology).await;
 }
 
+/// Records each call; the call of order 0 first waits `pause`.
+struct FirstSlow(Calls, Duration);
+
+impl Handler<OrderPlaced> for FirstSlow {
+    type Output = Result<(), String>;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+        if order.order_id == 0 {
+            tokio::time::sleep(self.1).await;
+        }
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .push((order.order_id, "first-slow", ctx.attempt()));
+        Ok(())
+    }
+}
+
+/// Calls that finish behind a slow one (out of delivery order) are acked while it runs: the
+/// worker neither waits for it to ack them nor spins. A first version looped forever without
+/// awaiting once half the window was settled behind a running call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_settled_behind_a_slow_call_are_acked_while_it_runs() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let worker = worker(&broker, broker.connect("hexeract-tests-behind-slow").await)
+        .register_handler_with::<OrderPlaced, _>(
+            FirstSlow(calls.clone(), Duration::from_secs(3)),
+            HandlerOptions::new().name("first-slow"),
+        )
+        .prefetch(4)
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let envelopes: Vec<Envelope> = (0..20)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    publisher(&broker)
+        .await
+        .publish_all(&envelopes)
+        .await
+        .unwrap();
+    // Three of the four first deliveries settle at once behind order 0, which takes 3 s; the
+    // window moves on only if they are acked.
+    calls.wait_for(10, Duration::from_secs(2)).await;
+    assert!(
+        !calls.all().iter().any(|(order, _, _)| *order == 0),
+        "order 0 is still running"
+    );
+    calls.wait_for(20, Duration::from_secs(10)).await;
+    let queue = running.topology.queue_for("first-slow");
+    let topology = running.stop().await;
+    assert_eq!(broker.ready(&queue).await, 0, "every call was acked");
+    assert_eq!(calls.all().len(), 20, "each message once");
+    broker.delete(&topology).await;
+}
+
 /// Records each call, after a pause.
 struct Pausing(Calls, Duration);
 

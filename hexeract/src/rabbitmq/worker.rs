@@ -778,6 +778,12 @@ impl ConsumeLoop<'_> {
         let lost = loop {
             if tracker.settled() >= batch {
                 acks.send(tracker.take(false));
+                if tracker.settled() >= batch {
+                    // Half a window settled behind a call still running: ack those singly now.
+                    // Waiting would shrink the window, and leaving them counted would bring
+                    // this check back at once, round and round without ever awaiting.
+                    acks.send(tracker.take(true));
+                }
                 flush_armed = false;
             }
             tokio::select! {
