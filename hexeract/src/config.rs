@@ -41,6 +41,12 @@ pub(crate) struct EnvSettings {
     pub(crate) relay_batch_size: Option<u32>,
     pub(crate) relay_poll_interval: Option<Duration>,
     pub(crate) consumer_poll_interval: Option<Duration>,
+    /// `DELIVERY_LEASE_MS`: how long the outbox worker's claim of a delivery lasts.
+    pub(crate) delivery_lease: Option<Duration>,
+    /// `MAX_PAYLOAD_BYTES`: larger payloads are dead-lettered (parked) without being decoded.
+    pub(crate) max_payload_bytes: Option<usize>,
+    /// The `SCHEDULER_*` variables.
+    pub(crate) scheduler: SchedulerSettings,
     /// `WORKER_PORT`: the port of the health and metrics endpoints (8081; 0 picks a free one).
     pub(crate) worker_port: u16,
     /// `INBOX_RETENTION_DAYS` (7): inbox marks older than this are deleted; `None`: kept.
@@ -51,12 +57,29 @@ pub(crate) struct EnvSettings {
     pub(crate) amqp: Option<Amqp>,
 }
 
-/// `AMQP_URL` with `HEXERACT_EXCHANGE` and `HEXERACT_QUEUE_PREFIX`.
+/// The scheduler's own variables; `None` where unset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SchedulerSettings {
+    /// `SCHEDULER_POLL_INTERVAL_MS`
+    pub(crate) poll_interval: Option<Duration>,
+    /// `SCHEDULER_BATCH_SIZE`
+    pub(crate) batch_size: Option<u32>,
+    /// `SCHEDULER_MIN_CYCLE_DELAY_MS`
+    pub(crate) min_cycle_delay: Option<Duration>,
+    /// `SCHEDULER_DISPATCH_TIMEOUT_MS`
+    pub(crate) dispatch_timeout: Option<Duration>,
+    /// `SCHEDULER_LEASE_MS`
+    pub(crate) lease: Option<Duration>,
+}
+
+/// `AMQP_URL` with `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX` and `AMQP_PREFETCH`.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Amqp {
     pub(crate) url: String,
     pub(crate) exchange: String,
     pub(crate) queue_prefix: String,
+    /// `AMQP_PREFETCH`; `None` where unset.
+    pub(crate) prefetch: Option<u32>,
 }
 
 impl std::fmt::Debug for Amqp {
@@ -65,6 +88,7 @@ impl std::fmt::Debug for Amqp {
             .field("url", &redact_url(&self.url))
             .field("exchange", &self.exchange)
             .field("queue_prefix", &self.queue_prefix)
+            .field("prefetch", &self.prefetch)
             .finish()
     }
 }
@@ -80,6 +104,9 @@ impl Default for EnvSettings {
             relay_batch_size: None,
             relay_poll_interval: None,
             consumer_poll_interval: None,
+            delivery_lease: None,
+            max_payload_bytes: None,
+            scheduler: SchedulerSettings::default(),
             worker_port: DEFAULT_WORKER_PORT,
             inbox_retention: Some(days(DEFAULT_INBOX_RETENTION_DAYS)),
             dead_letter_retention: Some(days(DEFAULT_DEAD_LETTER_RETENTION_DAYS)),
@@ -153,6 +180,28 @@ impl EnvSettings {
                 whole_number(v, 1, 3_600_000)
             })
             .map(Duration::from_millis),
+            delivery_lease: read("DELIVERY_LEASE_MS", |v| whole_number(v, 1, 86_400_000))
+                .map(Duration::from_millis),
+            max_payload_bytes: read("MAX_PAYLOAD_BYTES", |v| whole_number(v, 1, 1_073_741_824))
+                .map(|n| n as usize),
+            scheduler: SchedulerSettings {
+                poll_interval: read("SCHEDULER_POLL_INTERVAL_MS", |v| {
+                    whole_number(v, 1, 3_600_000)
+                })
+                .map(Duration::from_millis),
+                batch_size: read("SCHEDULER_BATCH_SIZE", |v| whole_number(v, 1, 10_000))
+                    .map(|n| n as u32),
+                min_cycle_delay: read("SCHEDULER_MIN_CYCLE_DELAY_MS", |v| {
+                    whole_number(v, 0, 60_000)
+                })
+                .map(Duration::from_millis),
+                dispatch_timeout: read("SCHEDULER_DISPATCH_TIMEOUT_MS", |v| {
+                    whole_number(v, 1, 86_400_000)
+                })
+                .map(Duration::from_millis),
+                lease: read("SCHEDULER_LEASE_MS", |v| whole_number(v, 1, 86_400_000))
+                    .map(Duration::from_millis),
+            },
             worker_port: read("WORKER_PORT", |v| whole_number(v, 0, 65_535))
                 .map_or(DEFAULT_WORKER_PORT, |port| port as u16),
             inbox_retention: retention(
@@ -165,6 +214,11 @@ impl EnvSettings {
             ),
             amqp: None,
         };
+        // Like the names below, read only when there is a broker to apply it to.
+        let prefetch = match lookup("AMQP_URL") {
+            Some(_) => read("AMQP_PREFETCH", |v| whole_number(v, 1, 65_535)).map(|n| n as u32),
+            None => None,
+        };
         if let Some(url) = lookup("AMQP_URL") {
             let name = |variable: &str, default: &str| {
                 lookup(variable).unwrap_or_else(|| default.to_owned())
@@ -172,6 +226,7 @@ impl EnvSettings {
             let amqp = Amqp {
                 exchange: name("HEXERACT_EXCHANGE", "hexeract"),
                 queue_prefix: name("HEXERACT_QUEUE_PREFIX", "hexeract"),
+                prefetch,
                 url,
             };
             if !(amqp.url.starts_with("amqp://") || amqp.url.starts_with("amqps://")) {
@@ -262,6 +317,19 @@ impl EnvSettings {
         }
     }
 }
+
+/// Sets a builder's knob only when its variable is set: an unset one keeps the builder's
+/// default, so `hexeract::run` and the builder cannot disagree about it.
+pub(crate) trait IfSet: Sized {
+    fn if_set<T>(self, value: Option<T>, knob: impl FnOnce(Self, T) -> Self) -> Self {
+        match value {
+            Some(value) => knob(self, value),
+            None => self,
+        }
+    }
+}
+
+impl<B> IfSet for B {}
 
 /// `url` with its password replaced by `***`, for logs and errors.
 pub(crate) fn redact_url(url: &str) -> String {
@@ -442,6 +510,151 @@ mod tests {
             assert!(error.contains("cacertfile"), "{error}");
             assert!(!error.contains(":pw@"), "{error}");
         }
+    }
+
+    fn owned_lookup(vars: Vec<(&'static str, String)>) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            vars.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    /// The worker knobs added for `hexeract::run`, with their ranges.
+    const WORKER_KNOBS: [(&str, u64, u64); 8] = [
+        ("SCHEDULER_POLL_INTERVAL_MS", 1, 3_600_000),
+        ("SCHEDULER_BATCH_SIZE", 1, 10_000),
+        ("SCHEDULER_MIN_CYCLE_DELAY_MS", 0, 60_000),
+        ("SCHEDULER_DISPATCH_TIMEOUT_MS", 1, 86_400_000),
+        ("SCHEDULER_LEASE_MS", 1, 86_400_000),
+        ("DELIVERY_LEASE_MS", 1, 86_400_000),
+        ("AMQP_PREFETCH", 1, 65_535),
+        ("MAX_PAYLOAD_BYTES", 1, 1_073_741_824),
+    ];
+
+    #[test]
+    fn worker_knobs_are_read_into_their_own_settings() {
+        let settings = EnvSettings::from_lookup(lookup(&[
+            ("SCHEDULER_POLL_INTERVAL_MS", "250"),
+            ("SCHEDULER_BATCH_SIZE", "7"),
+            ("SCHEDULER_MIN_CYCLE_DELAY_MS", "0"),
+            ("SCHEDULER_DISPATCH_TIMEOUT_MS", "1234"),
+            ("SCHEDULER_LEASE_MS", "4321"),
+            ("DELIVERY_LEASE_MS", "60000"),
+            ("AMQP_URL", "amqp://localhost"),
+            ("AMQP_PREFETCH", "64"),
+            ("MAX_PAYLOAD_BYTES", " 4096 "),
+        ]))
+        .unwrap();
+        assert_eq!(
+            settings.scheduler,
+            SchedulerSettings {
+                poll_interval: Some(Duration::from_millis(250)),
+                batch_size: Some(7),
+                min_cycle_delay: Some(Duration::ZERO),
+                dispatch_timeout: Some(Duration::from_millis(1234)),
+                lease: Some(Duration::from_millis(4321)),
+            }
+        );
+        assert_eq!(settings.delivery_lease, Some(Duration::from_secs(60)));
+        assert_eq!(settings.max_payload_bytes, Some(4096));
+        assert_eq!(settings.amqp.unwrap().prefetch, Some(64));
+        // Unset, each keeps the builder's default.
+        let unset = EnvSettings::from_lookup(lookup(&[("AMQP_URL", "amqp://localhost")])).unwrap();
+        assert_eq!(unset.scheduler, SchedulerSettings::default());
+        assert_eq!(
+            (unset.delivery_lease, unset.max_payload_bytes),
+            (None, None)
+        );
+        assert_eq!(unset.amqp.unwrap().prefetch, None);
+    }
+
+    #[test]
+    fn worker_knobs_take_their_bounds_and_refuse_one_past_them() {
+        for (name, min, max) in WORKER_KNOBS {
+            let with = |value: String| {
+                let mut vars = vec![(name, value)];
+                if name == "AMQP_PREFETCH" {
+                    vars.push(("AMQP_URL", "amqp://localhost".to_owned()));
+                }
+                EnvSettings::from_lookup(owned_lookup(vars))
+            };
+            for fits in [min, max] {
+                assert!(with(fits.to_string()).is_ok(), "{name} = {fits}");
+            }
+            let mut beyond = vec![(max + 1).to_string(), "soon".to_owned(), "-1".to_owned()];
+            if min > 0 {
+                beyond.push((min - 1).to_string());
+            }
+            for value in beyond {
+                let error = with(value.clone()).unwrap_err();
+                assert_eq!(error.problems.len(), 1, "{error}");
+                let text = error.to_string();
+                let expected = format!("{name} = \"{value}\": a whole number from {min} to {max}");
+                assert!(text.contains(&expected), "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_invalid_worker_knob_is_reported_at_once() {
+        let error = EnvSettings::from_lookup(lookup(&[
+            ("SCHEDULER_POLL_INTERVAL_MS", "0"),
+            ("SCHEDULER_BATCH_SIZE", "10001"),
+            ("SCHEDULER_MIN_CYCLE_DELAY_MS", "5ms"),
+            ("SCHEDULER_DISPATCH_TIMEOUT_MS", "86400001"),
+            ("SCHEDULER_LEASE_MS", "0"),
+            ("DELIVERY_LEASE_MS", "30s"),
+            ("AMQP_URL", "amqp://guest:secret@localhost"),
+            ("AMQP_PREFETCH", "65536"),
+            ("MAX_PAYLOAD_BYTES", "1073741825"),
+            ("MAX_DELIVERIES", "0"),
+        ]))
+        .unwrap_err();
+        let mut settings: Vec<_> = error.problems.iter().map(|p| p.setting.as_str()).collect();
+        settings.sort_unstable();
+        assert_eq!(
+            settings,
+            [
+                "AMQP_PREFETCH",
+                "DELIVERY_LEASE_MS",
+                "MAX_DELIVERIES",
+                "MAX_PAYLOAD_BYTES",
+                "SCHEDULER_BATCH_SIZE",
+                "SCHEDULER_DISPATCH_TIMEOUT_MS",
+                "SCHEDULER_LEASE_MS",
+                "SCHEDULER_MIN_CYCLE_DELAY_MS",
+                "SCHEDULER_POLL_INTERVAL_MS",
+            ]
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains("SCHEDULER_MIN_CYCLE_DELAY_MS = \"5ms\": a whole number from 0 to 60000"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "MAX_PAYLOAD_BYTES = \"1073741825\": a whole number from 1 to 1073741824"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn amqp_prefetch_is_read_only_with_amqp_url() {
+        // Like HEXERACT_EXCHANGE: without a broker it is ignored, even when invalid.
+        let settings = EnvSettings::from_lookup(lookup(&[("AMQP_PREFETCH", "0")])).unwrap();
+        assert_eq!(settings.amqp, None);
+        let error = EnvSettings::from_lookup(lookup(&[
+            ("AMQP_URL", "amqp://localhost"),
+            ("AMQP_PREFETCH", "0"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("AMQP_PREFETCH = \"0\": a whole number from 1 to 65535"),
+            "{error}"
+        );
     }
 
     #[test]

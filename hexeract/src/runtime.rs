@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::config::EnvSettings;
+use crate::config::{EnvSettings, IfSet, SchedulerSettings};
 use crate::context::Context;
 use crate::dead_letter::DeadLetter;
 use crate::dispatch::{call_handler, Call};
@@ -23,12 +23,13 @@ use crate::error::{ConfigError, Error, KnobChecks};
 use crate::handler::Handler;
 use crate::memory::{InMemoryStore, Pending};
 use crate::message::Message;
-use crate::outbox::OutboxWorker;
+use crate::outbox::{OutboxWorker, OutboxWorkerBuilder};
 use crate::outcome::HandlerOutcome;
 use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::registry::{HandlerInfo, HandlerOptions, RegisteredHandler, Registry, RegistryError};
 use crate::retry::RetryPolicy;
+use crate::schedule::{SchedulerBuilder, SchedulerWorker};
 
 /// Runs every registered handler until `cancel` fires (or SIGTERM / Ctrl-C arrives), with the
 /// configuration taken from the environment.
@@ -180,11 +181,12 @@ async fn run_loops(
 ) -> Result<(), Error> {
     let stop = stop.clone();
     // Scheduled jobs and delayed messages, beside whatever delivers the messages.
-    let scheduler = crate::schedule::SchedulerWorker::builder_shared(store.clone())
-        .from_inventory()
-        .configure(settings)
-        .health(health.probe("scheduler"))
-        .build()?;
+    let scheduler = configure_scheduler(
+        SchedulerWorker::builder_shared(store.clone()).from_inventory(),
+        settings,
+    )
+    .health(health.probe("scheduler"))
+    .build()?;
     let store: Arc<dyn crate::store::DeliveryStore> = store;
     #[cfg(feature = "rabbitmq")]
     if let Some(amqp) = &settings.amqp {
@@ -213,17 +215,66 @@ async fn run_loops(
             "AMQP_URL is set, but this build of hexeract lacks its `rabbitmq` feature".to_owned(),
         ));
     }
-    let worker = OutboxWorker::builder_shared(store)
-        .from_registry()
-        .configure(settings)
-        .health(health.probe("outbox worker"))
-        .build()?;
+    let worker = configure_outbox_worker(
+        OutboxWorker::builder_shared(store).from_registry(),
+        settings,
+    )
+    .health(health.probe("outbox worker"))
+    .build()?;
     tokio::spawn(stop_on_signal(stop.clone()));
     let (delivered, scheduled) = tokio::join!(
         stop_all_on_error(worker.run(stop.clone()), &stop),
         scheduler.run(stop.clone())
     );
     delivered.and(scheduled)
+}
+
+/// The scheduler's knobs under `hexeract::run`: every variable that is set; the others keep
+/// the builder's defaults.
+fn configure_scheduler(builder: SchedulerBuilder, settings: &EnvSettings) -> SchedulerBuilder {
+    // Every field named: a knob added to the settings does not compile until it is named here,
+    // and warns as unused until it is applied.
+    let SchedulerSettings {
+        poll_interval,
+        batch_size,
+        min_cycle_delay,
+        dispatch_timeout,
+        lease,
+    } = settings.scheduler;
+    // `configure` takes MAX_DELIVERIES and RETRY_MAX_DELAY_MS.
+    builder
+        .configure(settings)
+        .if_set(poll_interval, SchedulerBuilder::poll_interval)
+        .if_set(batch_size, SchedulerBuilder::batch_size)
+        .if_set(min_cycle_delay, SchedulerBuilder::min_cycle_delay)
+        .if_set(dispatch_timeout, SchedulerBuilder::dispatch_timeout)
+        .lease(lease.unwrap_or_else(|| run_scheduler_lease(dispatch_timeout)))
+        .if_set(settings.shutdown_grace, SchedulerBuilder::shutdown_grace)
+}
+
+/// The scheduler's lease under `hexeract::run` when `SCHEDULER_LEASE_MS` is unset: the dispatch
+/// timeout and 5 s of room for the settle after a timeout (35 s with the defaults), so that a
+/// run that takes its whole timeout still holds its claim.
+fn run_scheduler_lease(dispatch_timeout: Option<std::time::Duration>) -> std::time::Duration {
+    // The builder's default dispatch timeout (the seed's 30 s).
+    dispatch_timeout.unwrap_or(std::time::Duration::from_secs(30))
+        + std::time::Duration::from_secs(5)
+}
+
+/// The outbox worker's knobs under `hexeract::run`: `configure` (batch size and poll interval
+/// with `run`'s own defaults, deliveries, retries, timeout, grace), then the lease and the
+/// payload limit where set.
+fn configure_outbox_worker(
+    builder: OutboxWorkerBuilder,
+    settings: &EnvSettings,
+) -> OutboxWorkerBuilder {
+    builder
+        .configure(settings)
+        .if_set(settings.delivery_lease, OutboxWorkerBuilder::lease)
+        .if_set(
+            settings.max_payload_bytes,
+            OutboxWorkerBuilder::max_payload_bytes,
+        )
 }
 
 /// Runs `part` of the process; if it fails, stops the other parts too.
@@ -291,8 +342,8 @@ impl Default for RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
-    /// Applies `MAX_DELIVERIES`, `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS` and
-    /// `SHUTDOWN_GRACE_MS` from the environment where set.
+    /// Applies `MAX_DELIVERIES`, `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`,
+    /// `SHUTDOWN_GRACE_MS` and `MAX_PAYLOAD_BYTES` from the environment where set.
     pub fn configure_from_env(self) -> Result<RuntimeBuilder, ConfigError> {
         self.configure_from(|name| std::env::var(name).ok())
     }
@@ -315,6 +366,9 @@ impl RuntimeBuilder {
         }
         if let Some(grace) = settings.shutdown_grace {
             self.shutdown_grace = grace;
+        }
+        if let Some(max) = settings.max_payload_bytes {
+            self.max_payload_bytes = max;
         }
         Ok(self)
     }
@@ -908,4 +962,91 @@ pub(crate) async fn stop_on_signal(stop: CancellationToken) {
         () = terminate => tracing::info!("SIGTERM received, shutting down"),
     }
     stop.cancel();
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    fn settings(vars: &'static [(&'static str, &'static str)]) -> EnvSettings {
+        EnvSettings::from_lookup(|name| {
+            vars.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        })
+        .unwrap()
+    }
+
+    async fn store() -> Arc<crate::store::sqlite::SqliteStore> {
+        Arc::new(
+            crate::store::sqlite::SqliteStore::in_memory()
+                .await
+                .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_scheduler_of_run_takes_its_variables() {
+        let set = settings(&[
+            ("SCHEDULER_POLL_INTERVAL_MS", "250"),
+            ("SCHEDULER_BATCH_SIZE", "7"),
+            ("SCHEDULER_DISPATCH_TIMEOUT_MS", "1234"),
+            ("SCHEDULER_LEASE_MS", "4321"),
+        ]);
+        let scheduler = configure_scheduler(SchedulerWorker::builder_shared(store().await), &set);
+        // The builder shows these four of its knobs.
+        let shown = format!("{scheduler:?}");
+        for knob in [
+            "poll_interval: 250ms",
+            "batch_size: 7",
+            "lease: 4.321s",
+            "dispatch_timeout: 1.234s",
+        ] {
+            assert!(shown.contains(knob), "{knob} not in {shown}");
+        }
+    }
+
+    #[tokio::test]
+    async fn unset_variables_leave_the_builders_defaults_under_run() {
+        let unset = settings(&[]);
+        let store = store().await;
+        // All but the lease, which `run` gives 5 s of room above the dispatch timeout.
+        assert_eq!(
+            format!(
+                "{:?}",
+                configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &unset)
+            ),
+            format!(
+                "{:?}",
+                SchedulerWorker::builder_shared(store.clone()).lease(Duration::from_secs(35))
+            ),
+        );
+        let longer = settings(&[("SCHEDULER_DISPATCH_TIMEOUT_MS", "60000")]);
+        let scheduler =
+            configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &longer);
+        assert!(
+            format!("{scheduler:?}").contains("lease: 65s"),
+            "{scheduler:?}"
+        );
+        let worker = configure_outbox_worker(OutboxWorker::builder_shared(store), &unset);
+        assert!(format!("{worker:?}").contains("lease: 30s"), "{worker:?}");
+    }
+
+    #[tokio::test]
+    async fn the_outbox_worker_of_run_takes_the_delivery_lease() {
+        let set = settings(&[("DELIVERY_LEASE_MS", "90000")]);
+        let worker = configure_outbox_worker(OutboxWorker::builder_shared(store().await), &set);
+        assert!(format!("{worker:?}").contains("lease: 90s"), "{worker:?}");
+    }
+
+    #[test]
+    fn configure_from_reads_max_payload_bytes() {
+        let builder = Runtime::builder()
+            .configure_from(|name| (name == "MAX_PAYLOAD_BYTES").then(|| "2048".to_owned()))
+            .unwrap();
+        assert!(
+            format!("{builder:?}").contains("max_payload_bytes: 2048"),
+            "{builder:?}"
+        );
+    }
 }

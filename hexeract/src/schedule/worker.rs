@@ -222,7 +222,7 @@ impl SchedulerBuilder {
                 lease = ?self.lease,
                 jobs = %without_headroom.join(", "),
                 "the lease does not exceed these jobs' timeouts: a run that takes its whole \
-                 timeout outlasts its lease, and another worker may run the same fire time at \
+                 timeout outlasts its claim, and another worker may run the same fire time at \
                  once; set a lease above the dispatch timeout (or a shorter `timeout` on the job)"
             );
         }
