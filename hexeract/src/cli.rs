@@ -19,9 +19,18 @@
 //! - `dead-letters list [--handler NAME] [--reason REASON] [--older-than DURATION] [--limit N]`:
 //!   one line per dead letter, newest last.
 //! - `dead-letters show ID`: one dead letter in full, payload included.
-//! - `dead-letters replay ID`: sends it back to its handler, attempts from 1: a new delivery
-//!   from the outbox, or under `AMQP_URL` a publish to the handler's queue.
-//! - `dead-letters purge`: deletes every dead letter.
+//! - `dead-letters replay ID`, or `dead-letters replay` with filters (`--handler`, `--reason`,
+//!   `--older-than`, at least one) or `--all`: sends each back, attempts from 1: a new
+//!   delivery from the outbox, or under `AMQP_URL` a confirmed publish to the handler's queue.
+//!   A scheduled job's run becomes an occurrence of the job again, due now, with its own fire
+//!   time (under `AMQP_URL` too: the scheduler runs from the database); refused when this
+//!   program has no job of that name. A dead letter is deleted only once it was sent back;
+//!   one line per replayed letter, then (with filters) how many.
+//! - `dead-letters purge` with the same filters (at least one) or `--all`: deletes the dead
+//!   letters they match, and says how many. Without either it deletes nothing: a usage error.
+//!
+//! `replay` and `purge` with filters look at the oldest 100 000 dead letters (`purge` again
+//! after each page it deleted), and say so when there may be more.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -32,6 +41,7 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::error::Error;
 use crate::registry::Registry;
+use crate::store::{DeliveryStore, ScheduleStore, SCHEDULE_MESSAGE_TYPE};
 
 /// Runs the command named by the process's arguments and returns the exit code: 0 on success,
 /// 1 when the command failed (the error is printed to stderr), 2 for a usage error.
@@ -81,7 +91,10 @@ const USAGE: &str = "usage:
   <binary> dead-letters list [--handler NAME] [--reason REASON] [--older-than 1h] [--limit 100]
   <binary> dead-letters show ID
   <binary> dead-letters replay ID
-  <binary> dead-letters purge";
+  <binary> dead-letters replay [--handler NAME] [--reason REASON] [--older-than 1h] | --all
+  <binary> dead-letters purge [--handler NAME] [--reason REASON] [--older-than 1h] | --all
+replay and purge without an ID act on every dead letter the filters match: give at least one
+filter, or --all for every dead letter";
 
 /// Runs the command `args` (the arguments after the program name), writing what it prints to
 /// `out`: for tests and for programs with commands of their own.
@@ -98,12 +111,10 @@ pub async fn execute(args: &[String], out: &mut String) -> Result<(), CliError> 
         }
         ["dead-letters", "list", options @ ..] => list(options, out).await,
         ["dead-letters", "show", id] => show(&parse_id(id)?, out).await,
-        ["dead-letters", "replay", id] => replay(&parse_id(id)?, out).await,
-        ["dead-letters", "purge"] => {
-            let store = crate::store::default_store().await?;
-            let purged = store.purge_dead_letters().await?;
-            let _ = writeln!(out, "purged {purged} dead letter(s)");
-            Ok(())
+        // Arguments are checked before the store is opened: a usage error touches nothing.
+        ["dead-letters", "replay", options @ ..] => replay(&parse_replay(options)?, out).await,
+        ["dead-letters", "purge", options @ ..] => {
+            purge(&parse_selection("purge", options)?, out).await
         }
         ["help" | "--help" | "-h"] => {
             let _ = writeln!(out, "{USAGE}");
@@ -147,7 +158,7 @@ async fn handlers(out: &mut String) -> Result<(), CliError> {
             .map_or_else(|| "registered in code".to_owned(), |at| at.to_string());
         let _ = writeln!(
             out,
-            "  {}  {}  catch-up {:?}  at {location}",
+            "  {}  {}  catch-up {}  at {location}",
             job.name(),
             job.spec(),
             job.catch_up_rule()
@@ -166,6 +177,55 @@ async fn handlers(out: &mut String) -> Result<(), CliError> {
             let _ = writeln!(out, "  {who}: {count}");
         }
     }
+    #[cfg(feature = "rabbitmq")]
+    if let Some(amqp) = &settings.amqp {
+        if let Err(error) = unowned_queues(amqp, &registry, &*store, out).await {
+            // The rest of the listing does not need the broker.
+            let error = match error {
+                CliError::Failed(error) => error.to_string(),
+                CliError::Usage(text) => text,
+            };
+            let _ = writeln!(out, "queues no handler here owns: not checked ({error})");
+        }
+    }
+    Ok(())
+}
+
+/// Under `AMQP_URL`: the queues an earlier version declared for handlers this program does not
+/// have, with what they hold.
+#[cfg(feature = "rabbitmq")]
+async fn unowned_queues(
+    amqp: &crate::config::Amqp,
+    registry: &Registry,
+    store: &dyn crate::store::DeliveryStore,
+    out: &mut String,
+) -> Result<(), CliError> {
+    let connection = crate::rabbitmq::RabbitMqConnection::connect_named(
+        &amqp.url,
+        &format!("{}.cli", amqp.queue_prefix),
+    )
+    .await
+    .map_err(Error::from)?;
+    let topology = crate::rabbitmq::Topology::from_registry(registry)
+        .exchange(amqp.exchange.clone())
+        .prefix(amqp.queue_prefix.clone());
+    let unowned = crate::rabbitmq::ownership::find_unowned(&connection, &topology, store).await;
+    let _ = connection.lapin().close(200, "done".into()).await;
+    let unowned = unowned?;
+    if !unowned.is_empty() {
+        let _ = writeln!(out, "queues no handler here owns:");
+        for queue in &unowned {
+            let _ = writeln!(
+                out,
+                "  {}  (was {}, message {})  {} message(s), {} consumer(s)",
+                queue.declared.queue,
+                queue.declared.handler,
+                queue.declared.message_type,
+                queue.messages,
+                queue.consumers
+            );
+        }
+    }
     Ok(())
 }
 
@@ -182,6 +242,12 @@ fn parse_filter(options: &[&str]) -> Result<Filter, CliError> {
     let mut filter = Filter::default();
     let mut rest = options.iter();
     while let Some(option) = rest.next() {
+        if !matches!(
+            *option,
+            "--handler" | "--reason" | "--older-than" | "--limit"
+        ) {
+            return Err(CliError::Usage(format!("unknown option {option}")));
+        }
         let value = rest
             .next()
             .ok_or_else(|| CliError::Usage(format!("{option} needs a value")))?;
@@ -200,10 +266,79 @@ fn parse_filter(options: &[&str]) -> Result<Filter, CliError> {
                     CliError::Usage(format!("--limit {value:?}: expected a whole number"))
                 })?)
             }
-            other => return Err(CliError::Usage(format!("unknown option {other}"))),
+            _ => unreachable!("checked above"),
         }
     }
     Ok(filter)
+}
+
+/// What `replay` and `purge` act on.
+#[derive(Debug)]
+enum Selection {
+    /// `--all`: every dead letter.
+    All,
+    /// Those a filter keeps: at least one of `--handler`, `--reason`, `--older-than`.
+    Matching(Filter),
+}
+
+/// What `replay` sends back.
+#[derive(Debug)]
+enum Replay {
+    /// `replay ID`.
+    One(Uuid),
+    /// `replay` with filters or `--all`.
+    Selected(Selection),
+}
+
+/// The options of `dead-letters <command>` (`purge`, `replay`): filters, or `--all`, never
+/// neither, so that a forgotten or mistyped filter cannot mean every dead letter.
+fn parse_selection(command: &str, options: &[&str]) -> Result<Selection, CliError> {
+    let mut all = false;
+    let mut filters = Vec::new();
+    let mut rest = options.iter();
+    while let Some(option) = rest.next() {
+        match *option {
+            "--all" => all = true,
+            "--limit" => {
+                return Err(CliError::Usage(format!(
+                    "--limit is for list: {command} acts on every dead letter its filters match"
+                )))
+            }
+            _ => {
+                // The option with its value, if it has one: a value is never read as an option.
+                filters.push(*option);
+                filters.extend(rest.next());
+            }
+        }
+    }
+    let filter = parse_filter(&filters)?;
+    match (all, filter.is_empty()) {
+        (true, true) => Ok(Selection::All),
+        (true, false) => Err(CliError::Usage(
+            "--all means every dead letter: give --all or filters, not both".to_owned(),
+        )),
+        (false, true) => Err(CliError::Usage(format!(
+            "dead-letters {command} needs a filter (--handler NAME, --reason REASON, \
+             --older-than DURATION), or --all for every dead letter"
+        ))),
+        (false, false) => Ok(Selection::Matching(filter)),
+    }
+}
+
+/// The arguments of `dead-letters replay`: one id, or a selection.
+fn parse_replay(options: &[&str]) -> Result<Replay, CliError> {
+    match options {
+        [] => Err(CliError::Usage(
+            "dead-letters replay needs a dead letter's ID, or filters (--handler NAME, \
+             --reason REASON, --older-than DURATION), or --all"
+                .to_owned(),
+        )),
+        [id] if !id.starts_with("--") => Ok(Replay::One(parse_id(id)?)),
+        [id, ..] if !id.starts_with("--") => Err(CliError::Usage(
+            "dead-letters replay takes one ID or filters, not both".to_owned(),
+        )),
+        _ => Ok(Replay::Selected(parse_selection("replay", options)?)),
+    }
 }
 
 /// `30s`, `15m`, `12h`, `7d`.
@@ -222,6 +357,11 @@ fn parse_age(text: &str) -> Option<Duration> {
 }
 
 impl Filter {
+    /// No filter given (`--limit` is not one: it picks what to show, not what matches).
+    fn is_empty(&self) -> bool {
+        self.handler.is_none() && self.reason.is_none() && self.older_than.is_none()
+    }
+
     fn keeps(&self, letter: &DeadLetter, now: chrono::DateTime<chrono::Utc>) -> bool {
         self.handler
             .as_deref()
@@ -277,8 +417,7 @@ fn parse_id(text: &str) -> Result<Uuid, CliError> {
         .map_err(|_| CliError::Usage(format!("{text:?} is not a dead letter id (a UUID)")))
 }
 
-async fn find(id: &Uuid) -> Result<DeadLetter, CliError> {
-    let store = crate::store::default_store().await?;
+async fn find(store: &dyn DeliveryStore, id: &Uuid) -> Result<DeadLetter, CliError> {
     store
         .dead_letters(SCAN)
         .await?
@@ -287,8 +426,30 @@ async fn find(id: &Uuid) -> Result<DeadLetter, CliError> {
         .ok_or_else(|| CliError::Usage(format!("no dead letter has the id {id}")))
 }
 
+/// The dead letters `selection` picks among the oldest [`SCAN`], oldest first, and whether
+/// there were that many (then newer ones were not looked at).
+async fn select(
+    store: &dyn DeliveryStore,
+    selection: &Selection,
+) -> Result<(Vec<DeadLetter>, bool), CliError> {
+    let scanned = store.dead_letters(SCAN).await?;
+    let full = scanned.len() >= SCAN as usize;
+    let letters = match selection {
+        Selection::All => scanned,
+        Selection::Matching(filter) => {
+            let now = chrono::Utc::now();
+            scanned
+                .into_iter()
+                .filter(|letter| filter.keeps(letter, now))
+                .collect()
+        }
+    };
+    Ok((letters, full))
+}
+
 async fn show(id: &Uuid, out: &mut String) -> Result<(), CliError> {
-    let letter = find(id).await?;
+    let store = crate::store::default_store().await?;
+    let letter = find(&*store, id).await?;
     let envelope = &letter.envelope;
     let _ = writeln!(out, "id:              {}", letter.id);
     let _ = writeln!(out, "dead-lettered:   {}", letter.dead_lettered_at);
@@ -318,42 +479,213 @@ async fn show(id: &Uuid, out: &mut String) -> Result<(), CliError> {
     Ok(())
 }
 
-async fn replay(id: &Uuid, out: &mut String) -> Result<(), CliError> {
-    let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
-    let letter = find(id).await?;
-    if letter.envelope.message_type == crate::store::SCHEDULE_MESSAGE_TYPE {
-        return Err(CliError::Failed(Error::Unsupported(format!(
-            "{id} is a run of the scheduled job {:?}: replaying job runs is not supported yet; \
-             the job runs again at its next fire time",
-            letter.handler.as_deref().unwrap_or("?")
-        ))));
-    }
+async fn purge(selection: &Selection, out: &mut String) -> Result<(), CliError> {
     let store = crate::store::default_store().await?;
-    #[cfg(feature = "rabbitmq")]
-    if let Some(amqp) = &settings.amqp {
-        let place = crate::rabbitmq::supervisor::replay_to_broker(amqp, &letter, &*store).await?;
-        let _ = writeln!(
-            out,
-            "replayed {} ({}) to {place}: attempts start over",
-            letter.id, letter.envelope.message_type
-        );
+    let purged = match selection {
+        Selection::All => store.purge_dead_letters().await?,
+        Selection::Matching(_) => {
+            let mut purged = 0;
+            // What one page matched is gone from the next: read again while pages are full.
+            loop {
+                let (letters, full) = select(&*store, selection).await?;
+                let ids: Vec<Uuid> = letters.iter().map(|letter| letter.id).collect();
+                purged += store.delete_dead_letters(&ids).await?;
+                if !full {
+                    break;
+                }
+                if ids.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "the oldest {SCAN} dead letters match no more; newer ones were not \
+                         looked at"
+                    );
+                    break;
+                }
+            }
+            purged
+        }
+    };
+    let _ = writeln!(out, "purged {purged} dead letter(s)");
+    Ok(())
+}
+
+async fn replay(target: &Replay, out: &mut String) -> Result<(), CliError> {
+    let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
+    let store = crate::store::default_schedule_store().await?;
+    let (letters, full) = match target {
+        Replay::One(id) => (vec![find(&*store, id).await?], false),
+        Replay::Selected(selection) => select(&*store, selection).await?,
+    };
+    refuse_letters_nothing_here_handles(&letters, target)?;
+    let mut resend = Resend::new(&settings, &*store);
+    let mut replayed = 0;
+    for letter in &letters {
+        match resend.send(letter).await {
+            Ok(Some(line)) => {
+                let _ = writeln!(out, "{line}");
+                replayed += 1;
+            }
+            Ok(None) => match target {
+                Replay::One(id) => {
+                    resend.close().await;
+                    return Err(CliError::Usage(format!("no dead letter has the id {id}")));
+                }
+                Replay::Selected(_) => {
+                    let _ = writeln!(
+                        out,
+                        "{}: no longer a dead letter (replayed or purged meanwhile)",
+                        letter.id
+                    );
+                }
+            },
+            Err(error) => {
+                resend.close().await;
+                if let Replay::Selected(_) = target {
+                    let _ = writeln!(
+                        out,
+                        "replayed {replayed} dead letter(s), then {} failed: it and those after \
+                         it stay dead letters",
+                        letter.id
+                    );
+                }
+                return Err(error);
+            }
+        }
+    }
+    resend.close().await;
+    if let Replay::Selected(_) = target {
+        let _ = writeln!(out, "replayed {replayed} dead letter(s)");
+        if full {
+            let _ = writeln!(
+                out,
+                "only the oldest {SCAN} dead letters were looked at: run it again for the rest"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, before anything is replayed, when some of `letters` are for a handler or a
+/// scheduled job this program does not have: nothing here would ever handle them.
+fn refuse_letters_nothing_here_handles(
+    letters: &[DeadLetter],
+    target: &Replay,
+) -> Result<(), CliError> {
+    let jobs = crate::schedule::jobs_from_inventory()?;
+    let handlers = Registry::from_inventory().map_err(Error::from)?;
+    let mut missing: std::collections::BTreeMap<&str, usize> = Default::default();
+    for letter in letters {
+        let Some(owner) = letter.handler.as_deref() else {
+            continue; // no handler: it goes to every handler of its type
+        };
+        let known = if letter.envelope.message_type == SCHEDULE_MESSAGE_TYPE {
+            jobs.iter().any(|job| job.name() == owner)
+        } else {
+            // A message for a handler that is gone would wait for nobody (in the database, or
+            // in the old handler's queue if it is still on the broker).
+            handlers.handlers().any(|info| info.name == owner) || owner == crate::store::NO_HANDLER
+        };
+        if !known {
+            *missing.entry(owner).or_default() += 1;
+        }
+    }
+    if missing.is_empty() {
         return Ok(());
     }
-    let _ = &settings;
-    if !store.replay_dead_letter(*id).await? {
-        return Err(CliError::Usage(format!("no dead letter has the id {id}")));
+    let problem = match target {
+        Replay::One(id) => format!(
+            "{id} is for {:?}, a handler or scheduled job this program does not have \
+             (renamed or removed?): nothing here would handle it. Replay it from a program \
+             that has it, or delete it with `dead-letters purge --handler NAME`",
+            missing.keys().next().copied().unwrap_or_default()
+        ),
+        Replay::Selected(_) => format!(
+            "nothing was replayed: some of the dead letters to replay are for handlers or \
+             scheduled jobs this program does not have (renamed or removed?): {}. Narrow the \
+             filters, or delete those with `dead-letters purge --handler NAME`",
+            missing
+                .iter()
+                .map(|(owner, count)| format!("{owner:?} ({count})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    Err(CliError::Failed(Error::Unsupported(problem)))
+}
+
+/// Where `replay` sends dead letters back: job runs to the scheduler's occurrences; messages
+/// to the outbox, or under `AMQP_URL` to the broker (connected once, at the first message).
+struct Resend<'a> {
+    store: &'a dyn ScheduleStore,
+    #[cfg(feature = "rabbitmq")]
+    amqp: Option<&'a crate::config::Amqp>,
+    #[cfg(feature = "rabbitmq")]
+    broker: Option<crate::rabbitmq::supervisor::BrokerReplay>,
+}
+
+impl<'a> Resend<'a> {
+    fn new(settings: &'a crate::config::EnvSettings, store: &'a dyn ScheduleStore) -> Resend<'a> {
+        let _ = settings;
+        Resend {
+            store,
+            #[cfg(feature = "rabbitmq")]
+            amqp: settings.amqp.as_ref(),
+            #[cfg(feature = "rabbitmq")]
+            broker: None,
+        }
     }
-    let _ = writeln!(
-        out,
-        "replayed {} ({} for {}): it goes to its handler again, attempts from 1",
-        letter.id,
-        letter.envelope.message_type,
-        letter
-            .handler
-            .as_deref()
-            .unwrap_or("every handler of its type")
-    );
-    Ok(())
+
+    /// Sends `letter` back and deletes it; returns the line saying where it went, or `None`
+    /// when it is no longer a dead letter.
+    async fn send(&mut self, letter: &DeadLetter) -> Result<Option<String>, CliError> {
+        let envelope = &letter.envelope;
+        if envelope.message_type == SCHEDULE_MESSAGE_TYPE {
+            // The scheduler runs from the database under `AMQP_URL` too.
+            if !self.store.replay_occurrence(letter.id).await? {
+                return Ok(None);
+            }
+            return Ok(Some(format!(
+                "replayed {} (the run of the scheduled job {} for {}): it runs again soon, \
+                 attempts from 1",
+                letter.id,
+                letter.handler.as_deref().unwrap_or("?"),
+                envelope.created_at.format("%Y-%m-%dT%H:%M:%S%.3fZ")
+            )));
+        }
+        #[cfg(feature = "rabbitmq")]
+        if let Some(amqp) = self.amqp {
+            let broker = match &mut self.broker {
+                Some(broker) => broker,
+                empty => {
+                    empty.insert(crate::rabbitmq::supervisor::BrokerReplay::connect(amqp).await?)
+                }
+            };
+            let place = broker.replay(letter, self.store).await?;
+            return Ok(Some(format!(
+                "replayed {} ({}) to {place}: attempts start over",
+                letter.id, envelope.message_type
+            )));
+        }
+        if !self.store.replay_dead_letter(letter.id).await? {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "replayed {} ({} for {}): it goes to its handler again, attempts from 1",
+            letter.id,
+            envelope.message_type,
+            letter
+                .handler
+                .as_deref()
+                .unwrap_or("every handler of its type")
+        )))
+    }
+
+    async fn close(self) {
+        #[cfg(feature = "rabbitmq")]
+        if let Some(broker) = self.broker {
+            broker.close().await;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -379,5 +711,93 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    fn usage_error<T: std::fmt::Debug>(result: Result<T, CliError>) -> String {
+        match result {
+            Err(CliError::Usage(problem)) => problem,
+            other => panic!("expected a usage error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn purge_and_replay_need_a_filter_or_all_and_never_both() {
+        for command in ["purge", "replay"] {
+            let problem = usage_error(parse_selection(command, &[]));
+            assert!(problem.contains("--all"), "{problem}");
+            assert!(problem.contains(command), "{problem}");
+            assert!(matches!(
+                parse_selection(command, &["--all"]),
+                Ok(Selection::All)
+            ));
+            let problem = usage_error(parse_selection(command, &["--all", "--reason", "x"]));
+            assert!(problem.contains("not both"), "{problem}");
+            usage_error(parse_selection(command, &["--reason", "x", "--all"]));
+            let problem = usage_error(parse_selection(
+                command,
+                &["--handler", "a", "--limit", "5"],
+            ));
+            assert!(problem.contains("--limit is for list"), "{problem}");
+            usage_error(parse_selection(command, &["--handler"]));
+            usage_error(parse_selection(command, &["--older-than", "soon"]));
+            usage_error(parse_selection(command, &["--colour", "red"]));
+        }
+        let Ok(Selection::Matching(filter)) = parse_selection(
+            "purge",
+            &[
+                "--reason",
+                "ledger_closed",
+                "--older-than",
+                "2h",
+                "--handler",
+                "billing::book",
+            ],
+        ) else {
+            panic!("filters select what they match");
+        };
+        assert_eq!(filter.reason.as_deref(), Some("ledger_closed"));
+        assert_eq!(filter.older_than, Some(Duration::from_secs(7_200)));
+        assert_eq!(filter.handler.as_deref(), Some("billing::book"));
+        // A value is a value, even one that looks like `--all`.
+        let Ok(Selection::Matching(filter)) = parse_selection("purge", &["--handler", "--all"])
+        else {
+            panic!("a handler named --all");
+        };
+        assert_eq!(filter.handler.as_deref(), Some("--all"));
+    }
+
+    #[test]
+    fn replay_takes_one_id_or_a_selection() {
+        let id = Uuid::now_v7();
+        let text = id.to_string();
+        assert!(matches!(parse_replay(&[&text]), Ok(Replay::One(one)) if one == id));
+        assert!(matches!(
+            parse_replay(&["--all"]),
+            Ok(Replay::Selected(Selection::All))
+        ));
+        assert!(matches!(
+            parse_replay(&["--handler", "billing::book"]),
+            Ok(Replay::Selected(Selection::Matching(filter)))
+                if filter.handler.as_deref() == Some("billing::book")
+        ));
+        let problem = usage_error(parse_replay(&[]));
+        assert!(
+            problem.contains("ID") && problem.contains("--all"),
+            "{problem}"
+        );
+        let problem = usage_error(parse_replay(&[&text, "--handler", "billing::book"]));
+        assert!(problem.contains("not both"), "{problem}");
+        usage_error(parse_replay(&["--handler", "billing::book", &text]));
+        usage_error(parse_replay(&["not-an-id"]));
+        usage_error(parse_replay(&["--limit", "3"]));
+    }
+
+    #[tokio::test]
+    async fn a_purge_without_filters_or_all_is_a_usage_error() {
+        let mut out = String::new();
+        let args = ["dead-letters".to_owned(), "purge".to_owned()];
+        let problem = usage_error(execute(&args, &mut out).await);
+        assert!(problem.contains("--all"), "{problem}");
+        assert!(out.is_empty(), "{out}");
     }
 }

@@ -65,6 +65,13 @@ impl CatchUp {
     }
 }
 
+impl std::fmt::Display for CatchUp {
+    /// As `#[scheduled(catch_up = "…")]` spells it: `once` or `none`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A scheduled job as `#[scheduled]` registers it. Not public API: the macro fills it in.
 #[doc(hidden)]
 #[derive(Debug)]

@@ -62,6 +62,20 @@ impl Routes {
     }
 }
 
+/// A handler queue a broker worker declared, as the store remembers it
+/// ([`DeliveryStore::record_declared_queues`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeclaredQueue {
+    /// The queue's name on the broker.
+    pub queue: String,
+    /// The handler it was declared for.
+    pub handler: String,
+    /// The message type that handler consumed.
+    pub message_type: String,
+    /// When it was last declared (set by the store; ignored when recording).
+    pub declared_at: DateTime<Utc>,
+}
+
 /// A delivery claimed by a worker: the message as published, with `attempt` set to the call
 /// this claim is for, and the handler it goes to.
 #[derive(Clone, Debug, PartialEq)]
@@ -201,6 +215,50 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// Deletes one dead letter (once it was replayed some other way, say to a broker);
     /// `false` when there is none with this id.
     fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Deletes the dead letters with these ids (an id with none is skipped) and returns how
+    /// many it deleted: what `dead-letters purge` with filters does. Both stores do it in one
+    /// statement; this default deletes them one by one.
+    fn delete_dead_letters<'a>(
+        &'a self,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut deleted = 0;
+            for id in ids {
+                deleted += u64::from(self.delete_dead_letter(*id).await?);
+            }
+            Ok(deleted)
+        })
+    }
+
+    /// Remembers that a broker worker declared these handler queues (each with the handler and
+    /// message type it was declared for), so that a later start can tell which queues no
+    /// registered handler owns any more (a renamed or removed handler). `declared_at` is set by
+    /// the store. Recording a queue again replaces its owner. This default remembers nothing.
+    fn record_declared_queues<'a>(
+        &'a self,
+        queues: &'a [DeclaredQueue],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = queues;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Every queue [`record_declared_queues`](Self::record_declared_queues) remembers, by
+    /// name. This default remembers none.
+    fn declared_queues(&self) -> BoxFuture<'_, Result<Vec<DeclaredQueue>, StoreError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Forgets a declared queue (it was deleted from the broker); `false` when it was not
+    /// remembered.
+    fn forget_declared_queue<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = queue;
+        Box::pin(async { Ok(false) })
+    }
 
     /// Messages still owed: outbox rows not yet expanded plus deliveries not yet settled
     /// (running, due, or waiting for a retry). Zero when everything was handled or

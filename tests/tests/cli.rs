@@ -1,11 +1,18 @@
 //! `hexeract::cli`: the operations commands on a service's own store (SQLite here): handlers,
-//! migrate, and a dead letter listed, shown, replayed (and then handled) and purged.
+//! migrate, and dead letters listed, shown, replayed (one, or those filters match; then
+//! handled), a scheduled job's run replayed (and run again), and purged by filter.
+//!
+//! Each test sets the environment of its process and shares statics with nobody: these tests
+//! rely on nextest's one process per test (the README's test command).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use hexeract::cli::{execute, CliError};
-use hexeract::{handler, CancellationToken, Context, HandlerOutcome, Message};
+use hexeract::store::{ScheduleDefinition, SCHEDULE_MESSAGE_TYPE};
+use hexeract::{handler, scheduled, CancellationToken, Context, HandlerOutcome, Message};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
 #[message(type = "cli.Invoice")]
@@ -27,6 +34,92 @@ async fn book(invoice: Invoice, _ctx: &Context) -> HandlerOutcome {
     }
     HANDLED.fetch_add(1, Ordering::SeqCst);
     HandlerOutcome::Ack
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "cli.Receipt")]
+struct Receipt {
+    number: u32,
+}
+
+static RECEIPT_CALLS: AtomicU32 = AtomicU32::new(0);
+
+/// Never manages.
+#[handler(message = "cli.Receipt", name = "archive::file")]
+async fn file_receipt(_receipt: Receipt, _ctx: &Context) -> HandlerOutcome {
+    RECEIPT_CALLS.fetch_add(1, Ordering::SeqCst);
+    HandlerOutcome::dead_letter("archive_full", "no room in the archive")
+}
+
+/// Refuses to run until the test "fixes" it.
+static JOB_FIXED: AtomicBool = AtomicBool::new(false);
+/// A run of the job: message id, attempt, fire time, fixed by then.
+type JobRun = (uuid::Uuid, u32, Option<DateTime<Utc>>, bool);
+
+static JOB_RUNS: Mutex<Vec<JobRun>> = Mutex::new(Vec::new());
+
+/// Daily: its own fire times do not come during a test (one is made due where needed).
+#[scheduled(every = "24h", name = "books::close_day")]
+async fn close_day(ctx: &Context) -> HandlerOutcome {
+    let fixed = JOB_FIXED.load(Ordering::SeqCst);
+    JOB_RUNS
+        .lock()
+        .unwrap()
+        .push((ctx.message_id(), ctx.attempt(), ctx.scheduled_for(), fixed));
+    if fixed {
+        HandlerOutcome::Ack
+    } else {
+        HandlerOutcome::dead_letter("books_locked", "the books are locked")
+    }
+}
+
+/// A fresh SQLite store for this test process, through the environment `run` reads.
+fn fresh_environment() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hexeract-cli-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for variable in ["DATABASE_URL", "AMQP_URL", "KAFKA_BROKERS"] {
+        std::env::remove_var(variable);
+    }
+    std::env::set_var("HEXERACT_SQLITE_PATH", dir.join("outbox.db"));
+    std::env::set_var("WORKER_PORT", "0");
+    dir
+}
+
+/// Waits until `list` with `filters` counts `count` dead letters; returns its output.
+async fn listed(filters: &[&str], count: usize) -> String {
+    let mut args = vec!["dead-letters", "list"];
+    args.extend_from_slice(filters);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = run(&args).await.unwrap();
+        if listed.ends_with(&format!("\n{count} dead letter(s)\n"))
+            || listed == format!("{count} dead letter(s)\n")
+        {
+            return listed;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{count} dead letter(s) for {filters:?}: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The ids at the start of `list`'s lines.
+fn ids(listed: &str) -> Vec<String> {
+    listed
+        .lines()
+        .filter(|line| !line.ends_with("dead letter(s)"))
+        .map(|line| line.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
+async fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "{what} in time");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn run(args: &[&str]) -> Result<String, CliError> {
@@ -51,7 +144,11 @@ async fn the_commands_list_handlers_and_list_show_replay_and_purge_dead_letters(
         handlers.contains("billing::book  message cli.Invoice  at tests/tests/cli.rs:"),
         "{handlers}"
     );
-    assert!(handlers.contains("scheduled jobs (0)"), "{handlers}");
+    assert!(handlers.contains("scheduled jobs (1)"), "{handlers}");
+    assert!(
+        handlers.contains("books::close_day  every 86400s  catch-up once  at tests/tests/cli.rs:"),
+        "{handlers}"
+    );
 
     let cancel = CancellationToken::new();
     let service = tokio::spawn(hexeract::run(cancel.clone()));
@@ -106,13 +203,15 @@ async fn the_commands_list_handlers_and_list_show_replay_and_purge_dead_letters(
             .contains("0 dead letter(s)"),
         "a replayed dead letter leaves the list"
     );
-    assert!(run(&["dead-letters", "purge"])
+    assert!(run(&["dead-letters", "purge", "--all"])
         .await
         .unwrap()
         .contains("purged 0"));
 
     for bad in [
         &["dead-letters", "show", "not-an-id"][..],
+        &["dead-letters", "purge"][..],
+        &["dead-letters", "replay"][..],
         &["dead-letters", "list", "--older-than", "soon"][..],
         &["frobnicate"][..],
     ] {
@@ -152,5 +251,275 @@ async fn handlers_lists_pending_deliveries_that_no_handler_owns() {
         "{listed}"
     );
     assert!(!listed.contains("billing::book (renamed"), "{listed}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_deletes_only_what_its_filters_match_and_nothing_without_one() {
+    let dir = fresh_environment();
+    let cancel = CancellationToken::new();
+    let service = tokio::spawn(hexeract::run(cancel.clone()));
+    hexeract::publish(&Invoice { number: 1 }).await.unwrap();
+    hexeract::publish(&Invoice { number: 2 }).await.unwrap();
+    hexeract::publish(&Receipt { number: 3 }).await.unwrap();
+    let all = ids(&listed(&[], 3).await);
+
+    for refused in [
+        &["dead-letters", "purge"][..],
+        &["dead-letters", "purge", "--all", "--reason", "archive_full"][..],
+        &[
+            "dead-letters",
+            "purge",
+            "--reason",
+            "archive_full",
+            "--limit",
+            "1",
+        ][..],
+        &["dead-letters", "purge", "--reason"][..],
+    ] {
+        assert!(
+            matches!(run(refused).await, Err(CliError::Usage(_))),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(
+        ids(&listed(&[], 3).await),
+        all,
+        "a refused purge deletes nothing"
+    );
+
+    let purged = run(&["dead-letters", "purge", "--reason", "archive_full"])
+        .await
+        .unwrap();
+    assert_eq!(purged, "purged 1 dead letter(s)\n");
+    let invoices = listed(&[], 2).await;
+    assert_eq!(
+        invoices.matches("billing::book  ledger_closed").count(),
+        2,
+        "{invoices}"
+    );
+    assert_eq!(
+        ids(&invoices),
+        all[..2],
+        "the receipt's dead letter went, the others stayed"
+    );
+
+    let purged = run(&[
+        "dead-letters",
+        "purge",
+        "--handler",
+        "billing::book",
+        "--older-than",
+        "1h",
+    ])
+    .await
+    .unwrap();
+    assert_eq!(purged, "purged 0 dead letter(s)\n", "too new");
+    let purged = run(&["dead-letters", "purge", "--handler", "billing::book"])
+        .await
+        .unwrap();
+    assert_eq!(purged, "purged 2 dead letter(s)\n");
+    listed(&[], 0).await;
+    assert_eq!(HANDLED.load(Ordering::SeqCst), 0, "purged, not replayed");
+    assert_eq!(RECEIPT_CALLS.load(Ordering::SeqCst), 1);
+
+    cancel.cancel();
+    service.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_with_a_filter_sends_back_exactly_the_dead_letters_it_matches() {
+    let dir = fresh_environment();
+    let cancel = CancellationToken::new();
+    let service = tokio::spawn(hexeract::run(cancel.clone()));
+    hexeract::publish(&Invoice { number: 1 }).await.unwrap();
+    hexeract::publish(&Receipt { number: 2 }).await.unwrap();
+    hexeract::publish(&Invoice { number: 3 }).await.unwrap();
+    let all = ids(&listed(&[], 3).await);
+    let invoices = ids(&listed(&["--handler", "billing::book"], 2).await);
+
+    FIXED.store(true, Ordering::SeqCst);
+    let none = run(&["dead-letters", "replay", "--reason", "no_such_reason"])
+        .await
+        .unwrap();
+    assert_eq!(none, "replayed 0 dead letter(s)\n");
+    let replayed = run(&["dead-letters", "replay", "--handler", "billing::book"])
+        .await
+        .unwrap();
+    let lines: Vec<&str> = replayed.lines().collect();
+    assert_eq!(lines.len(), 3, "{replayed}");
+    for (line, id) in lines.iter().zip(&invoices) {
+        assert!(
+            line.starts_with(&format!("replayed {id} (cli.Invoice for billing::book)")),
+            "{replayed}"
+        );
+    }
+    assert_eq!(lines[2], "replayed 2 dead letter(s)");
+    wait_for("both invoices handled", || {
+        HANDLED.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let left = listed(&[], 1).await;
+    assert_eq!(
+        ids(&left),
+        [all[1].clone()],
+        "the receipt's dead letter stayed: {left}"
+    );
+    // Time for a stray call, were the receipt replayed too.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        RECEIPT_CALLS.load(Ordering::SeqCst),
+        1,
+        "the receipt was not replayed"
+    );
+    assert_eq!(
+        HANDLED.load(Ordering::SeqCst),
+        2,
+        "each invoice handled once"
+    );
+
+    cancel.cancel();
+    service.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_lettered_run_of_a_scheduled_job_is_replayed_and_the_job_runs_again() {
+    let dir = fresh_environment();
+    // The job is due a second ago; the scheduler finds its schedule as written here.
+    let store = hexeract::store::default_schedule_store().await.unwrap();
+    let job = hexeract::schedule::jobs_from_inventory()
+        .unwrap()
+        .into_iter()
+        .find(|job| job.name() == "books::close_day")
+        .unwrap();
+    let definition = ScheduleDefinition {
+        name: job.name().to_owned(),
+        spec: job.spec().stored_text(),
+    };
+    let a_second_ago = |_: &str, now: DateTime<Utc>| now - chrono::Duration::seconds(1);
+    store
+        .sync_schedules(std::slice::from_ref(&definition), &a_second_ago)
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let service = tokio::spawn(hexeract::run(cancel.clone()));
+    let listed_run = listed(&["--handler", "books::close_day"], 1).await;
+    assert!(listed_run.contains("books_locked"), "{listed_run}");
+    let run_id = ids(&listed_run).remove(0);
+    let letter = store
+        .dead_letters(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|letter| letter.id.to_string() == run_id)
+        .unwrap();
+    assert_eq!(letter.envelope.message_type, SCHEDULE_MESSAGE_TYPE);
+
+    // A run of a job this program does not have (renamed since): refused, by id or in a batch.
+    let gone = uuid::Uuid::now_v7();
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.join("outbox.db").display()))
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO hexeract_dead_letters
+             (id, message_id, handler, reason, detail, attempts, dead_lettered_at, message_type,
+              payload, headers, created_at)
+         VALUES (?1, ?2, 'books::close_month', 'books_locked', 'locked', 1, ?3, ?4, X'7B7D', '{}',
+                 '2026-01-31T00:00:00.000Z')",
+    )
+    .bind(gone.to_string())
+    .bind(uuid::Uuid::now_v7().to_string())
+    .bind(Utc::now().timestamp_millis())
+    .bind(SCHEDULE_MESSAGE_TYPE)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // And a message for a handler that is gone: replayed, it would wait for nobody.
+    let orphan = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO hexeract_dead_letters
+             (id, message_id, handler, reason, detail, attempts, dead_lettered_at, message_type,
+              payload, headers, created_at)
+         VALUES (?1, ?2, 'billing::gone', 'orphaned', 'x', 1, ?3, 'cli.Gone', X'7B7D', '{}',
+                 '2026-01-31T00:00:00.000Z')",
+    )
+    .bind(orphan.to_string())
+    .bind(uuid::Uuid::now_v7().to_string())
+    .bind(Utc::now().timestamp_millis())
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    match run(&["dead-letters", "replay", &orphan.to_string()]).await {
+        Err(CliError::Failed(error)) => {
+            let problem = error.to_string();
+            assert!(
+                problem.contains("\"billing::gone\"") && problem.contains("does not have"),
+                "{problem}"
+            );
+        }
+        other => panic!("replaying a letter of a handler that is gone: {other:?}"),
+    }
+    run(&["dead-letters", "purge", "--reason", "orphaned"])
+        .await
+        .unwrap();
+    for refused in [
+        vec!["dead-letters", "replay", &gone.to_string()],
+        vec!["dead-letters", "replay", "--all"],
+        vec!["dead-letters", "replay", "--reason", "books_locked"],
+    ] {
+        let args: Vec<&str> = refused.iter().map(|arg| &**arg).collect();
+        match run(&args).await {
+            Err(CliError::Failed(error)) => {
+                let problem = error.to_string();
+                assert!(problem.contains("\"books::close_month\""), "{problem}");
+                assert!(problem.contains("does not have"), "{problem}");
+            }
+            other => panic!("{refused:?}: {other:?}"),
+        }
+    }
+    listed(&["--reason", "books_locked"], 2).await;
+    assert_eq!(
+        JOB_RUNS.lock().unwrap().len(),
+        1,
+        "a refused batch replays nothing"
+    );
+
+    JOB_FIXED.store(true, Ordering::SeqCst);
+    let replayed = run(&["dead-letters", "replay", &run_id]).await.unwrap();
+    assert!(
+        replayed.starts_with(&format!(
+            "replayed {run_id} (the run of the scheduled job books::close_day for "
+        )),
+        "{replayed}"
+    );
+    wait_for("the job ran again", || JOB_RUNS.lock().unwrap().len() == 2).await;
+    let runs = JOB_RUNS.lock().unwrap().clone();
+    assert_eq!(
+        runs[0].0, letter.envelope.id,
+        "the run that was dead-lettered"
+    );
+    assert_eq!(
+        runs[1],
+        (letter.envelope.id, 1, runs[0].2, true),
+        "the same occurrence and fire time again, attempts from 1"
+    );
+    assert_eq!(runs[1].2, Some(letter.envelope.created_at));
+    listed(&["--handler", "books::close_day"], 0).await;
+    let purged = run(&["dead-letters", "purge", "--handler", "books::close_month"])
+        .await
+        .unwrap();
+    assert_eq!(purged, "purged 1 dead letter(s)\n");
+    listed(&[], 0).await;
+
+    cancel.cancel();
+    service.await.unwrap().unwrap();
+    assert_eq!(
+        JOB_RUNS.lock().unwrap().len(),
+        2,
+        "ran once after the replay"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -83,8 +83,8 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     c.unwrap();
     assert_eq!(
         db.count("schema_versions").await,
-        3,
-        "versions 1 to 3, once each"
+        4,
+        "versions 1 to 4, once each"
     );
 
     let journal: String = sqlx::query_scalar("PRAGMA journal_mode")

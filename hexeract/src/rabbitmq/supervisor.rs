@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::EnvSettings;
+use crate::config::{EnvSettings, IfSet};
 use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::health::{Health, Probe};
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
+use crate::rabbitmq::ownership;
 use crate::rabbitmq::{BusError, OutboxRelay, RabbitMqConnection, RabbitMqWorkerBuilder, Topology};
 use crate::registry::Registry;
 use crate::store::DeliveryStore;
@@ -40,11 +41,11 @@ pub(crate) async fn run_on_broker(
     let wake = crate::store::wake_signal(&*store).await;
     let ctx_publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(store.clone(), wake));
     let worker = |connection: RabbitMqConnection| {
-        RabbitMqWorkerBuilder::new(connection)
+        let builder = RabbitMqWorkerBuilder::new(connection)
             .from_registry()
             .exchange(broker.exchange.clone())
-            .prefix(broker.prefix.clone())
-            .configure(settings)
+            .prefix(broker.prefix.clone());
+        configure_bus_worker(builder, settings)
             .dead_letters(store.clone())
             .publish_to(ctx_publisher.clone())
             .health(worker_probe.clone())
@@ -80,6 +81,7 @@ pub(crate) async fn run_on_broker(
     let poll_interval = settings
         .relay_poll_interval
         .unwrap_or(Duration::from_millis(500));
+    let ownership_checked = std::sync::atomic::AtomicBool::new(false);
     let relay = supervise(&relay_probe, &cancel, || async {
         let connection = connect(
             &broker.url,
@@ -91,6 +93,16 @@ pub(crate) async fn run_on_broker(
         // Before the first publish: a message published before its queues are bound is
         // routed nowhere, and the broker drops it.
         topology.declare(&connection).await?;
+        // Once per process: remember this program's queues, and warn about queues an earlier
+        // version declared for handlers it no longer has.
+        if !ownership_checked.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            match ownership::record_and_find_unowned(&connection, &topology, &*store).await {
+                Ok(unowned) => ownership::warn(&unowned),
+                Err(error) => {
+                    tracing::warn!(%error, "could not check for queues no handler owns");
+                }
+            }
+        }
         let relay = OutboxRelay::new(store.clone(), &connection)
             .await?
             .exchange(broker.exchange.clone())
@@ -114,6 +126,22 @@ pub(crate) async fn run_on_broker(
     });
     tokio::join!(relay, consumers);
     Ok(())
+}
+
+/// The bus worker's knobs under `hexeract::run`: `configure` (attempts, retries, timeout,
+/// grace), then the prefetch and the payload limit where set.
+fn configure_bus_worker(
+    builder: RabbitMqWorkerBuilder,
+    settings: &EnvSettings,
+) -> RabbitMqWorkerBuilder {
+    let prefetch = settings.amqp.as_ref().and_then(|amqp| amqp.prefetch);
+    builder
+        .configure(settings)
+        .if_set(prefetch, RabbitMqWorkerBuilder::prefetch)
+        .if_set(
+            settings.max_payload_bytes,
+            RabbitMqWorkerBuilder::max_payload_bytes,
+        )
 }
 
 /// Connects, retrying with backoff until it succeeds or `cancel` fires.
@@ -174,42 +202,83 @@ where
     }
 }
 
-/// Sends a dead letter back to its handler's queue on the broker (or, without a handler, to
-/// the exchange under its type): attempts start over. Then deletes the dead letter. What
-/// `dead-letters replay` does under `AMQP_URL`.
-pub(crate) async fn replay_to_broker(
-    amqp: &crate::config::Amqp,
-    letter: &crate::dead_letter::DeadLetter,
-    store: &dyn DeliveryStore,
-) -> Result<String, Error> {
-    let connection =
-        RabbitMqConnection::connect_named(&amqp.url, &format!("{}.cli", amqp.queue_prefix)).await?;
-    let publisher = crate::rabbitmq::RabbitMqPublisher::new(&connection)
-        .await?
-        .exchange(amqp.exchange.clone());
-    let properties = crate::rabbitmq::wire::properties(&letter.envelope, 0);
-    let (exchange, routing_key, place) = match &letter.handler {
-        Some(handler) => {
-            let queue = format!("{}.{}", amqp.queue_prefix, handler.replace("::", "."));
-            (String::new(), queue.clone(), format!("queue {queue}"))
+/// `dead-letters replay` under `AMQP_URL`: one connection and confirmed publisher for every
+/// dead letter a command sends back.
+pub(crate) struct BrokerReplay {
+    connection: RabbitMqConnection,
+    publisher: crate::rabbitmq::RabbitMqPublisher,
+    exchange: String,
+    queue_prefix: String,
+}
+
+impl BrokerReplay {
+    pub(crate) async fn connect(amqp: &crate::config::Amqp) -> Result<BrokerReplay, Error> {
+        let connection =
+            RabbitMqConnection::connect_named(&amqp.url, &format!("{}.cli", amqp.queue_prefix))
+                .await?;
+        let publisher = crate::rabbitmq::RabbitMqPublisher::new(&connection)
+            .await?
+            .exchange(amqp.exchange.clone());
+        Ok(BrokerReplay {
+            connection,
+            publisher,
+            exchange: amqp.exchange.clone(),
+            queue_prefix: amqp.queue_prefix.clone(),
+        })
+    }
+
+    /// Sends a dead letter back to its handler's queue on the broker (or, without a handler,
+    /// to the exchange under its type): attempts start over. Deletes the dead letter once the
+    /// broker confirmed the publish. Returns where it went.
+    pub(crate) async fn replay(
+        &self,
+        letter: &crate::dead_letter::DeadLetter,
+        store: &dyn DeliveryStore,
+    ) -> Result<String, Error> {
+        let properties = crate::rabbitmq::wire::properties(&letter.envelope, 0);
+        let (exchange, routing_key, place) = match &letter.handler {
+            Some(handler) => {
+                let queue = format!("{}.{}", self.queue_prefix, handler.replace("::", "."));
+                (String::new(), queue.clone(), format!("queue {queue}"))
+            }
+            None => (
+                self.exchange.clone(),
+                letter.envelope.message_type.clone(),
+                format!("exchange {} (every handler of its type)", self.exchange),
+            ),
+        };
+        // Mandatory: a queue that is not there (a renamed handler) is an error, not a loss.
+        self.publisher
+            .publish_raw(
+                &exchange,
+                &routing_key,
+                &letter.envelope.payload,
+                properties,
+                true,
+            )
+            .await?;
+        // The message is on the broker now: a failure to delete the letter must say so, or an
+        // operator would replay it again and the handler would get it twice.
+        match store.delete_dead_letter(letter.id).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                dead_letter = %letter.id,
+                "the dead letter was removed by someone else while it was replayed (another \
+                 replay or a purge): its message may have been sent twice"
+            ),
+            Err(error) => {
+                return Err(Error::Unsupported(format!(
+                    "dead letter {} was sent to {place}, but deleting it failed ({error}): \
+                     delete it (`dead-letters purge` with filters matching it) instead of \
+                     replaying it again, or its handler gets it twice",
+                    letter.id
+                )))
+            }
         }
-        None => (
-            amqp.exchange.clone(),
-            letter.envelope.message_type.clone(),
-            format!("exchange {} (every handler of its type)", amqp.exchange),
-        ),
-    };
-    // Mandatory: a queue that is not there (a renamed handler) is an error, not a loss.
-    publisher
-        .publish_raw(
-            &exchange,
-            &routing_key,
-            &letter.envelope.payload,
-            properties,
-            true,
-        )
-        .await?;
-    store.delete_dead_letter(letter.id).await?;
-    let _ = connection.close().await;
-    Ok(place)
+        Ok(place)
+    }
+
+    pub(crate) async fn close(self) {
+        let _ = self.connection.close().await;
+    }
 }

@@ -260,6 +260,11 @@ impl Topology {
         &self.exchange
     }
 
+    /// The prefix of every queue name.
+    pub(crate) fn queue_prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The queue of `handler`: `<prefix>.<handler>` with `::` written as `.`.
     pub fn queue_for(&self, handler: &str) -> String {
         format!("{}.{}", self.prefix, handler.replace("::", "."))

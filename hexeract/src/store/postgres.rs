@@ -22,7 +22,7 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
-use crate::store::{millis, Claimed, DeliveryStore, Identifier, Routes, StoreError};
+use crate::store::{millis, Claimed, DeclaredQueue, DeliveryStore, Identifier, Routes, StoreError};
 
 /// The schema Hexeract's tables live in unless another is given.
 pub const DEFAULT_SCHEMA: &str = "hexeract";
@@ -255,6 +255,7 @@ struct Statements {
     relay_delete: String,
     replay: String,
     purge: String,
+    delete_dead_letters: String,
     purge_inbox: String,
     backlog: String,
     oldest_pending: String,
@@ -360,6 +361,7 @@ impl Statements {
                  SELECT count(*) FROM gone"
             ),
             purge: format!("DELETE FROM {s}.dead_letters"),
+            delete_dead_letters: format!("DELETE FROM {s}.dead_letters WHERE id = ANY($1)"),
             backlog: format!(
                 "SELECT (SELECT count(*) FROM {s}.outbox) + (SELECT count(*) FROM {s}.deliveries)"
             ),
@@ -467,6 +469,9 @@ impl Statements {
     }
 }
 
+/// The schema version [`migrate_in`] brings a schema to.
+const SCHEMA_VERSION: i32 = 4;
+
 /// Creates or upgrades the schema on `conn`, which is in a transaction.
 async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), StoreError> {
     let s = schema.quoted();
@@ -496,19 +501,41 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
     let current: Option<i32> = sqlx::query_scalar(&current_version)
         .fetch_one(&mut *conn)
         .await?;
-    if current.unwrap_or(0) < 1 {
+    let v4 = format!(
+        "CREATE TABLE {s}.declared_queues (
+             queue text PRIMARY KEY,
+             handler text NOT NULL,
+             message_type text NOT NULL,
+             declared_at timestamptz NOT NULL DEFAULT now()
+         );
+         INSERT INTO {s}.schema_versions (version) VALUES (4);"
+    );
+    let current = current.unwrap_or(0);
+    // A new schema is announced once; each upgrade of an existing one is.
+    let upgrade = |version: i32, what: &str| {
+        if current > 0 {
+            tracing::info!(%schema, "outbox schema upgraded to version {version} ({what})");
+        }
+    };
+    if current < 1 {
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v1)).await?;
         sqlx::query(&record_v1).execute(&mut *conn).await?;
-        tracing::info!(%schema, "outbox schema created (version 1)");
     }
-    if current.unwrap_or(0) < 2 {
+    if current < 2 {
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v2)).await?;
-        tracing::info!(%schema, "outbox schema upgraded to version 2 (deliveries.recovered)");
+        upgrade(2, "deliveries.recovered");
     }
-    if current.unwrap_or(0) < 3 {
+    if current < 3 {
         let v3 = schedules::schema_v3(schema);
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v3)).await?;
-        tracing::info!(%schema, "outbox schema upgraded to version 3 (schedules)");
+        upgrade(3, "schedules");
+    }
+    if current < SCHEMA_VERSION {
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v4)).await?;
+        upgrade(4, "declared_queues");
+    }
+    if current == 0 {
+        tracing::info!(%schema, "outbox schema created (version {SCHEMA_VERSION})");
     }
     Ok(())
 }
@@ -781,6 +808,69 @@ impl DeliveryStore for PgStore {
         })
     }
 
+    fn record_declared_queues<'a>(
+        &'a self,
+        queues: &'a [DeclaredQueue],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let column =
+                |get: fn(&DeclaredQueue) -> &str| -> Vec<&str> { queues.iter().map(get).collect() };
+            sqlx::query(&format!(
+                "INSERT INTO {}.declared_queues (queue, handler, message_type)
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[])
+                 ON CONFLICT (queue) DO UPDATE
+                 SET handler = EXCLUDED.handler, message_type = EXCLUDED.message_type,
+                     declared_at = now()",
+                self.schema.quoted()
+            ))
+            .bind(column(|queue| &queue.queue))
+            .bind(column(|queue| &queue.handler))
+            .bind(column(|queue| &queue.message_type))
+            .execute(&self.pool)
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn declared_queues(&self) -> BoxFuture<'_, Result<Vec<DeclaredQueue>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<(String, String, String, DateTime<Utc>)> = sqlx::query_as(&format!(
+                "SELECT queue, handler, message_type, declared_at
+                 FROM {}.declared_queues ORDER BY queue",
+                self.schema.quoted()
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(
+                    |(queue, handler, message_type, declared_at)| DeclaredQueue {
+                        queue,
+                        handler,
+                        message_type,
+                        declared_at,
+                    },
+                )
+                .collect())
+        })
+    }
+
+    fn forget_declared_queue<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "DELETE FROM {}.declared_queues WHERE queue = $1",
+                self.schema.quoted()
+            ))
+            .bind(queue)
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected() > 0)
+        })
+    }
+
     fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
         Box::pin(async move {
             let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
@@ -826,6 +916,22 @@ impl DeliveryStore for PgStore {
             .execute(&self.pool)
             .await?;
             Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn delete_dead_letters<'a>(
+        &'a self,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let done = sqlx::query(&self.sql.delete_dead_letters)
+                .bind(ids)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
         })
     }
 

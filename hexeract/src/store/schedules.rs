@@ -144,6 +144,15 @@ pub trait ScheduleStore: DeliveryStore {
         calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// Runs a dead-lettered job run again: the dead letter `id` (message type
+    /// [`SCHEDULE_MESSAGE_TYPE`]) becomes an occurrence of its schedule, due now, attempts
+    /// from 1, and leaves the dead letters in the same transaction. It keeps its id and fire
+    /// time, so the run sees the `ctx.message_id()` and `ctx.scheduled_for()` of the run that
+    /// failed. A fire time that was planned once is never planned again (a schedule only moves
+    /// forward), so this cannot meet an occurrence the planner writes; should that fire time
+    /// be waiting anyway, it runs once. `false` when no dead letter of a job run has this id.
+    fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
+
     /// Gives back claimed occurrences no call started on (shutdown), uncharged and due now.
     fn release_occurrences<'a>(
         &'a self,

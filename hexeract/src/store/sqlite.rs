@@ -33,7 +33,7 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
-use crate::store::{millis, Claimed, DeliveryStore, Identifier, Routes, StoreError};
+use crate::store::{millis, Claimed, DeclaredQueue, DeliveryStore, Identifier, Routes, StoreError};
 
 mod schedules;
 pub(crate) use schedules::insert_scheduled_in;
@@ -252,6 +252,7 @@ struct Statements {
     replay_to_outbox: String,
     replay_delete: String,
     purge: String,
+    delete_dead_letters: String,
     purge_inbox: String,
 }
 
@@ -360,6 +361,9 @@ impl Statements {
             ),
             replay_delete: format!("DELETE FROM {dl} WHERE id = ?1"),
             purge: format!("DELETE FROM {dl}"),
+            delete_dead_letters: format!(
+                "DELETE FROM {dl} WHERE id IN (SELECT value FROM json_each(?1))"
+            ),
             // No index on processed_at: a purge reads the whole inbox, which it runs rarely.
             purge_inbox: format!(
                 "DELETE FROM {inbox} WHERE processed_at < ?1",
@@ -461,6 +465,9 @@ impl Statements {
     }
 }
 
+/// The schema version [`migrate_in`] brings the tables to.
+const SCHEMA_VERSION: i64 = 4;
+
 /// Creates or upgrades the schema on `conn`, which is in a `BEGIN IMMEDIATE` transaction:
 /// holding the write lock, it is the only migration running, in any process.
 async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<(), StoreError> {
@@ -484,25 +491,48 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
     let current: Option<i64> = sqlx::query_scalar(&current_version)
         .fetch_one(&mut *conn)
         .await?;
-    if current.unwrap_or(0) < 1 {
+    let declared_queues = table(prefix, "declared_queues");
+    let v4 = format!(
+        "CREATE TABLE {declared_queues} (
+             queue TEXT PRIMARY KEY,
+             handler TEXT NOT NULL,
+             message_type TEXT NOT NULL,
+             declared_at INTEGER NOT NULL
+         ) STRICT, WITHOUT ROWID;
+         INSERT INTO {versions} (version, applied_at) VALUES (4, {NOW_MILLIS_SQL});"
+    );
+    let current = current.unwrap_or(0);
+    // New tables are announced once; each upgrade of existing ones is.
+    let upgrade = |version: i64, what: &str| {
+        if current > 0 {
+            tracing::info!(%prefix, "outbox tables upgraded to version {version} ({what})");
+        }
+    };
+    if current < 1 {
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v1)).await?;
         sqlx::query(&record_v1)
             .bind(now_millis())
             .execute(&mut *conn)
             .await?;
-        tracing::info!(%prefix, "outbox tables created (version 1)");
     }
-    if current.unwrap_or(0) < 2 {
+    if current < 2 {
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v2)).await?;
-        tracing::info!(%prefix, "outbox tables upgraded to version 2 (deliveries.recovered)");
+        upgrade(2, "deliveries.recovered");
     }
-    if current.unwrap_or(0) < 3 {
+    if current < 3 {
         let v3 = format!(
             "{}; INSERT INTO {versions} (version, applied_at) VALUES (3, {NOW_MILLIS_SQL});",
             schedules::schema_v3(prefix)
         );
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v3)).await?;
-        tracing::info!(%prefix, "outbox tables upgraded to version 3 (schedules)");
+        upgrade(3, "schedules");
+    }
+    if current < SCHEMA_VERSION {
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v4)).await?;
+        upgrade(4, "declared_queues");
+    }
+    if current == 0 {
+        tracing::info!(%prefix, "outbox tables created (version {SCHEMA_VERSION})");
     }
     Ok(())
 }
@@ -841,6 +871,73 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
+    fn record_declared_queues<'a>(
+        &'a self,
+        queues: &'a [DeclaredQueue],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let statement = format!(
+                "INSERT INTO \"{}_declared_queues\" (queue, handler, message_type, declared_at)
+                 VALUES (?1, ?2, ?3, {NOW_MILLIS_SQL})
+                 ON CONFLICT (queue) DO UPDATE
+                 SET handler = excluded.handler, message_type = excluded.message_type,
+                     declared_at = excluded.declared_at",
+                self.prefix
+            );
+            let mut tx = self.pool.begin().await?;
+            for queue in queues {
+                sqlx::query(&statement)
+                    .bind(&queue.queue)
+                    .bind(&queue.handler)
+                    .bind(&queue.message_type)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn declared_queues(&self) -> BoxFuture<'_, Result<Vec<DeclaredQueue>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<(String, String, String, i64)> = sqlx::query_as(&format!(
+                "SELECT queue, handler, message_type, declared_at
+                 FROM \"{}_declared_queues\" ORDER BY queue",
+                self.prefix
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(
+                    |(queue, handler, message_type, declared_at)| DeclaredQueue {
+                        queue,
+                        handler,
+                        message_type,
+                        declared_at: DateTime::from_timestamp_millis(declared_at)
+                            .unwrap_or_default(),
+                    },
+                )
+                .collect())
+        })
+    }
+
+    fn forget_declared_queue<'a>(
+        &'a self,
+        queue: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&format!(
+                "DELETE FROM \"{}_declared_queues\" WHERE queue = ?1",
+                self.prefix
+            ))
+            .bind(queue)
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected() > 0)
+        })
+    }
+
     fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
         Box::pin(async move {
             let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
@@ -883,6 +980,23 @@ impl DeliveryStore for SqliteStore {
             .execute(&self.pool)
             .await?;
             Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn delete_dead_letters<'a>(
+        &'a self,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
+            let done = sqlx::query(&self.sql.delete_dead_letters)
+                .bind(Json(ids))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
         })
     }
 

@@ -75,6 +75,7 @@ pub(super) struct ScheduleStatements {
     ack: String,
     retry: String,
     dead_letter: String,
+    replay: String,
     release: String,
     schedule_message: String,
     release_due: String,
@@ -149,6 +150,21 @@ impl ScheduleStatements {
                                                      'fire_at', fire_at)::text, 'UTF8'),
                         '{{}}'::jsonb, fire_at
                  FROM moved"
+            ),
+            // The dead letter's message id is the occurrence's id and its `created_at` the fire
+            // time (see `dead_letter`): the run comes back as it was, attempts from 1.
+            replay: format!(
+                "WITH gone AS (
+                     DELETE FROM {s}.dead_letters
+                     WHERE id = $1 AND message_type = '{SCHEDULE_MESSAGE_TYPE}'
+                       AND handler IS NOT NULL
+                     RETURNING message_id, handler, created_at
+                 ), back AS (
+                     INSERT INTO {s}.occurrences (id, schedule, fire_at, available_at)
+                     SELECT message_id, handler, created_at, now() FROM gone
+                     ON CONFLICT DO NOTHING
+                 )
+                 SELECT count(*) FROM gone"
             ),
             release: format!(
                 "UPDATE {s}.occurrences
@@ -380,6 +396,16 @@ impl ScheduleStore for PgStore {
                 .execute(&self.pool)
                 .await?;
             Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let replayed: i64 = sqlx::query_scalar(&self.schedule_sql.replay)
+                .bind(id)
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(replayed == 1)
         })
     }
 

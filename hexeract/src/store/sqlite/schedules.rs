@@ -77,6 +77,9 @@ pub(super) struct ScheduleStatements {
     retry: String,
     dead_letter_copy: String,
     dead_letter_delete: String,
+    replay_take: String,
+    replay_insert: String,
+    replay_delete: String,
     release: String,
     schedule_message: String,
     release_copy: String,
@@ -150,6 +153,18 @@ impl ScheduleStatements {
                  FROM {o} WHERE id = ?1 AND lease_owner = ?2"
             ),
             dead_letter_delete: format!("DELETE FROM {o} WHERE id = ?1 AND lease_owner = ?2"),
+            // The dead letter's message id is the occurrence's id and its `created_at` the fire
+            // time (see `dead_letter_copy`): the run comes back as it was, attempts from 1.
+            replay_take: format!(
+                "SELECT message_id, handler, created_at FROM {dl}
+                 WHERE id = ?1 AND message_type = '{SCHEDULE_MESSAGE_TYPE}'
+                   AND handler IS NOT NULL"
+            ),
+            replay_insert: format!(
+                "INSERT INTO {o} (id, schedule, fire_at, available_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT DO NOTHING"
+            ),
+            replay_delete: format!("DELETE FROM {dl} WHERE id = ?1"),
             release: format!(
                 "UPDATE {o} SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
                  WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
@@ -380,6 +395,35 @@ impl ScheduleStore for SqliteStore {
             }
             tx.commit().await?;
             Ok(copied == 1)
+        })
+    }
+
+    fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let sql = &self.schedule_sql;
+            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let Some(row) = sqlx::query(&sql.replay_take)
+                .bind(id.hyphenated())
+                .fetch_optional(&mut *tx)
+                .await?
+            else {
+                tx.rollback().await?;
+                return Ok(false);
+            };
+            let fire_at: DateTime<Utc> = row.try_get("created_at")?;
+            sqlx::query(&sql.replay_insert)
+                .bind(uuid(&row, "message_id")?.hyphenated())
+                .bind(row.try_get::<String, _>("handler")?)
+                .bind(fire_at.timestamp_millis())
+                .bind(now_millis())
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(&sql.replay_delete)
+                .bind(id.hyphenated())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(true)
         })
     }
 
