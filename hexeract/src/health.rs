@@ -128,7 +128,9 @@ impl Health {
                         failing_for: since.elapsed(),
                         failures,
                     },
-                    (_, Some(reason)) => Status::Held { reason },
+                    (_, Some(reason)) => Status::Held {
+                        reason: scrub(&reason),
+                    },
                     (State::Starting, None) => Status::Starting,
                     (State::Passing, None) => Status::Ready,
                 };
@@ -194,9 +196,11 @@ impl Probe {
     }
 
     /// A pass failed (or the loop is down and restarting): not ready until the next
-    /// [`pass`](Probe::pass). `reason` is shown to operators: no secrets in it.
+    /// [`pass`](Probe::pass). `reason` is shown to operators on `/health/ready`: only its
+    /// first line is kept, at most 300 characters, with the password of any URL in it shown as
+    /// `***`, so an error that quotes a connection string or a backtrace leaks neither.
     pub fn fail(&self, reason: impl fmt::Display) {
-        let reason = reason.to_string();
+        let reason = scrub(&reason.to_string());
         self.health.update(self.index, |component| {
             component.state = match &component.state {
                 State::Failing {
@@ -249,6 +253,38 @@ impl Probe {
         });
     }
 }
+
+/// A reason as operators may see it: the first line, at most [`MAX_REASON`] characters, with
+/// URL passwords (`scheme://user:password@host`) hidden.
+fn scrub(reason: &str) -> String {
+    let line = reason.lines().next().unwrap_or("").trim_end();
+    let mut out = String::with_capacity(line.len().min(MAX_REASON + 3));
+    for (index, word) in line.split(' ').enumerate() {
+        if index > 0 {
+            out.push(' ');
+        }
+        match word.split_once("://") {
+            Some((scheme, rest)) if rest.contains('@') => {
+                let (credentials, host) = rest.rsplit_once('@').unwrap_or(("", rest));
+                let user = credentials.split(':').next().unwrap_or("");
+                let hidden = if credentials.contains(':') {
+                    ":***"
+                } else {
+                    ""
+                };
+                out.push_str(&format!("{scheme}://{user}{hidden}@{host}"));
+            }
+            _ => out.push_str(word),
+        }
+    }
+    if out.chars().count() > MAX_REASON {
+        out = out.chars().take(MAX_REASON).collect::<String>() + "…";
+    }
+    out
+}
+
+/// The longest reason `/health/ready` shows, in characters.
+const MAX_REASON: usize = 300;
 
 impl fmt::Debug for Probe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -327,6 +363,29 @@ impl fmt::Display for Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reasons_lose_passwords_extra_lines_and_length() {
+        assert_eq!(
+            scrub("cannot reach amqp://app:s3cr:et@broker:5672/%2f: refused\n   at frame 1"),
+            "cannot reach amqp://app:***@broker:5672/%2f: refused"
+        );
+        assert_eq!(
+            scrub("postgres://app@db/x down"),
+            "postgres://app@db/x down"
+        );
+        assert_eq!(scrub("plain reason"), "plain reason");
+        let long = scrub(&"x".repeat(1000));
+        assert_eq!(long.chars().count(), MAX_REASON + 1);
+        let health = Health::new();
+        let probe = health.probe("relay");
+        probe.fail("error: postgres://u:hunter2@db/app\nstack backtrace: …");
+        let shown = health.readiness().to_string();
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("backtrace"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn a_component_is_ready_after_a_pass_until_a_failure_and_again_after_the_next_pass() {

@@ -27,6 +27,7 @@
 
 mod acks;
 pub(crate) mod connection;
+pub(crate) mod ownership;
 mod publisher;
 mod relay;
 pub(crate) mod supervisor;

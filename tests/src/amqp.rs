@@ -189,6 +189,39 @@ impl TestBroker {
     }
 }
 
+/// Deletes every queue and exchange whose name starts with `prefix` (found with `rabbitmqctl
+/// list_queues` / `list_exchanges`), for a test whose topology another process declared;
+/// returns how many queues it deleted.
+pub async fn delete_queues_with_prefix(prefix: &str) -> usize {
+    let names = |what: &str| -> Vec<String> {
+        let listed = std::process::Command::new("rabbitmqctl")
+            .args(["-q", what, "name"])
+            .output()
+            .expect("rabbitmqctl runs (RabbitMQ's command-line tool must be installed)");
+        String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|name| name.starts_with(prefix))
+            .map(str::to_owned)
+            .collect()
+    };
+    let queues = names("list_queues");
+    let connection = connect(&format!("hexeract-tests-cleanup-{prefix}")).await;
+    let channel = connection.lapin().create_channel().await.unwrap();
+    for name in &queues {
+        let _ = channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for name in names("list_exchanges") {
+        let _ = channel
+            .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    let _ = channel.close(200, "done".into()).await;
+    queues.len()
+}
+
 /// Closes every broker connection named `name` with `rabbitmqctl close_connection`, as an
 /// operator would; only connections with exactly this name are touched, so tests beside this
 /// one keep theirs. Returns how many it closed.

@@ -1,4 +1,5 @@
-//! A minimal HTTP/1.1 client for the health and metrics endpoints: one `GET` per connection.
+//! A minimal HTTP/1.1 client for the health and metrics endpoints and the orders example's API:
+//! one request per connection, bodies with a `Content-Length` (no chunked encoding).
 
 use std::time::Duration;
 
@@ -15,12 +16,32 @@ pub fn free_port() -> u16 {
 /// `GET path` on 127.0.0.1:`port`: the status code and the body, or `None` when nothing
 /// answers (yet).
 pub async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    request(port, "GET", path, None).await
+}
+
+/// `method path` on 127.0.0.1:`port`, with `json` as an `application/json` body when given:
+/// the status code and the body, or `None` when nothing answers (yet) within 5 s.
+pub async fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    json: Option<&str>,
+) -> Option<(u16, String)> {
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .ok()?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        let body = json.unwrap_or("");
+        let content = match json {
+            Some(_) => format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            ),
+            None => String::new(),
+        };
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{content}\r\n{body}"
+        );
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await.ok()?;

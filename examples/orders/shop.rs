@@ -1,0 +1,188 @@
+//! The shop's messages, its two message handlers and its scheduled job.
+//!
+//! Every handler here may see a message more than once (a retry, a redelivery after a crash),
+//! so each one writes its work and its inbox mark (`mark_processed`) in one transaction: the
+//! second delivery finds the mark and does nothing.
+
+use std::time::Duration;
+
+use hexeract::outbox::inbox::mark_processed;
+use hexeract::{handler, scheduled, Context, Envelope, HandlerOutcome, Message};
+use uuid::Uuid;
+
+use crate::db;
+
+/// Everything a handler can fail with; a failure is retried with backoff, up to
+/// `MAX_DELIVERIES` calls, then dead-lettered.
+pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// A customer checked out a cart. Written to the outbox in the checkout's transaction, so it
+/// exists if and only if the order does.
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "shop.OrderPlaced")]
+pub(crate) struct OrderPlaced {
+    pub(crate) order_id: Uuid,
+    pub(crate) email: String,
+    pub(crate) total_cents: i64,
+    pub(crate) lines: Vec<OrderLine>,
+}
+
+/// One product of an order.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct OrderLine {
+    pub(crate) sku: String,
+    pub(crate) quantity: i32,
+}
+
+/// The warehouse set the goods of an order aside.
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "shop.StockReserved")]
+pub(crate) struct StockReserved {
+    pub(crate) order_id: Uuid,
+    pub(crate) email: String,
+    pub(crate) total_cents: i64,
+}
+
+/// Takes the order's goods out of stock, or rejects the order when one is short. On success it
+/// sends `StockReserved` in the same transaction, so the confirmation follows exactly when the
+/// stock is taken.
+#[handler(message = "shop.OrderPlaced", name = "shop.reserve_stock")]
+async fn reserve_stock(order: OrderPlaced, ctx: &Context) -> Result<(), Failure> {
+    let mut tx = db::pool().begin().await?;
+    if !mark_processed(&mut tx, ctx).await? {
+        tracing::info!(order = %order.order_id, "stock already reserved: a redelivery, nothing to do");
+        return Ok(());
+    }
+    let skus: Vec<&str> = order.lines.iter().map(|line| line.sku.as_str()).collect();
+    // Locked in one order (by sku), so two reservations never wait on each other in a cycle.
+    let stock: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT sku, in_stock FROM shop.products WHERE sku = ANY($1) ORDER BY sku FOR UPDATE",
+    )
+    .bind(&skus)
+    .fetch_all(&mut *tx)
+    .await?;
+    let short: Vec<&str> = order
+        .lines
+        .iter()
+        .filter(|line| {
+            stock
+                .iter()
+                .find(|(sku, _)| *sku == line.sku)
+                .is_none_or(|(_, in_stock)| *in_stock < line.quantity)
+        })
+        .map(|line| line.sku.as_str())
+        .collect();
+    if !short.is_empty() {
+        let detail = format!("out of stock: {}", short.join(", "));
+        set_status(&mut tx, order.order_id, "rejected", Some(&detail)).await?;
+        tx.commit().await?;
+        tracing::warn!(order = %order.order_id, %detail, "order rejected");
+        return Ok(());
+    }
+    for line in &order.lines {
+        sqlx::query("UPDATE shop.products SET in_stock = in_stock - $2 WHERE sku = $1")
+            .bind(&line.sku)
+            .bind(line.quantity)
+            .execute(&mut *tx)
+            .await?;
+    }
+    set_status(&mut tx, order.order_id, "reserved", None).await?;
+    let reserved = StockReserved {
+        order_id: order.order_id,
+        email: order.email.clone(),
+        total_cents: order.total_cents,
+    };
+    // `caused_by` keeps the conversation: the same correlation id and trace.
+    let follow_up = Envelope::new(&reserved)?.caused_by(ctx.envelope());
+    hexeract::outbox::enqueue_envelopes(&mut tx, "hexeract", &[follow_up]).await?;
+    tx.commit().await?;
+    tracing::info!(order = %order.order_id, attempt = ctx.attempt(), "stock reserved");
+    Ok(())
+}
+
+/// Mails the customer that the order is confirmed. An address under the reserved `.invalid`
+/// domain can never receive mail: that confirmation is dead-lettered at once, with a reason,
+/// for an operator to look at (`dead-letters list`), instead of being retried.
+#[handler(message = "shop.StockReserved", name = "shop.send_confirmation")]
+async fn send_confirmation(event: StockReserved, ctx: &Context) -> Result<HandlerOutcome, Failure> {
+    if event.email.ends_with(".invalid") {
+        return Ok(HandlerOutcome::dead_letter(
+            "undeliverable_address",
+            format_args!(
+                "{} is under the .invalid domain, which never receives mail (order {})",
+                event.email, event.order_id
+            ),
+        ));
+    }
+    let mut tx = db::pool().begin().await?;
+    if !mark_processed(&mut tx, ctx).await? {
+        tracing::info!(order = %event.order_id, "confirmation already sent: a redelivery, nothing to do");
+        return Ok(HandlerOutcome::Ack);
+    }
+    // A real shop calls its mail provider here, with ctx.message_id() as the idempotency key
+    // (a call made before the commit runs again if the process dies before it).
+    sqlx::query(
+        "INSERT INTO shop.outgoing_mail (message_id, order_id, to_address, subject)
+         VALUES ($1, $2, $3, $4)",
+    )
+    .bind(ctx.message_id())
+    .bind(event.order_id)
+    .bind(&event.email)
+    .bind(format!(
+        "Your order is confirmed ({}.{:02})",
+        event.total_cents / 100,
+        event.total_cents % 100
+    ))
+    .execute(&mut *tx)
+    .await?;
+    set_status(&mut tx, event.order_id, "confirmed", None).await?;
+    tx.commit().await?;
+    tracing::info!(order = %event.order_id, to = %event.email, "confirmation sent");
+    Ok(HandlerOutcome::Ack)
+}
+
+/// Deletes carts nobody touched for `CART_TTL_SECS`. Every replica runs the scheduler, and each
+/// fire time runs once among them; a fire time missed while no replica ran is skipped (the
+/// next one does the same work).
+#[scheduled(every = "5s", name = "shop.expire_stale_carts", catch_up = "none")]
+async fn expire_stale_carts(_ctx: &Context) -> Result<(), sqlx::Error> {
+    let expired =
+        sqlx::query("DELETE FROM shop.carts WHERE updated_at < now() - make_interval(secs => $1)")
+            .bind(cart_ttl().as_secs_f64())
+            .execute(db::pool())
+            .await?
+            .rows_affected();
+    if expired > 0 {
+        tracing::info!(expired, "expired stale carts");
+    }
+    Ok(())
+}
+
+static CART_TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// How long a cart lives without a change: `CART_TTL_SECS`, set by `main`.
+pub(crate) fn cart_ttl() -> Duration {
+    *CART_TTL.get().unwrap_or(&crate::DEFAULT_CART_TTL)
+}
+
+/// Sets what [`cart_ttl`] returns.
+pub(crate) fn set_cart_ttl(ttl: Duration) {
+    let _ = CART_TTL.set(ttl);
+}
+
+async fn set_status(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    order_id: Uuid,
+    status: &str,
+    detail: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE shop.orders SET status = $2, status_detail = $3, updated_at = now() WHERE id = $1",
+    )
+    .bind(order_id)
+    .bind(status)
+    .bind(detail)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
