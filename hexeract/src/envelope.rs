@@ -47,6 +47,13 @@ pub struct Envelope {
     pub attempt: u32,
     /// When the message was first published.
     pub created_at: DateTime<Utc>,
+    /// The aggregate the message belongs to (`#[message(aggregate = "order")]`), for transports
+    /// that keep one aggregate's messages in order (Kafka: the topic
+    /// `<prefix>.<aggregate>`). `None` for a message that declares none.
+    pub aggregate: Option<String>,
+    /// The id of that aggregate (the `#[message(key)]` field, as text): the partition key, so
+    /// that one aggregate's messages are consumed in the order they were published.
+    pub aggregate_key: Option<String>,
 }
 
 impl Envelope {
@@ -56,7 +63,10 @@ impl Envelope {
             message_type: M::MESSAGE_TYPE,
             source,
         })?;
-        Ok(Envelope::from_raw(M::MESSAGE_TYPE, payload))
+        let mut envelope = Envelope::from_raw(M::MESSAGE_TYPE, payload);
+        envelope.aggregate = M::AGGREGATE.map(str::to_owned);
+        envelope.aggregate_key = message.aggregate_key();
+        Ok(envelope)
     }
 
     /// An envelope around bytes that were not produced by [`Envelope::new`]: another producer's
@@ -72,6 +82,8 @@ impl Envelope {
             headers: BTreeMap::new(),
             attempt: 0,
             created_at: Utc::now(),
+            aggregate: None,
+            aggregate_key: None,
         }
     }
 

@@ -110,7 +110,7 @@ pub use envelope::{DecodeError, EncodeError, Envelope};
 pub use error::{ConfigError, ConfigProblem, Error};
 pub use handler::{ErasedHandler, Handler, TypedHandler};
 pub use memory::InMemoryStore;
-pub use message::Message;
+pub use message::{AggregateKey, Message};
 pub use outcome::{HandlerOutcome, IntoOutcome};
 pub use publish::{publish, Publish, PublishError};
 pub use reason::Reason;

@@ -2,7 +2,7 @@
 
 pub use crate::context::Context;
 pub use crate::handler::{ErasedHandler, Handler};
-pub use crate::message::Message;
+pub use crate::message::{AggregateKey, Message};
 pub use crate::outcome::{HandlerOutcome, IntoOutcome};
 pub use crate::registry::HandlerRegistration;
 pub use crate::schedule::{CatchUp, ScheduleRegistration};

@@ -196,6 +196,9 @@ pub(crate) fn read(
         headers: BTreeMap::new(),
         attempt: 0,
         created_at: DateTime::<Utc>::UNIX_EPOCH,
+        // Not carried over AMQP: RabbitMQ keeps no per-aggregate order to use them for.
+        aggregate: None,
+        aggregate_key: None,
     };
     envelope.correlation_id = properties
         .correlation_id()

@@ -190,6 +190,8 @@ pub async fn insert_outbox(
         .bind(columns.headers)
         .bind(columns.correlation_ids)
         .bind(columns.causation_ids)
+        .bind(columns.aggregates)
+        .bind(columns.aggregate_keys)
         .bind(columns.created_at)
         .bind(notify_channel(schema))
         .execute(conn)
@@ -224,6 +226,8 @@ struct OutboxColumns {
     headers: Vec<Json<BTreeMap<String, String>>>,
     correlation_ids: Vec<Option<Uuid>>,
     causation_ids: Vec<Option<Uuid>>,
+    aggregates: Vec<Option<String>>,
+    aggregate_keys: Vec<Option<String>>,
     created_at: Vec<DateTime<Utc>>,
 }
 
@@ -236,6 +240,8 @@ impl From<&[Envelope]> for OutboxColumns {
             headers: envelopes.iter().map(|e| Json(e.headers.clone())).collect(),
             correlation_ids: envelopes.iter().map(|e| e.correlation_id).collect(),
             causation_ids: envelopes.iter().map(|e| e.causation_id).collect(),
+            aggregates: envelopes.iter().map(|e| e.aggregate.clone()).collect(),
+            aggregate_keys: envelopes.iter().map(|e| e.aggregate_key.clone()).collect(),
             created_at: envelopes.iter().map(|e| e.created_at).collect(),
         }
     }
@@ -261,7 +267,8 @@ struct Statements {
     oldest_pending: String,
 }
 
-/// The columns a delivery and a dead letter share with the outbox row they come from.
+/// The columns of a message wherever it waits: the outbox, a delivery, a dead letter, a
+/// delayed message (schema version 5 on). In this order in every statement that binds them.
 const MESSAGE_COLUMNS: &str = "message_type, payload, headers, correlation_id, causation_id, \
                                aggregate, aggregate_key, created_at";
 
@@ -334,16 +341,14 @@ impl Statements {
                  LIMIT $1"
             ),
             relay_take: format!(
-                "SELECT id AS message_id, message_type, payload, headers, correlation_id,
-                        causation_id, created_at
+                "SELECT id AS message_id, {m}
                  FROM {s}.outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
             relay_delete: format!("DELETE FROM {s}.outbox WHERE id = ANY($1)"),
             insert_dead_letter: format!(
                 "INSERT INTO {s}.dead_letters
-                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
-                      message_type, payload, headers, correlation_id, causation_id, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
                  ON CONFLICT (id) DO NOTHING"
             ),
             replay: format!(
@@ -379,14 +384,15 @@ impl Statements {
 
     fn insert_outbox(schema: &Identifier) -> String {
         let s = schema.quoted();
+        let m = MESSAGE_COLUMNS;
         format!(
             "WITH inserted AS (
-                 INSERT INTO {s}.outbox
-                     (id, message_type, payload, headers, correlation_id, causation_id, created_at)
+                 INSERT INTO {s}.outbox (id, {m})
                  SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[],
-                                      $5::uuid[], $6::uuid[], $7::timestamptz[])
+                                      $5::uuid[], $6::uuid[], $7::text[], $8::text[],
+                                      $9::timestamptz[])
              )
-             SELECT pg_notify($8, '')"
+             SELECT pg_notify($10, '')"
         )
     }
 
@@ -470,7 +476,7 @@ impl Statements {
 }
 
 /// The schema version [`migrate_in`] brings a schema to.
-const SCHEMA_VERSION: i32 = 4;
+const SCHEMA_VERSION: i32 = 5;
 
 /// Creates or upgrades the schema on `conn`, which is in a transaction.
 async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), StoreError> {
@@ -530,9 +536,14 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v3)).await?;
         upgrade(3, "schedules");
     }
-    if current < SCHEMA_VERSION {
+    if current < 4 {
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v4)).await?;
         upgrade(4, "declared_queues");
+    }
+    if current < 5 {
+        let v5 = schedules::schema_v5(schema);
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v5)).await?;
+        upgrade(5, "scheduled_messages.aggregate");
     }
     if current == 0 {
         tracing::info!(%schema, "outbox schema created (version {SCHEMA_VERSION})");
@@ -540,7 +551,8 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
     Ok(())
 }
 
-/// Reads a message out of a `deliveries` or `dead_letters` row.
+/// Reads a message out of a `deliveries`, `dead_letters` or (with `id AS message_id`) `outbox`
+/// row: its [`MESSAGE_COLUMNS`] and `message_id`.
 fn envelope_from_row(row: &PgRow, attempts: i32) -> Result<Envelope, StoreError> {
     let headers: Json<BTreeMap<String, String>> = row.try_get("headers")?;
     let mut envelope = Envelope::from_raw(
@@ -551,6 +563,8 @@ fn envelope_from_row(row: &PgRow, attempts: i32) -> Result<Envelope, StoreError>
     envelope.headers = headers.0;
     envelope.correlation_id = row.try_get("correlation_id")?;
     envelope.causation_id = row.try_get("causation_id")?;
+    envelope.aggregate = row.try_get("aggregate")?;
+    envelope.aggregate_key = row.try_get("aggregate_key")?;
     envelope.created_at = row.try_get("created_at")?;
     envelope.attempt = u32::try_from(attempts).unwrap_or(0);
     Ok(envelope)
@@ -575,6 +589,8 @@ fn insert_dead_letter<'q>(
         .bind(Json(&envelope.headers))
         .bind(envelope.correlation_id)
         .bind(envelope.causation_id)
+        .bind(envelope.aggregate.as_deref())
+        .bind(envelope.aggregate_key.as_deref())
         .bind(envelope.created_at)
 }
 

@@ -226,6 +226,8 @@ async fn insert_rows(
             .bind(Json(&envelope.headers))
             .bind(envelope.correlation_id.map(Uuid::hyphenated))
             .bind(envelope.causation_id.map(Uuid::hyphenated))
+            .bind(envelope.aggregate.as_deref())
+            .bind(envelope.aggregate_key.as_deref())
             .bind(envelope.created_at)
             .execute(&mut *conn)
             .await?;
@@ -256,7 +258,8 @@ struct Statements {
     purge_inbox: String,
 }
 
-/// The columns a delivery and a dead letter share with the outbox row they come from.
+/// The columns of a message wherever it waits: the outbox, a delivery, a dead letter, a
+/// delayed message (schema version 5 on). In this order in every statement that binds them.
 const MESSAGE_COLUMNS: &str = "message_type, payload, headers, correlation_id, causation_id, \
                                aggregate, aggregate_key, created_at";
 
@@ -328,17 +331,12 @@ impl Statements {
                  FROM {d} WHERE id = ?1 AND lease_owner = ?2"
             ),
             dead_letter_delete: format!("DELETE FROM {d} WHERE id = ?1 AND lease_owner = ?2"),
-            relay_take: format!(
-                "SELECT id AS message_id, message_type, payload, headers, correlation_id,
-                        causation_id, created_at
-                 FROM {o} ORDER BY id LIMIT ?1"
-            ),
+            relay_take: format!("SELECT id AS message_id, {m} FROM {o} ORDER BY id LIMIT ?1"),
             relay_delete: format!("DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1))"),
             insert_dead_letter: format!(
                 "INSERT INTO {dl}
-                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
-                      message_type, payload, headers, correlation_id, causation_id, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
                  ON CONFLICT (id) DO NOTHING"
             ),
             dead_letters: format!(
@@ -374,11 +372,8 @@ impl Statements {
 
     fn insert_outbox(prefix: &Identifier) -> String {
         let o = table(prefix, "outbox");
-        format!(
-            "INSERT INTO {o}
-                 (id, message_type, payload, headers, correlation_id, causation_id, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
-        )
+        let m = MESSAGE_COLUMNS;
+        format!("INSERT INTO {o} (id, {m}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
     }
 
     fn insert_inbox(prefix: &Identifier) -> String {
@@ -466,7 +461,7 @@ impl Statements {
 }
 
 /// The schema version [`migrate_in`] brings the tables to.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 /// Creates or upgrades the schema on `conn`, which is in a `BEGIN IMMEDIATE` transaction:
 /// holding the write lock, it is the only migration running, in any process.
@@ -527,9 +522,17 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v3)).await?;
         upgrade(3, "schedules");
     }
-    if current < SCHEMA_VERSION {
+    if current < 4 {
         sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v4)).await?;
         upgrade(4, "declared_queues");
+    }
+    if current < 5 {
+        let v5 = format!(
+            "{}; INSERT INTO {versions} (version, applied_at) VALUES (5, {NOW_MILLIS_SQL});",
+            schedules::schema_v5(prefix)
+        );
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v5)).await?;
+        upgrade(5, "scheduled_messages.aggregate");
     }
     if current == 0 {
         tracing::info!(%prefix, "outbox tables created (version {SCHEMA_VERSION})");
@@ -559,7 +562,8 @@ fn optional_uuid(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, StoreErr
         .map(Hyphenated::into_uuid))
 }
 
-/// Reads a message out of a `deliveries` or `dead_letters` row.
+/// Reads a message out of a `deliveries`, `dead_letters` or (with `id AS message_id`) outbox
+/// row: its [`MESSAGE_COLUMNS`] and `message_id`.
 fn envelope_from_row(row: &SqliteRow, attempts: i64) -> Result<Envelope, StoreError> {
     let headers: Json<BTreeMap<String, String>> = row.try_get("headers")?;
     let mut envelope = Envelope::from_raw(
@@ -570,6 +574,8 @@ fn envelope_from_row(row: &SqliteRow, attempts: i64) -> Result<Envelope, StoreEr
     envelope.headers = headers.0;
     envelope.correlation_id = optional_uuid(row, "correlation_id")?;
     envelope.causation_id = optional_uuid(row, "causation_id")?;
+    envelope.aggregate = row.try_get("aggregate")?;
+    envelope.aggregate_key = row.try_get("aggregate_key")?;
     envelope.created_at = row.try_get("created_at")?;
     envelope.attempt = u32::try_from(attempts).unwrap_or(0);
     Ok(envelope)
@@ -614,6 +620,8 @@ fn insert_dead_letter<'q>(
         .bind(Json(&envelope.headers))
         .bind(envelope.correlation_id.map(Uuid::hyphenated))
         .bind(envelope.causation_id.map(Uuid::hyphenated))
+        .bind(envelope.aggregate.as_deref())
+        .bind(envelope.aggregate_key.as_deref())
         .bind(envelope.created_at)
 }
 

@@ -1,6 +1,7 @@
 //! [`ScheduleStore`] on PostgreSQL: `schedules`, `occurrences` and `scheduled_messages` in the
-//! store's schema (version 3). Claims and the move of due messages use the outbox's
-//! `id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED))`; every time is the database's `now()`.
+//! store's schema (version 3; a delayed message's aggregate since version 5). Claims and the
+//! move of due messages use the outbox's `id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED))`;
+//! every time is the database's `now()`.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use futures_util::future::BoxFuture;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{limit, notify_channel, PgStore};
+use super::{limit, notify_channel, PgStore, MESSAGE_COLUMNS};
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::schedules::{
@@ -63,6 +64,18 @@ pub(super) fn schema_v3(schema: &Identifier) -> String {
     )
 }
 
+/// Version 5 of the schema: delayed messages keep their aggregate, as the outbox does, so
+/// that they reach it with theirs.
+pub(super) fn schema_v5(schema: &Identifier) -> String {
+    let s = schema.quoted();
+    format!(
+        "ALTER TABLE {s}.scheduled_messages
+             ADD COLUMN aggregate text,
+             ADD COLUMN aggregate_key text;
+         INSERT INTO {s}.schema_versions (version) VALUES (5);"
+    )
+}
+
 /// The scheduler's statements, built once per store.
 pub(super) struct ScheduleStatements {
     known: String,
@@ -85,6 +98,7 @@ pub(super) struct ScheduleStatements {
 impl ScheduleStatements {
     pub(super) fn new(schema: &Identifier) -> ScheduleStatements {
         let s = schema.quoted();
+        let m = MESSAGE_COLUMNS;
         ScheduleStatements {
             known: format!(
                 "SELECT name, spec, now() AS now FROM {s}.schedules WHERE name = ANY($1)"
@@ -172,16 +186,12 @@ impl ScheduleStatements {
                  WHERE id = ANY($1) AND lease_owner = $2"
             ),
             schedule_message: format!(
-                "INSERT INTO {s}.scheduled_messages
-                     (id, due_at, message_type, payload, headers, correlation_id, causation_id,
-                      created_at)
+                "INSERT INTO {s}.scheduled_messages (id, due_at, {m})
                  SELECT id, coalesce($2::timestamptz,
-                                 clock_timestamp() + $3::bigint * interval '1 millisecond'), message_type,
-                        payload, headers, correlation_id, causation_id, created_at
+                                 clock_timestamp() + $3::bigint * interval '1 millisecond'), {m}
                  FROM UNNEST($1::uuid[], $4::text[], $5::bytea[], $6::jsonb[], $7::uuid[],
-                             $8::uuid[], $9::timestamptz[])
-                      AS m(id, message_type, payload, headers, correlation_id, causation_id,
-                           created_at)
+                             $8::uuid[], $9::text[], $10::text[], $11::timestamptz[])
+                      AS m(id, {m})
                  ON CONFLICT (id) DO NOTHING"
             ),
             release_due: format!(
@@ -193,12 +203,9 @@ impl ScheduleStatements {
                          ORDER BY due_at
                          LIMIT $1
                          FOR UPDATE SKIP LOCKED))
-                     RETURNING id, message_type, payload, headers, correlation_id, causation_id,
-                               created_at),
+                     RETURNING id, {m}),
                  moved AS (
-                     INSERT INTO {s}.outbox
-                         (id, message_type, payload, headers, correlation_id, causation_id,
-                          created_at)
+                     INSERT INTO {s}.outbox (id, {m})
                      SELECT * FROM due
                      ON CONFLICT (id) DO NOTHING
                      RETURNING 1)
@@ -497,6 +504,8 @@ pub(crate) async fn insert_scheduled(
         .bind(columns.headers)
         .bind(columns.correlation_ids)
         .bind(columns.causation_ids)
+        .bind(columns.aggregates)
+        .bind(columns.aggregate_keys)
         .bind(columns.created_at)
         .execute(conn)
         .await?;

@@ -1,7 +1,7 @@
 //! [`ScheduleStore`] on SQLite: `<prefix>_schedules`, `<prefix>_occurrences` and
-//! `<prefix>_scheduled_messages` (version 3). Times are INTEGER milliseconds on the process's
-//! clock, like the outbox's; planning and moving due messages run in `BEGIN IMMEDIATE`
-//! transactions, claims in one statement.
+//! `<prefix>_scheduled_messages` (version 3; a delayed message's aggregate since version 5).
+//! Times are INTEGER milliseconds on the process's clock, like the outbox's; planning and
+//! moving due messages run in `BEGIN IMMEDIATE` transactions, claims in one statement.
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use sqlx::types::Json;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{limit, now_millis, table, uuid, SqliteStore, BEGIN_IMMEDIATE};
+use super::{limit, now_millis, table, uuid, SqliteStore, BEGIN_IMMEDIATE, MESSAGE_COLUMNS};
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::schedules::{
@@ -65,6 +65,16 @@ pub(super) fn schema_v3(prefix: &Identifier) -> String {
     )
 }
 
+/// Version 5 of the schema: delayed messages keep their aggregate, as the outbox does, so
+/// that they reach it with theirs.
+pub(super) fn schema_v5(prefix: &Identifier) -> String {
+    let messages = table(prefix, "scheduled_messages");
+    format!(
+        "ALTER TABLE {messages} ADD COLUMN aggregate TEXT;
+         ALTER TABLE {messages} ADD COLUMN aggregate_key TEXT"
+    )
+}
+
 /// The scheduler's statements, built once per store.
 pub(super) struct ScheduleStatements {
     known: String,
@@ -94,6 +104,7 @@ impl ScheduleStatements {
         let messages = table(prefix, "scheduled_messages");
         let outbox = table(prefix, "outbox");
         let dl = table(prefix, "dead_letters");
+        let m = MESSAGE_COLUMNS;
         ScheduleStatements {
             known: format!(
                 "SELECT name, spec FROM {schedules}
@@ -170,18 +181,13 @@ impl ScheduleStatements {
                  WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
             ),
             schedule_message: format!(
-                "INSERT INTO {messages}
-                     (id, due_at, message_type, payload, headers, correlation_id, causation_id,
-                      created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                "INSERT INTO {messages} (id, due_at, {m})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                  ON CONFLICT (id) DO NOTHING"
             ),
             release_copy: format!(
-                "INSERT INTO {outbox}
-                     (id, message_type, payload, headers, correlation_id, causation_id,
-                      created_at)
-                 SELECT id, message_type, payload, headers, correlation_id, causation_id,
-                        created_at
+                "INSERT INTO {outbox} (id, {m})
+                 SELECT id, {m}
                  FROM {messages}
                  WHERE id IN (SELECT value FROM json_each(?1))
                  ON CONFLICT (id) DO NOTHING"
@@ -532,6 +538,8 @@ async fn insert_scheduled_with(
             .bind(Json(&envelope.headers))
             .bind(envelope.correlation_id.map(Uuid::hyphenated))
             .bind(envelope.causation_id.map(Uuid::hyphenated))
+            .bind(envelope.aggregate.as_deref())
+            .bind(envelope.aggregate_key.as_deref())
             .bind(envelope.created_at)
             .execute(&mut *conn)
             .await?;
