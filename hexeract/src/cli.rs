@@ -140,6 +140,12 @@ async fn handlers(out: &mut String) -> Result<(), CliError> {
             .location
             .map_or_else(|| "registered in code".to_owned(), |at| at.to_string());
         let _ = write!(out, "  {}  message {}", info.name, info.message_type);
+        if let Some(aggregate) = registry
+            .get(&info.name)
+            .and_then(|handler| handler.handler().aggregate())
+        {
+            let _ = write!(out, "  aggregate {aggregate}");
+        }
         if let Some(amqp) = &settings.amqp {
             let _ = write!(
                 out,

@@ -54,6 +54,12 @@ pub trait ErasedHandler: Send + Sync + 'static {
     /// The [`Message::MESSAGE_TYPE`] this handler accepts.
     fn message_type(&self) -> &'static str;
 
+    /// The [`Message::AGGREGATE`] of that message type: `None` unless it declares one (a
+    /// transport that orders by aggregate, Kafka, needs one).
+    fn aggregate(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Decodes `envelope` and calls the typed handler.
     fn handle<'a>(
         &'a self,
@@ -90,6 +96,10 @@ impl<M, H> fmt::Debug for TypedHandler<M, H> {
 impl<M: Message, H: Handler<M>> ErasedHandler for TypedHandler<M, H> {
     fn message_type(&self) -> &'static str {
         M::MESSAGE_TYPE
+    }
+
+    fn aggregate(&self) -> Option<&'static str> {
+        M::AGGREGATE
     }
 
     fn handle<'a>(

@@ -581,3 +581,19 @@ async fn postgres_the_relay_hands_the_broker_the_aggregate() {
 async fn sqlite_the_relay_hands_the_broker_the_aggregate() {
     the_relay_hands_the_broker_the_aggregate(TestStore::sqlite().await).await;
 }
+
+/// A registered handler tells the aggregate of its message type (what a Kafka transport checks
+/// at startup), and `None` for a message without one.
+#[test]
+fn the_registry_knows_each_handlers_aggregate() {
+    let mut registry = Registry::new();
+    registry
+        .register::<OrderPlaced, _>(Seen::default(), HandlerOptions::new().name("ship"))
+        .unwrap();
+    registry
+        .register::<Ping, _>(Seen::default(), HandlerOptions::new().name("log"))
+        .unwrap();
+    let aggregate = |name: &str| registry.get(name).unwrap().handler().aggregate();
+    assert_eq!(aggregate("ship"), Some("order"));
+    assert_eq!(aggregate("log"), None);
+}
