@@ -817,7 +817,7 @@ impl Shared {
                         message_type = %envelope.message_type,
                         handler = %slot.name,
                         attempt = envelope.attempt,
-                        trace_id = %envelope.trace_id().unwrap_or(""),
+                        trace_id = envelope.trace_id().map(tracing::field::display),
                     );
                     let call = call_handler(slot.handler.clone(), ctx, slot.timeout, &abort);
                     match call.instrument(span).await {

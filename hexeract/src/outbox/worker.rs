@@ -573,7 +573,7 @@ impl OutboxWorker {
                     message_type = %envelope.message_type,
                     handler = %handler,
                     attempt = envelope.attempt,
-                    trace_id = %envelope.trace_id().unwrap_or(""),
+                    trace_id = envelope.trace_id().map(tracing::field::display),
                 );
                 let timeout = info.timeout.unwrap_or(self.handler_timeout);
                 let started = std::time::Instant::now();

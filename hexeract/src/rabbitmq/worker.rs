@@ -1009,7 +1009,7 @@ impl ConsumeLoop<'_> {
             message_type = %envelope.message_type,
             handler = %runner.name,
             attempt = envelope.attempt,
-            trace_id = %envelope.trace_id().unwrap_or(""),
+            trace_id = envelope.trace_id().map(tracing::field::display),
         );
         let timeout = runner
             .handler
