@@ -133,6 +133,8 @@ pub async fn execute(args: &[String], out: &mut String) -> Result<(), CliError> 
 
 async fn handlers(out: &mut String) -> Result<(), CliError> {
     let registry = Registry::from_inventory().map_err(Error::from)?;
+    // Without the `rabbitmq` feature there are no queues to show (and `AMQP_URL` is refused).
+    #[cfg_attr(not(feature = "rabbitmq"), allow(unused_variables))]
     let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
     let _ = writeln!(out, "handlers ({}):", registry.len());
     for info in registry.handlers() {
@@ -146,13 +148,10 @@ async fn handlers(out: &mut String) -> Result<(), CliError> {
         {
             let _ = write!(out, "  aggregate {aggregate}");
         }
+        #[cfg(feature = "rabbitmq")]
         if let Some(amqp) = &settings.amqp {
-            let _ = write!(
-                out,
-                "  queue {}.{}",
-                amqp.queue_prefix,
-                info.name.replace("::", ".")
-            );
+            let queue = crate::rabbitmq::topology::queue_name(&amqp.queue_prefix, &info.name);
+            let _ = write!(out, "  queue {queue}");
         }
         let _ = writeln!(out, "  at {location}");
     }

@@ -31,7 +31,7 @@ pub(crate) mod ownership;
 mod publisher;
 mod relay;
 pub(crate) mod supervisor;
-mod topology;
+pub(crate) mod topology;
 mod transport;
 pub(crate) mod wire;
 mod worker;

@@ -238,7 +238,7 @@ impl BrokerReplay {
         let properties = crate::rabbitmq::wire::properties(&letter.envelope, 0);
         let (exchange, routing_key, place) = match &letter.handler {
             Some(handler) => {
-                let queue = format!("{}.{}", self.queue_prefix, handler.replace("::", "."));
+                let queue = crate::rabbitmq::topology::queue_name(&self.queue_prefix, handler);
                 (String::new(), queue.clone(), format!("queue {queue}"))
             }
             None => (

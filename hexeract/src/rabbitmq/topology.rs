@@ -267,7 +267,7 @@ impl Topology {
 
     /// The queue of `handler`: `<prefix>.<handler>` with `::` written as `.`.
     pub fn queue_for(&self, handler: &str) -> String {
-        format!("{}.{}", self.prefix, handler.replace("::", "."))
+        queue_name(&self.prefix, handler)
     }
 
     /// The parking queue of `handler`'s queue.
@@ -412,6 +412,12 @@ impl Topology {
         )
         .await
     }
+}
+
+/// The queue of `handler` under `prefix`: `<prefix>.<handler>` with `::` written as `.`; the
+/// one naming rule, for code that has a prefix but no topology.
+pub(crate) fn queue_name(prefix: &str, handler: &str) -> String {
+    format!("{prefix}.{}", handler.replace("::", "."))
 }
 
 /// The parking queue of `queue`: `<queue>.parked`.

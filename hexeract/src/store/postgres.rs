@@ -923,16 +923,7 @@ impl DeliveryStore for PgStore {
     }
 
     fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&format!(
-                "DELETE FROM {}.dead_letters WHERE id = $1",
-                self.schema.quoted()
-            ))
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(async move { Ok(self.delete_dead_letters(&[id]).await? == 1) })
     }
 
     fn delete_dead_letters<'a>(

@@ -979,16 +979,7 @@ impl DeliveryStore for SqliteStore {
     }
 
     fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&format!(
-                "DELETE FROM \"{}_dead_letters\" WHERE id = ?1",
-                self.prefix
-            ))
-            .bind(id.hyphenated())
-            .execute(&self.pool)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(async move { Ok(self.delete_dead_letters(&[id]).await? == 1) })
     }
 
     fn delete_dead_letters<'a>(
