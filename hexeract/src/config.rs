@@ -55,6 +55,17 @@ pub(crate) struct EnvSettings {
     pub(crate) dead_letter_retention: Option<Duration>,
     /// `AMQP_URL`: deliver through RabbitMQ.
     pub(crate) amqp: Option<Amqp>,
+    /// `KAFKA_BROKERS`: deliver through Kafka.
+    pub(crate) kafka: Option<Kafka>,
+}
+
+/// `KAFKA_BROKERS` with `KAFKA_TOPIC_PREFIX` and `KAFKA_TOPIC_PARTITIONS`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Kafka {
+    pub(crate) brokers: String,
+    pub(crate) topic_prefix: String,
+    /// `KAFKA_TOPIC_PARTITIONS`; `None` where unset (3).
+    pub(crate) partitions: Option<u32>,
 }
 
 /// The scheduler's own variables; `None` where unset.
@@ -111,6 +122,7 @@ impl Default for EnvSettings {
             inbox_retention: Some(days(DEFAULT_INBOX_RETENTION_DAYS)),
             dead_letter_retention: Some(days(DEFAULT_DEAD_LETTER_RETENTION_DAYS)),
             amqp: None,
+            kafka: None,
         }
     }
 }
@@ -134,10 +146,6 @@ fn retention(days_set: Option<u64>, default: u64) -> Option<Duration> {
 
 /// The port of the health and metrics endpoints unless `WORKER_PORT` says otherwise.
 pub(crate) const DEFAULT_WORKER_PORT: u16 = 8081;
-
-/// Variables that select a transport this version does not have yet. Setting one and getting
-/// the database alone instead would lose messages silently, so it is refused.
-const NOT_YET_SUPPORTED: [(&str, &str); 1] = [("KAFKA_BROKERS", "Kafka")];
 
 impl EnvSettings {
     pub(crate) fn from_env() -> Result<EnvSettings, ConfigError> {
@@ -213,6 +221,13 @@ impl EnvSettings {
                 DEFAULT_DEAD_LETTER_RETENTION_DAYS,
             ),
             amqp: None,
+            kafka: None,
+        };
+        let partitions = match lookup("KAFKA_BROKERS") {
+            Some(_) => {
+                read("KAFKA_TOPIC_PARTITIONS", |v| whole_number(v, 1, 10_000)).map(|n| n as u32)
+            }
+            None => None,
         };
         // Like the names below, read only when there is a broker to apply it to.
         let prefetch = match lookup("AMQP_URL") {
@@ -299,16 +314,27 @@ impl EnvSettings {
             }),
             (None, None) => {}
         }
-        for (name, transport) in NOT_YET_SUPPORTED {
-            if lookup(name).is_some() {
+        if let Some(brokers) = lookup("KAFKA_BROKERS") {
+            if let Err(expected) = broker_list(&brokers) {
                 problems.push(ConfigProblem {
-                    setting: name.to_owned(),
-                    value: "(set)".to_owned(),
-                    expected: format!(
-                        "unset: this version of Hexeract has no {transport} transport yet (AMQP_URL selects RabbitMQ)"
-                    ),
+                    setting: "KAFKA_BROKERS".to_owned(),
+                    value: brokers.clone(),
+                    expected,
                 });
             }
+            let topic_prefix = lookup("KAFKA_TOPIC_PREFIX").unwrap_or_default();
+            if let Err(expected) = topic_prefix_ok(&topic_prefix) {
+                problems.push(ConfigProblem {
+                    setting: "KAFKA_TOPIC_PREFIX".to_owned(),
+                    value: topic_prefix.clone(),
+                    expected,
+                });
+            }
+            settings.kafka = Some(Kafka {
+                brokers,
+                topic_prefix,
+                partitions,
+            });
         }
         if problems.is_empty() {
             Ok(settings)
@@ -316,6 +342,59 @@ impl EnvSettings {
             Err(ConfigError { problems })
         }
     }
+}
+
+/// `host:port[,host:port…]`, as librdkafka's `bootstrap.servers` takes it.
+fn broker_list(value: &str) -> Result<(), String> {
+    let expected = "a list of brokers as host:port, separated by commas (localhost:9092 for a \
+                    local broker; unset it to deliver without Kafka)";
+    let ok = !value.trim().is_empty()
+        && value.split(',').all(|broker| {
+            let broker = broker.trim();
+            let broker = broker
+                .strip_prefix("PLAINTEXT://")
+                .or_else(|| broker.strip_prefix("SSL://"))
+                .or_else(|| broker.strip_prefix("SASL_SSL://"))
+                .or_else(|| broker.strip_prefix("SASL_PLAINTEXT://"))
+                .unwrap_or(broker);
+            match broker.rsplit_once(':') {
+                Some((host, port)) => {
+                    !host.is_empty()
+                        && !host.contains('/')
+                        && port.parse::<u16>().is_ok_and(|port| port > 0)
+                }
+                None => false,
+            }
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(expected.to_owned())
+    }
+}
+
+/// A prefix of topic and consumer group names: Kafka's topic characters, room left for the
+/// aggregate.
+fn topic_prefix_ok(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(
+            "set (required with KAFKA_BROKERS): the prefix of every topic and consumer \
+                    group, usually the project's name"
+                .to_owned(),
+        );
+    }
+    if value.len() > 200
+        || !value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(
+            "1 to 200 characters among ASCII letters, digits, `.`, `_` and `-` (Kafka's topic \
+             name characters)"
+                .to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// Sets a builder's knob only when its variable is set: an unset one keeps the builder's
@@ -675,6 +754,56 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(both.contains("not both"), "{both}");
+    }
+
+    #[test]
+    fn kafka_brokers_need_a_topic_prefix_and_valid_names() {
+        let settings = EnvSettings::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "localhost:9092, kafka-2:9093"),
+            ("KAFKA_TOPIC_PREFIX", "shop"),
+            ("KAFKA_TOPIC_PARTITIONS", "6"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            settings.kafka,
+            Some(Kafka {
+                brokers: "localhost:9092, kafka-2:9093".to_owned(),
+                topic_prefix: "shop".to_owned(),
+                partitions: Some(6),
+            })
+        );
+        let error = EnvSettings::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "http://localhost"),
+            ("KAFKA_TOPIC_PARTITIONS", "0"),
+        ]))
+        .unwrap_err();
+        let text = error.to_string();
+        assert_eq!(error.problems.len(), 3, "{text}");
+        assert!(
+            text.contains("KAFKA_BROKERS = \"http://localhost\": a list of brokers as host:port"),
+            "{text}"
+        );
+        assert!(
+            text.contains("KAFKA_TOPIC_PREFIX = \"\": set (required with KAFKA_BROKERS)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("KAFKA_TOPIC_PARTITIONS = \"0\": a whole number from 1 to 10000"),
+            "{text}"
+        );
+        let bad_prefix = EnvSettings::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "localhost:9092"),
+            ("KAFKA_TOPIC_PREFIX", "my shop"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad_prefix.contains("Kafka's topic name characters"),
+            "{bad_prefix}"
+        );
+        // Without brokers, the other Kafka variables are not read.
+        let unused = EnvSettings::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")])).unwrap();
+        assert_eq!(unused.kafka, None);
     }
 
     #[test]

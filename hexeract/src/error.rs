@@ -33,6 +33,11 @@ pub enum Error {
     #[cfg(feature = "rabbitmq")]
     #[error(transparent)]
     Broker(#[from] crate::rabbitmq::BusError),
+    /// Kafka failed (a client could not be created, a topic could not be created), or a
+    /// handler cannot be used with it.
+    #[cfg(feature = "kafka")]
+    #[error(transparent)]
+    Kafka(#[from] crate::kafka::KafkaError),
 }
 
 /// One or more settings are invalid. Every problem is listed, not only the first.

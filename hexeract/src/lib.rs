@@ -67,6 +67,8 @@ mod envelope;
 mod error;
 mod handler;
 pub mod health;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod memory;
 mod message;
 pub mod metrics;

@@ -36,10 +36,15 @@ const BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// A partition a handler's consumer group holds: `(handler, topic, partition)`.
+type PartitionOf = (String, String, i32);
+
 /// The counters of every handler of a process.
 #[derive(Clone, Default)]
 pub struct Metrics {
     handlers: Arc<RwLock<BTreeMap<String, Arc<HandlerMetrics>>>>,
+    /// Records behind each partition a consumer group holds: `(handler, topic, partition)`.
+    lags: Arc<RwLock<BTreeMap<PartitionOf, i64>>>,
 }
 
 impl Metrics {
@@ -66,6 +71,33 @@ impl Metrics {
             .entry(name.to_owned())
             .or_default()
             .clone()
+    }
+
+    /// Sets the lag of the partitions `handler`'s consumer holds on `topic`: the records
+    /// published and not yet settled, per partition. Partitions left out (revoked) are
+    /// forgotten.
+    ///
+    /// ```
+    /// use hexeract::metrics::Metrics;
+    ///
+    /// let metrics = Metrics::new();
+    /// metrics.set_partition_lags("shop::reserve", "shop.order", &[(0, 12), (2, 0)]);
+    /// let text = metrics.render();
+    /// assert!(text.contains(
+    ///     "hexeract_consumer_lag{handler=\"shop::reserve\",topic=\"shop.order\",partition=\"0\"} 12"
+    /// ));
+    /// metrics.set_partition_lags("shop::reserve", "shop.order", &[(2, 0)]);
+    /// assert!(!metrics.render().contains("partition=\"0\""));
+    /// ```
+    pub fn set_partition_lags(&self, handler: &str, topic: &str, lags: &[(i32, i64)]) {
+        let mut all = self
+            .lags
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        all.retain(|(h, t, _), _| h != handler || t != topic);
+        for (partition, lag) in lags {
+            all.insert((handler.to_owned(), topic.to_owned(), *partition), *lag);
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<HandlerMetrics>>> {
@@ -112,6 +144,26 @@ impl Metrics {
                 );
             }
         }
+        let lags = self
+            .lags
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !lags.is_empty() {
+            let name = "hexeract_consumer_lag";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Records of a partition not yet settled by the handler's consumer group (Kafka).\n# TYPE {name} gauge"
+            );
+            for ((handler, topic, partition), lag) in lags.iter() {
+                let _ = writeln!(
+                    out,
+                    "{name}{{handler=\"{}\",topic=\"{}\",partition=\"{partition}\"}} {lag}",
+                    escape(handler),
+                    escape(topic)
+                );
+            }
+        }
+        drop(lags);
         let name = "hexeract_handler_duration_seconds";
         let _ = writeln!(
             out,

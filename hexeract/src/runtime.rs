@@ -209,6 +209,25 @@ async fn run_loops(
         );
         return delivered.and(scheduled);
     }
+    #[cfg(feature = "kafka")]
+    if let Some(kafka) = &settings.kafka {
+        tokio::spawn(stop_on_signal(stop.clone()));
+        let delivering =
+            crate::kafka::supervisor::run_on_kafka(kafka, settings, store, health, stop.clone());
+        let (delivered, scheduled) = tokio::join!(
+            stop_all_on_error(delivering, &stop),
+            scheduler.run(stop.clone()),
+        );
+        return delivered.and(scheduled);
+    }
+    #[cfg(not(feature = "kafka"))]
+    if settings.kafka.is_some() {
+        return Err(Error::Unsupported(
+            "KAFKA_BROKERS is set, but this build of hexeract lacks its `kafka` feature (it is \
+             not among the default features: add `features = [\"kafka\"]` to the dependency)"
+                .to_owned(),
+        ));
+    }
     #[cfg(not(feature = "rabbitmq"))]
     if settings.amqp.is_some() {
         return Err(Error::Unsupported(

@@ -104,6 +104,15 @@ pub trait RelaySink: Send + Sync {
         &'a self,
         envelopes: &'a [Envelope],
     ) -> BoxFuture<'a, Result<Vec<Unpublishable>, String>>;
+
+    /// Whether the order of rows must be kept across relays (Kafka keeps each aggregate's
+    /// messages in order; RabbitMQ keeps none). When `true`, the passes of all relays of such
+    /// sinks on one store never overlap: each takes the oldest rows left by the one before, so
+    /// no second relay can publish a later row of an aggregate while an earlier one is still
+    /// in flight. A pass that finds another relay's pass running relays nothing.
+    fn exclusive(&self) -> bool {
+        false
+    }
 }
 
 /// An outbox row the broker can never take, and why.

@@ -2,6 +2,7 @@
 
 pub mod amqp;
 pub mod http;
+pub mod kafka;
 pub mod logs;
 pub mod pg;
 pub mod tls;

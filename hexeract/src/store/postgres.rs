@@ -259,6 +259,8 @@ struct Statements {
     insert_dead_letter: String,
     relay_take: String,
     relay_delete: String,
+    /// The advisory lock of ordered relay passes on this schema, hashed by PostgreSQL.
+    relay_lock: String,
     replay: String,
     purge: String,
     delete_dead_letters: String,
@@ -345,6 +347,7 @@ impl Statements {
                  FROM {s}.outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
             relay_delete: format!("DELETE FROM {s}.outbox WHERE id = ANY($1)"),
+            relay_lock: format!("hexeract ordered relay {s}"),
             insert_dead_letter: format!(
                 "INSERT INTO {s}.dead_letters
                      (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
@@ -768,6 +771,19 @@ impl DeliveryStore for PgStore {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let mut tx = self.pool.begin().await?;
+            if sink.exclusive() {
+                // Held to the end of the transaction: until this pass's rows are deleted (or
+                // back, after a failed publish), no other ordered relay of this schema starts.
+                let ours: bool =
+                    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+                        .bind(&self.sql.relay_lock)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                if !ours {
+                    tx.rollback().await?;
+                    return Ok(0);
+                }
+            }
             let rows = sqlx::query(&self.sql.relay_take)
                 .bind(limit(limit_rows))
                 .fetch_all(&mut *tx)

@@ -1,0 +1,286 @@
+//! [`KafkaRelay`]: moves outbox rows to the aggregates' topics, deleting each only once the
+//! brokers acknowledged it.
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use rdkafka::error::KafkaError as ClientError;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use tokio_util::sync::CancellationToken;
+
+use crate::envelope::Envelope;
+use crate::health::Probe;
+use crate::kafka::logged::{Logged, ProbeSlot};
+use crate::kafka::{wire, KafkaConfig, KafkaError};
+use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
+
+/// Relays the transactional outbox to Kafka: takes the oldest rows, publishes each to its
+/// aggregate's topic (`<prefix>.<aggregate>`) keyed by the aggregate id, waits until the brokers
+/// acknowledged every record (`acks=all`, idempotent producer: librdkafka's own retries neither
+/// duplicate nor reorder a partition's records), and deletes the rows in the same transaction.
+/// A crash or a failed publish leaves the rows for the next pass, so a message may be published
+/// twice, never lost.
+///
+/// Order: the rows of a pass are sent in outbox order (UUID v7 ids: the order the messages were
+/// created), and the passes of every Kafka relay on one store exclude each other (a PostgreSQL
+/// advisory lock held for the pass; SQLite's write lock), so a second relay can never publish
+/// an aggregate's later message while an earlier one is still in flight. A row whose message
+/// declares no aggregate cannot be placed and goes to the dead letters (reason
+/// `payload_invalid`, with why).
+///
+/// ```no_run
+/// # async fn example(store: std::sync::Arc<dyn hexeract::store::DeliveryStore>) -> Result<(), hexeract::kafka::KafkaError> {
+/// use hexeract::kafka::{KafkaConfig, KafkaRelay};
+/// use hexeract::CancellationToken;
+///
+/// let relay = KafkaRelay::new(store, &KafkaConfig::new("localhost:9092", "shop"))?.batch_size(100);
+/// relay.run(CancellationToken::new()).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct KafkaRelay {
+    store: Arc<dyn DeliveryStore>,
+    producer: FutureProducer<Logged>,
+    config: KafkaConfig,
+    source: String,
+    probe_slot: ProbeSlot,
+    batch_size: u32,
+    poll_interval: Duration,
+    health: Probe,
+}
+
+impl KafkaRelay {
+    /// A relay from `store` to the brokers of `config`; `batch_size` 10 and `poll_interval`
+    /// 100 ms (the outbox worker's library defaults). Fails only when librdkafka refuses the
+    /// configuration: the brokers are first contacted by [`run`](KafkaRelay::run).
+    pub fn new(
+        store: Arc<dyn DeliveryStore>,
+        config: &KafkaConfig,
+    ) -> Result<KafkaRelay, KafkaError> {
+        let health = Probe::detached("kafka relay");
+        let context = Logged::new("kafka relay", Some(health.clone()));
+        let probe_slot = context.probe_slot();
+        let producer = config
+            .client()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            // Small batches, sent soon: the relay waits for each pass's acknowledgements.
+            .set("linger.ms", "2")
+            // A pass whose records the brokers never acknowledge fails after this and is tried
+            // again (librdkafka's default is 300 s).
+            .set("message.timeout.ms", "30000")
+            .create_with_context(context)
+            .map_err(|error| KafkaError::client("creating the producer", error))?;
+        Ok(KafkaRelay {
+            store,
+            producer,
+            config: config.clone(),
+            source: config.source(),
+            probe_slot,
+            batch_size: 10,
+            poll_interval: Duration::from_millis(100),
+            health,
+        })
+    }
+
+    /// Rows per pass (default 10, at least 1).
+    pub fn batch_size(mut self, batch_size: u32) -> KafkaRelay {
+        self.batch_size = batch_size.max(1);
+        self
+    }
+
+    /// Wait after a pass that found nothing (default 100 ms); a publish in this process, or
+    /// on PostgreSQL a commit of `outbox::enqueue` anywhere, wakes the relay sooner.
+    pub fn poll_interval(mut self, interval: Duration) -> KafkaRelay {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Reports readiness to `probe`: ready after each pass that worked, failing after one that
+    /// did not (the store or the brokers are down) and when librdkafka reports every broker
+    /// down.
+    pub fn health(mut self, probe: Probe) -> KafkaRelay {
+        *self
+            .probe_slot
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(probe.clone());
+        self.health = probe;
+        self
+    }
+
+    /// Relays until `cancel` fires (between passes: a pass waiting for acknowledgements always
+    /// finishes), then returns `Ok(())`. Store and broker errors are logged, reported to the
+    /// probe and retried after the poll interval: librdkafka reconnects by itself.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), KafkaError> {
+        let wake = store::wake_signal(&*self.store).await;
+        let sink = Sink {
+            producer: &self.producer,
+            config: &self.config,
+            source: &self.source,
+            topics: Mutex::new(HashSet::new()),
+        };
+        tracing::info!(batch_size = self.batch_size, "Kafka relay started");
+        while !cancel.is_cancelled() {
+            let pass = self.store.relay(self.batch_size, &sink).await;
+            match pass {
+                Ok(0) => {
+                    self.health.pass();
+                    store::idle(&cancel, &wake, self.poll_interval).await;
+                }
+                Ok(relayed) => {
+                    self.health.pass();
+                    tracing::trace!(relayed, "outbox rows relayed to Kafka");
+                }
+                Err(error) => {
+                    self.health.fail(format!("a relay pass failed: {error}"));
+                    tracing::warn!(%error, "Kafka relay pass failed; retrying after the poll interval");
+                    store::idle(&cancel, &wake, self.poll_interval).await;
+                }
+            }
+        }
+        // Nothing should be in flight (each pass waits for its acknowledgements); flush anyway.
+        let _ = self.producer.flush(Duration::from_secs(5));
+        tracing::info!("Kafka relay stopped");
+        Ok(())
+    }
+}
+
+struct Sink<'a> {
+    producer: &'a FutureProducer<Logged>,
+    config: &'a KafkaConfig,
+    source: &'a str,
+    /// Topics known to exist: created by this relay, or found.
+    topics: Mutex<HashSet<String>>,
+}
+
+impl Sink<'_> {
+    /// Creates the topics of aggregates this relay has not published to yet (an aggregate no
+    /// handler of this process consumes has no topic yet, and brokers that do not create
+    /// topics on first use would refuse its records).
+    async fn ensure_topics(&self, envelopes: &[&Envelope]) -> Result<(), String> {
+        let new: Vec<&str> = {
+            let known = self
+                .topics
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut new: Vec<&str> = envelopes
+                .iter()
+                .filter_map(|envelope| envelope.aggregate.as_deref())
+                .filter(|aggregate| !known.contains(*aggregate))
+                .collect();
+            new.sort_unstable();
+            new.dedup();
+            new
+        };
+        if new.is_empty() {
+            return Ok(());
+        }
+        crate::kafka::ensure_topics(self.config, &new)
+            .await
+            .map_err(|error| error.to_string())?;
+        let mut known = self
+            .topics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        known.extend(new.into_iter().map(str::to_owned));
+        Ok(())
+    }
+
+    async fn send_all(&self, envelopes: &[&Envelope]) -> Result<(), String> {
+        self.ensure_topics(envelopes).await?;
+        let mut pending: VecDeque<DeliveryFuture> = VecDeque::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            let aggregate = envelope.aggregate.as_deref().unwrap_or_default();
+            let topic = self.config.topic(aggregate);
+            let key = envelope.aggregate_key.as_deref().unwrap_or_default();
+            let mut record = FutureRecord::to(&topic)
+                .key(key)
+                .payload(&envelope.payload[..])
+                .headers(wire::record_headers(envelope, self.source))
+                .timestamp(envelope.created_at.timestamp_millis());
+            loop {
+                match self.producer.send_result(record) {
+                    Ok(delivery) => {
+                        pending.push_back(delivery);
+                        break;
+                    }
+                    Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        // librdkafka's queue is full: wait for the oldest record of this pass.
+                        record = back;
+                        match pending.pop_front() {
+                            Some(oldest) => acknowledged(oldest).await?,
+                            None => tokio::time::sleep(Duration::from_millis(10)).await,
+                        }
+                    }
+                    Err((error, _)) => {
+                        return Err(format!(
+                            "could not send {} to {topic}: {error}",
+                            envelope.id
+                        ))
+                    }
+                }
+            }
+        }
+        for delivery in pending {
+            acknowledged(delivery).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn acknowledged(delivery: DeliveryFuture) -> Result<(), String> {
+    match delivery.await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((error, record))) => Err(format!(
+            "the brokers did not acknowledge a record for {}: {error}",
+            rdkafka::Message::topic(&record)
+        )),
+        Err(_) => Err("the producer was dropped before the brokers answered".to_owned()),
+    }
+}
+
+impl RelaySink for Sink<'_> {
+    fn publish<'a>(
+        &'a self,
+        envelopes: &'a [Envelope],
+    ) -> BoxFuture<'a, Result<Vec<Unpublishable>, String>> {
+        Box::pin(async move {
+            // A message without an aggregate has no topic and no key, and never will.
+            let (good, bad): (Vec<&Envelope>, Vec<&Envelope>) =
+                envelopes.iter().partition(|envelope| {
+                    envelope.aggregate.as_deref().is_some_and(|a| !a.is_empty())
+                        && envelope.aggregate_key.is_some()
+                });
+            self.send_all(&good).await?;
+            Ok(bad
+                .into_iter()
+                .map(|envelope| Unpublishable {
+                    id: envelope.id,
+                    detail: format!(
+                        "message type {:?} declares no aggregate, so it has no Kafka topic: \
+                         declare #[message(aggregate = \"…\")] with a #[message(key)] field",
+                        envelope.message_type
+                    ),
+                })
+                .collect())
+        })
+    }
+
+    fn exclusive(&self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for KafkaRelay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaRelay")
+            .field("prefix", &self.config.prefix())
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .finish_non_exhaustive()
+    }
+}

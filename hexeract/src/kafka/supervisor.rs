@@ -1,0 +1,76 @@
+//! `hexeract::run` on Kafka: the topics, then the relay and one consumer group per handler.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{EnvSettings, Kafka};
+use crate::error::Error;
+use crate::health::Health;
+use crate::kafka::{ensure_topics, KafkaConfig, KafkaRelay, KafkaWorker};
+use crate::store::DeliveryStore;
+
+/// The client settings `hexeract::run` uses.
+pub(crate) fn config(kafka: &Kafka) -> KafkaConfig {
+    let config = KafkaConfig::new(kafka.brokers.clone(), kafka.topic_prefix.clone());
+    match kafka.partitions {
+        Some(partitions) => config.partitions(partitions as i32),
+        None => config,
+    }
+}
+
+/// Runs the relay and the consumers until `cancel`. Invalid handlers (a message type without an
+/// aggregate) stop startup before any connection is made; unreachable brokers are waited for,
+/// with the probes failing meanwhile.
+pub(crate) async fn run_on_kafka(
+    kafka: &Kafka,
+    settings: &EnvSettings,
+    store: Arc<dyn DeliveryStore>,
+    health: &Health,
+    cancel: CancellationToken,
+) -> Result<(), Error> {
+    let config = config(kafka);
+    let worker = KafkaWorker::builder(config.clone(), store.clone())
+        .from_registry()
+        .configure(settings)
+        .health(health)
+        .build()?;
+    let relay_probe = health.probe("kafka relay");
+    let aggregates = worker.aggregates();
+    tracing::info!(
+        brokers = %config.brokers(),
+        prefix = %config.prefix(),
+        groups = worker.groups().count(),
+        "delivering through Kafka"
+    );
+    let relay = KafkaRelay::new(store, &config)?
+        .batch_size(settings.relay_batch_size.unwrap_or(100))
+        .poll_interval(
+            settings
+                .relay_poll_interval
+                .unwrap_or(Duration::from_millis(500)),
+        )
+        .health(relay_probe.clone());
+    // The consumers subscribe once their topics exist; the relay creates the topics of other
+    // aggregates as it meets them.
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match ensure_topics(&config, &aggregates).await {
+            Ok(()) => break,
+            Err(error) => {
+                tracing::error!(%error, retry_in = ?delay, "could not create the Kafka topics; trying again");
+                relay_probe.fail(format!("cannot create the topics: {error}"));
+                tokio::select! {
+                    () = cancel.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+    let (relayed, consumed) = tokio::join!(relay.run(cancel.clone()), worker.run(cancel.clone()));
+    relayed?;
+    consumed?;
+    Ok(())
+}

@@ -1,0 +1,353 @@
+//! The Kafka wire format: an [`Envelope`] as a record (key, value, headers) and back.
+//!
+//! The headers follow the CloudEvents Kafka protocol binding in binary mode, so that consumers
+//! not written with Hexeract can read a record without knowing Hexeract: `ce_specversion`
+//! (`1.0`), `ce_id`, `ce_type`, `ce_source`, `ce_time` and `content-type`, plus the extensions
+//! `ce_correlationid`, `ce_causationid` and `ce_partitionkey` (the aggregate id, also the
+//! record key). The envelope's other headers (such as `traceparent`) travel under their own
+//! names. `docs/kafka.md` lists them.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+
+/// The content type of every Hexeract payload.
+const CONTENT_TYPE: &str = "application/json";
+
+/// Names of the record headers Hexeract reads and writes.
+pub mod headers {
+    /// CloudEvents version: always `1.0`.
+    pub const SPEC_VERSION: &str = "ce_specversion";
+    /// The message id (a UUID; handlers deduplicate on it).
+    pub const ID: &str = "ce_id";
+    /// The message type (`OrderPlaced`).
+    pub const TYPE: &str = "ce_type";
+    /// Who published it: `/hexeract/<topic prefix>`.
+    pub const SOURCE: &str = "ce_source";
+    /// When the message was first published, RFC 3339 with milliseconds.
+    pub const TIME: &str = "ce_time";
+    /// The id shared by every message of one conversation.
+    pub const CORRELATION_ID: &str = "ce_correlationid";
+    /// The id of the message whose handler published this one.
+    pub const CAUSATION_ID: &str = "ce_causationid";
+    /// The aggregate id, also the record key.
+    pub const PARTITION_KEY: &str = "ce_partitionkey";
+    /// The payload's media type: `application/json`.
+    pub const CONTENT_TYPE: &str = "content-type";
+}
+
+/// The record headers of `envelope`, published by `source`.
+pub(crate) fn record_headers(envelope: &Envelope, source: &str) -> OwnedHeaders {
+    let id = envelope.id.to_string();
+    let time = envelope
+        .created_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let correlation = envelope.correlation_id.map(|id| id.to_string());
+    let causation = envelope.causation_id.map(|id| id.to_string());
+    let mut out = OwnedHeaders::new_with_capacity(8 + envelope.headers.len());
+    let mut add = |key: &str, value: &str| {
+        out = std::mem::take(&mut out).insert(Header {
+            key,
+            value: Some(value.as_bytes()),
+        });
+    };
+    add(headers::SPEC_VERSION, "1.0");
+    add(headers::ID, &id);
+    add(headers::TYPE, &envelope.message_type);
+    add(headers::SOURCE, source);
+    add(headers::TIME, &time);
+    add(headers::CONTENT_TYPE, CONTENT_TYPE);
+    if let Some(correlation) = &correlation {
+        add(headers::CORRELATION_ID, correlation);
+    }
+    if let Some(causation) = &causation {
+        add(headers::CAUSATION_ID, causation);
+    }
+    if let Some(key) = &envelope.aggregate_key {
+        add(headers::PARTITION_KEY, key);
+    }
+    for (name, value) in &envelope.headers {
+        if !name.starts_with("ce_") && name != headers::CONTENT_TYPE {
+            add(name, value);
+        }
+    }
+    out
+}
+
+/// Why a record cannot be handed to a handler.
+#[derive(Debug)]
+pub(crate) struct Unreadable {
+    pub(crate) reason: Reason,
+    pub(crate) detail: String,
+}
+
+/// Reads a record into an envelope (attempt 0). The size is checked first, before anything is
+/// copied or parsed. `aggregate` is the topic's aggregate.
+pub(crate) fn read(
+    record: &impl rdkafka::Message,
+    aggregate: &str,
+    max_payload_bytes: usize,
+) -> Result<Envelope, Unreadable> {
+    let payload = record.payload().unwrap_or_default();
+    if payload.len() > max_payload_bytes {
+        return Err(Unreadable {
+            reason: Reason::PAYLOAD_TOO_LARGE,
+            detail: format!(
+                "payload is {} bytes, more than max_payload_bytes ({max_payload_bytes}); it was \
+                 not decoded",
+                payload.len()
+            ),
+        });
+    }
+    let mut envelope = salvage(record, aggregate);
+    let mut id = None;
+    let mut message_type = None;
+    if let Some(list) = record.headers() {
+        for header in list.iter() {
+            let Some(value) = header
+                .value
+                .and_then(|value| std::str::from_utf8(value).ok())
+            else {
+                continue;
+            };
+            match header.key {
+                headers::ID => id = Some(value),
+                headers::TYPE => message_type = Some(value),
+                headers::CONTENT_TYPE => {
+                    let essence = value.split(';').next().unwrap_or("").trim();
+                    if !essence.eq_ignore_ascii_case(CONTENT_TYPE) {
+                        return Err(Unreadable {
+                            reason: Reason::PAYLOAD_INVALID,
+                            detail: format!("content type {value:?} is not {CONTENT_TYPE}"),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    match id {
+        None | Some("") => {
+            return Err(Unreadable {
+                reason: Reason::MESSAGE_ID_MISSING,
+                detail: format!(
+                    "the record has no {} header: without one, redeliveries cannot be told \
+                     apart from new messages",
+                    headers::ID
+                ),
+            })
+        }
+        Some(id) if Uuid::parse_str(id).is_err() => {
+            envelope
+                .headers
+                .insert("x-original-message-id".to_owned(), id.to_owned());
+        }
+        Some(_) => {}
+    }
+    match message_type {
+        None | Some("") => {
+            return Err(Unreadable {
+                reason: Reason::UNKNOWN_MESSAGE_TYPE,
+                detail: format!(
+                    "the record has no {} header: no handler can be chosen for it",
+                    headers::TYPE
+                ),
+            })
+        }
+        Some(_) => {}
+    }
+    Ok(envelope)
+}
+
+/// Everything a record says about its message, without judging it: what [`read`] starts from,
+/// and what a dead letter keeps of a record that cannot be read. A record without a usable id
+/// gets one derived from where it is (topic, partition, offset), so that reading it again
+/// gives the same id.
+pub(crate) fn salvage(record: &impl rdkafka::Message, aggregate: &str) -> Envelope {
+    let mut envelope = Envelope {
+        id: position_id(record.topic(), record.partition(), record.offset()),
+        message_type: String::new(),
+        payload: Bytes::copy_from_slice(record.payload().unwrap_or_default()),
+        correlation_id: None,
+        causation_id: None,
+        headers: BTreeMap::new(),
+        attempt: 0,
+        created_at: record
+            .timestamp()
+            .to_millis()
+            .and_then(DateTime::<Utc>::from_timestamp_millis)
+            .unwrap_or_else(Utc::now),
+        aggregate: Some(aggregate.to_owned()),
+        aggregate_key: record
+            .key()
+            .and_then(|key| std::str::from_utf8(key).ok())
+            .map(str::to_owned),
+    };
+    let Some(list) = record.headers() else {
+        return envelope;
+    };
+    for header in list.iter() {
+        let Some(value) = header
+            .value
+            .and_then(|value| std::str::from_utf8(value).ok())
+        else {
+            continue;
+        };
+        match header.key {
+            headers::ID => {
+                envelope.id = Uuid::parse_str(value).unwrap_or_else(|_| derived_id(value));
+            }
+            headers::TYPE => envelope.message_type = value.to_owned(),
+            headers::CORRELATION_ID => envelope.correlation_id = Uuid::parse_str(value).ok(),
+            headers::CAUSATION_ID => envelope.causation_id = Uuid::parse_str(value).ok(),
+            headers::TIME => {
+                if let Ok(at) = DateTime::parse_from_rfc3339(value) {
+                    envelope.created_at = at.with_timezone(&Utc);
+                }
+            }
+            headers::PARTITION_KEY => envelope.aggregate_key = Some(value.to_owned()),
+            headers::CONTENT_TYPE => {}
+            name if name.starts_with("ce_") => {}
+            name => {
+                envelope.headers.insert(name.to_owned(), value.to_owned());
+            }
+        }
+    }
+    envelope
+}
+
+/// A stable UUID for a producer's id that is not one (UUID v5 in a namespace of Hexeract's).
+fn derived_id(id: &str) -> Uuid {
+    const NAMESPACE: Uuid = Uuid::from_u128(0x6865_7865_7261_6374_2d6b_6166_6b61_6964);
+    Uuid::new_v5(&NAMESPACE, id.as_bytes())
+}
+
+/// The id of the record at `topic`/`partition`/`offset`, the same each time it is read.
+fn position_id(topic: &str, partition: i32, offset: i64) -> Uuid {
+    derived_id(&format!("{topic}/{partition}/{offset}"))
+}
+
+/// The id of the dead letter `handler` writes for the record at this position: the same when
+/// the record is read again after a restart, so the store keeps one letter, not two.
+pub(crate) fn dead_letter_id(topic: &str, partition: i32, offset: i64, handler: &str) -> Uuid {
+    derived_id(&format!(
+        "dead-letter/{handler}/{topic}/{partition}/{offset}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::message::{OwnedMessage, Timestamp};
+
+    use super::*;
+
+    fn record(headers: OwnedHeaders, payload: &[u8]) -> OwnedMessage {
+        OwnedMessage::new(
+            Some(payload.to_vec()),
+            Some(b"order-7".to_vec()),
+            "shop.order".to_owned(),
+            Timestamp::CreateTime(1_700_000_000_000),
+            2,
+            41,
+            Some(headers),
+        )
+    }
+
+    #[test]
+    fn an_envelope_survives_the_trip_through_a_record() {
+        let mut envelope = Envelope::from_raw("OrderPlaced", &b"{\"order\":7}"[..])
+            .with_correlation_id(Uuid::now_v7())
+            .with_header(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            );
+        envelope.causation_id = Some(Uuid::now_v7());
+        envelope.aggregate = Some("order".to_owned());
+        envelope.aggregate_key = Some("order-7".to_owned());
+        let record = record(
+            record_headers(&envelope, "/hexeract/shop"),
+            &envelope.payload,
+        );
+        let read = read(&record, "order", 1024).expect("readable");
+        assert_eq!(read.id, envelope.id);
+        assert_eq!(read.message_type, "OrderPlaced");
+        assert_eq!(read.payload, envelope.payload);
+        assert_eq!(read.correlation_id, envelope.correlation_id);
+        assert_eq!(read.causation_id, envelope.causation_id);
+        assert_eq!(read.headers, envelope.headers);
+        assert_eq!(read.aggregate.as_deref(), Some("order"));
+        assert_eq!(read.aggregate_key.as_deref(), Some("order-7"));
+        assert_eq!(
+            read.created_at.timestamp_millis(),
+            envelope.created_at.timestamp_millis()
+        );
+    }
+
+    #[test]
+    fn records_hexeract_cannot_use_say_why() {
+        let none = record(OwnedHeaders::new(), b"{}");
+        let error = read(&none, "order", 1024).unwrap_err();
+        assert_eq!(error.reason, Reason::MESSAGE_ID_MISSING);
+        let untyped = record(
+            OwnedHeaders::new().insert(Header {
+                key: headers::ID,
+                value: Some("order-7-placed"),
+            }),
+            b"{}",
+        );
+        assert_eq!(
+            read(&untyped, "order", 1024).unwrap_err().reason,
+            Reason::UNKNOWN_MESSAGE_TYPE
+        );
+        let xml = record(
+            OwnedHeaders::new()
+                .insert(Header {
+                    key: headers::ID,
+                    value: Some("1"),
+                })
+                .insert(Header {
+                    key: headers::TYPE,
+                    value: Some("OrderPlaced"),
+                })
+                .insert(Header {
+                    key: headers::CONTENT_TYPE,
+                    value: Some("application/xml"),
+                }),
+            b"<order/>",
+        );
+        assert_eq!(
+            read(&xml, "order", 1024).unwrap_err().reason,
+            Reason::PAYLOAD_INVALID
+        );
+        let big = record(OwnedHeaders::new(), &[b'x'; 2048]);
+        assert_eq!(
+            read(&big, "order", 1024).unwrap_err().reason,
+            Reason::PAYLOAD_TOO_LARGE
+        );
+    }
+
+    #[test]
+    fn a_record_without_a_usable_id_keeps_one_id_across_reads() {
+        let none = record(OwnedHeaders::new(), b"garbage");
+        assert_eq!(salvage(&none, "order").id, salvage(&none, "order").id);
+        assert_eq!(
+            salvage(&none, "order").payload,
+            Bytes::from_static(b"garbage")
+        );
+        let named = record(
+            OwnedHeaders::new().insert(Header {
+                key: headers::ID,
+                value: Some("order-7-placed"),
+            }),
+            b"{}",
+        );
+        assert_ne!(salvage(&named, "order").id, salvage(&none, "order").id);
+        assert_eq!(salvage(&named, "order").id, derived_id("order-7-placed"));
+    }
+}

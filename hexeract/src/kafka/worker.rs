@@ -1,0 +1,884 @@
+//! [`KafkaWorker`]: one consumer group per handler; records handled in order per partition,
+//! offsets committed once settled, retries held in their partition.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::error::{KafkaError as ClientError, KafkaResult};
+
+use rdkafka::message::OwnedMessage;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::Message as _;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::context::Context;
+use crate::dead_letter::DeadLetter;
+use crate::dispatch::{call_handler, spawn_grace_timer, Call};
+use crate::envelope::Envelope;
+use crate::error::{Error, KnobChecks};
+use crate::handler::Handler;
+use crate::health::{Health, Probe};
+use crate::kafka::logged::Logged;
+use crate::kafka::{wire, KafkaConfig, KafkaError};
+use crate::message::Message;
+use crate::metrics::{HandlerMetrics, Metrics};
+use crate::outbox::StorePublisher;
+use crate::outcome::HandlerOutcome;
+use crate::publish::Publish;
+use crate::reason::Reason;
+use crate::registry::{HandlerOptions, RegisteredHandler, Registry};
+use crate::retry::RetryPolicy;
+use crate::runtime::Registration;
+use crate::store::DeliveryStore;
+
+/// Records waiting in one partition's queue above which the partition is paused (librdkafka
+/// stops fetching it), and below which it is resumed.
+const PAUSE_ABOVE: usize = 1_000;
+const RESUME_BELOW: usize = 100;
+
+/// Builds a [`KafkaWorker`]. The defaults are the library's: 5 deliveries, retries 1 s → 300 s,
+/// handler timeout 30 s, shutdown grace 8 s, payloads up to 1 MiB.
+#[must_use]
+pub struct KafkaWorkerBuilder {
+    config: KafkaConfig,
+    store: Arc<dyn DeliveryStore>,
+    registry: Option<Registry>,
+    registrations: Vec<Registration>,
+    publisher: Option<Arc<dyn Publish>>,
+    retry: RetryPolicy,
+    max_deliveries: u32,
+    handler_timeout: Duration,
+    shutdown_grace: Duration,
+    max_payload_bytes: usize,
+    check_interval: Duration,
+    health: Option<Health>,
+}
+
+impl KafkaWorkerBuilder {
+    /// A worker on the brokers of `config` whose dead letters go to `store`, with no handlers
+    /// yet.
+    pub fn new(config: KafkaConfig, store: Arc<dyn DeliveryStore>) -> KafkaWorkerBuilder {
+        KafkaWorkerBuilder {
+            config,
+            store,
+            registry: Some(Registry::new()),
+            registrations: Vec::new(),
+            publisher: None,
+            retry: RetryPolicy::default(),
+            max_deliveries: 5,
+            handler_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(8),
+            max_payload_bytes: 1024 * 1024,
+            check_interval: Duration::from_secs(5),
+            health: None,
+        }
+    }
+
+    /// Every `#[handler]` in the program (plus those registered with
+    /// [`register_handler`](KafkaWorkerBuilder::register_handler)).
+    pub fn from_registry(mut self) -> KafkaWorkerBuilder {
+        self.registry = None;
+        self
+    }
+
+    /// These handlers (plus those registered with `register_handler`).
+    pub fn registry(mut self, registry: Registry) -> KafkaWorkerBuilder {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Adds a handler written as a type; its name is the type's path.
+    pub fn register_handler<M: Message, H: Handler<M>>(self, handler: H) -> KafkaWorkerBuilder {
+        self.register_handler_with::<M, H>(handler, HandlerOptions::new())
+    }
+
+    /// Adds a handler written as a type, with its name, timeout or concurrency.
+    pub fn register_handler_with<M: Message, H: Handler<M>>(
+        mut self,
+        handler: H,
+        options: HandlerOptions,
+    ) -> KafkaWorkerBuilder {
+        self.registrations.push(Box::new(move |registry| {
+            registry.register::<M, H>(handler, options)
+        }));
+        self
+    }
+
+    /// Where `ctx.publish` in a handler writes (default: the store's outbox, which the relay
+    /// takes to Kafka).
+    pub fn publish_to(mut self, publisher: Arc<dyn Publish>) -> KafkaWorkerBuilder {
+        self.publisher = Some(publisher);
+        self
+    }
+
+    /// Handler calls per record in total (default 5); then the record goes to the dead
+    /// letters and its partition moves on.
+    pub fn max_deliveries(mut self, max_deliveries: u32) -> KafkaWorkerBuilder {
+        self.max_deliveries = max_deliveries;
+        self
+    }
+
+    /// First and longest delay between calls (default 1 s and 300 s). The partition waits
+    /// meanwhile: the records behind a failed one are not handled before it.
+    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> KafkaWorkerBuilder {
+        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self
+    }
+
+    /// Timeout of a handler call unless the handler sets its own (default 30 s).
+    pub fn handler_timeout(mut self, timeout: Duration) -> KafkaWorkerBuilder {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// How long a cancelled worker lets running handlers finish (default 8 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> KafkaWorkerBuilder {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Largest payload handed to a handler (default 1 MiB); a larger record is dead-lettered
+    /// as `payload_too_large` without being decoded.
+    pub fn max_payload_bytes(mut self, max: usize) -> KafkaWorkerBuilder {
+        self.max_payload_bytes = max;
+        self
+    }
+
+    /// How often each consumer checks that the brokers answer and measures its partitions'
+    /// lag (default 5 s).
+    pub fn check_interval(mut self, interval: Duration) -> KafkaWorkerBuilder {
+        self.check_interval = interval;
+        self
+    }
+
+    /// Reports readiness to `health`: one component per handler, `kafka consumer <handler>`,
+    /// ready once the brokers answered and failing while they do not.
+    pub fn health(mut self, health: &Health) -> KafkaWorkerBuilder {
+        self.health = Some(health.clone());
+        self
+    }
+
+    /// Applies `hexeract::run`'s settings (deliveries, retries, timeout, grace, payload limit).
+    pub(crate) fn configure(mut self, settings: &crate::config::EnvSettings) -> KafkaWorkerBuilder {
+        if let Some(max) = settings.max_deliveries {
+            self.max_deliveries = max.get();
+        }
+        if let Some(delay) = settings.retry_max_delay {
+            self.retry = self.retry.max_delay(delay);
+        }
+        if let Some(timeout) = settings.handler_timeout {
+            self.handler_timeout = timeout;
+        }
+        if let Some(grace) = settings.shutdown_grace {
+            self.shutdown_grace = grace;
+        }
+        if let Some(max) = settings.max_payload_bytes {
+            self.max_payload_bytes = max;
+        }
+        self
+    }
+
+    /// Checks the knobs, registers the handlers and checks that each handler's message type
+    /// declares an aggregate (its topic).
+    pub fn build(self) -> Result<KafkaWorker, Error> {
+        KnobChecks::default()
+            .at_least_one("max_deliveries", self.max_deliveries.into())
+            .not_zero("handler_timeout", self.handler_timeout)
+            .not_zero("check_interval", self.check_interval)
+            .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
+            .finish()?;
+        let mut registry = match self.registry {
+            Some(registry) => registry,
+            None => Registry::from_inventory()?,
+        };
+        for registration in self.registrations {
+            registration(&mut registry)?;
+        }
+        let health = self.health.unwrap_or_default();
+        let mut groups = Vec::new();
+        for info in registry.handlers() {
+            let handler = registry.get(&info.name).expect("listed").clone();
+            let Some(aggregate) = handler.handler().aggregate() else {
+                return Err(KafkaError::MissingAggregate {
+                    handler: info.name.to_string(),
+                    message_type: info.message_type.to_owned(),
+                }
+                .into());
+            };
+            groups.push(Group {
+                name: Arc::from(&*info.name),
+                message_type: info.message_type,
+                aggregate,
+                topic: self.config.topic(aggregate),
+                group_id: self.config.group(&info.name),
+                metrics: Metrics::global().handler(&info.name),
+                permits: info
+                    .concurrency
+                    .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
+                timeout: info.timeout.unwrap_or(self.handler_timeout),
+                probe: health.probe(format!("kafka consumer {}", info.name)),
+                handler,
+            });
+        }
+        Ok(KafkaWorker {
+            groups,
+            shared: Arc::new(Shared {
+                config: self.config,
+                store: self.store,
+                publisher: self.publisher,
+                retry: self
+                    .retry
+                    .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
+                max_payload_bytes: self.max_payload_bytes,
+                check_interval: self.check_interval,
+            }),
+            shutdown_grace: self.shutdown_grace,
+        })
+    }
+}
+
+impl fmt::Debug for KafkaWorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaWorkerBuilder")
+            .field("config", &self.config)
+            .field("max_deliveries", &self.max_deliveries)
+            .field("handler_timeout", &self.handler_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Consumes Kafka for every handler: each handler is the consumer group
+/// `<prefix>.<handler name>` on its aggregate's topic, so each sees every record once, and
+/// several processes running the same handlers share the partitions.
+///
+/// In a partition, records are handled one at a time, in order; partitions run side by side.
+/// A record's offset is stored once its outcome is settled (the handler acked it, or it is in
+/// the store's `dead_letters`), and librdkafka commits stored offsets every second, when
+/// partitions are revoked and when the worker stops: a crash redelivers what was not settled,
+/// never skips it. A failed call is retried in place after the backoff, holding back its
+/// partition's later records (and no other partition's); after `max_deliveries` calls the
+/// record is dead-lettered and the partition moves on. Attempts are counted in memory: after
+/// a restart or a rebalance they start over. Records of the topic's other message types are
+/// passed over.
+///
+/// ```no_run
+/// # async fn example(store: std::sync::Arc<dyn hexeract::store::DeliveryStore>) -> Result<(), hexeract::Error> {
+/// use hexeract::kafka::{KafkaConfig, KafkaWorker};
+/// use hexeract::CancellationToken;
+///
+/// let worker = KafkaWorker::builder(KafkaConfig::new("localhost:9092", "shop"), store)
+///     .from_registry()
+///     .build()?;
+/// worker.run(CancellationToken::new()).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct KafkaWorker {
+    groups: Vec<Group>,
+    shared: Arc<Shared>,
+    shutdown_grace: Duration,
+}
+
+impl fmt::Debug for KafkaWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaWorker")
+            .field(
+                "groups",
+                &self.groups.iter().map(|g| &g.group_id).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    config: KafkaConfig,
+    store: Arc<dyn DeliveryStore>,
+    publisher: Option<Arc<dyn Publish>>,
+    retry: RetryPolicy,
+    max_payload_bytes: usize,
+    check_interval: Duration,
+}
+
+/// One handler as a consumer group.
+struct Group {
+    handler: Arc<RegisteredHandler>,
+    name: Arc<str>,
+    message_type: &'static str,
+    aggregate: &'static str,
+    topic: String,
+    group_id: String,
+    metrics: Arc<HandlerMetrics>,
+    permits: Option<Arc<Semaphore>>,
+    timeout: Duration,
+    probe: Probe,
+}
+
+type GroupConsumer = StreamConsumer<GroupContext>;
+
+/// The partitions a consumer holds, each with the queue of its task.
+type Partitions = Arc<Mutex<HashMap<i32, Slot>>>;
+
+struct Slot {
+    records: mpsc::UnboundedSender<OwnedMessage>,
+    state: Arc<SlotState>,
+}
+
+struct SlotState {
+    /// Fired when the partition is revoked: its task takes no further record.
+    revoked: CancellationToken,
+    /// Records sent to the task and not yet settled.
+    queued: AtomicUsize,
+    paused: AtomicBool,
+    /// The offset after the last record settled; -1 before the first.
+    settled_next: AtomicI64,
+}
+
+fn lock(partitions: &Partitions) -> std::sync::MutexGuard<'_, HashMap<i32, Slot>> {
+    partitions
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl KafkaWorker {
+    /// A builder on the brokers of `config`, dead-lettering into `store`.
+    pub fn builder(config: KafkaConfig, store: Arc<dyn DeliveryStore>) -> KafkaWorkerBuilder {
+        KafkaWorkerBuilder::new(config, store)
+    }
+
+    /// The consumer groups, one per handler: `(handler, group, topic)`.
+    pub fn groups(&self) -> impl Iterator<Item = (&str, &str, &str)> {
+        self.groups
+            .iter()
+            .map(|group| (&*group.name, group.group_id.as_str(), group.topic.as_str()))
+    }
+
+    /// The aggregates whose topics the handlers consume, each once.
+    pub(crate) fn aggregates(&self) -> Vec<&'static str> {
+        let mut aggregates: Vec<&'static str> =
+            self.groups.iter().map(|group| group.aggregate).collect();
+        aggregates.sort_unstable();
+        aggregates.dedup();
+        aggregates
+    }
+
+    /// Consumes until `cancel` fires, then lets the calls running finish (up to the shutdown
+    /// grace), commits what was settled, leaves the groups and returns `Ok(())`. Fails at once
+    /// only when librdkafka refuses a consumer's configuration; lost brokers are waited for
+    /// (librdkafka reconnects) and shown on the probes.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), KafkaError> {
+        let interrupt = CancellationToken::new();
+        let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), self.shutdown_grace);
+        let publisher: Arc<dyn Publish> = match &self.shared.publisher {
+            Some(publisher) => publisher.clone(),
+            None => Arc::new(StorePublisher::new(
+                self.shared.store.clone(),
+                crate::store::wake_signal(&*self.shared.store).await,
+            )),
+        };
+        tracing::info!(groups = self.groups.len(), "Kafka worker started");
+        let groups = self.groups.into_iter().map(|group| {
+            let shared = self.shared.clone();
+            let publisher = publisher.clone();
+            let cancel = cancel.clone();
+            let interrupt = interrupt.clone();
+            async move {
+                Arc::new(group)
+                    .consume(shared, publisher, cancel, interrupt)
+                    .await
+            }
+        });
+        let results = futures_util::future::join_all(groups).await;
+        tracing::info!("Kafka worker stopped");
+        results.into_iter().collect()
+    }
+}
+
+impl Group {
+    async fn consume(
+        self: Arc<Group>,
+        shared: Arc<Shared>,
+        publisher: Arc<dyn Publish>,
+        cancel: CancellationToken,
+        interrupt: CancellationToken,
+    ) -> Result<(), KafkaError> {
+        let partitions: Partitions = Arc::default();
+        let context = GroupContext {
+            logged: Logged::new(
+                format!("kafka consumer {}", self.name),
+                Some(self.probe.clone()),
+            ),
+            partitions: partitions.clone(),
+            topic: self.topic.clone(),
+            handler: self.name.clone(),
+        };
+        let consumer: Arc<GroupConsumer> = Arc::new(
+            shared
+                .config
+                .consumer()
+                .set("group.id", &self.group_id)
+                // Offsets are stored by hand once a record is settled; librdkafka commits what
+                // is stored every second, on revocation and on close.
+                .set("enable.auto.commit", "true")
+                .set("enable.auto.offset.store", "false")
+                .set("auto.commit.interval.ms", "1000")
+                // A new group starts at the oldest record kept: the topics are created before
+                // the relay publishes, so nothing published is passed over.
+                .set("auto.offset.reset", "earliest")
+                .set("enable.partition.eof", "false")
+                // The lag of each partition (`hexeract_consumer_lag`) comes from these.
+                .set(
+                    "statistics.interval.ms",
+                    shared.check_interval.as_millis().to_string(),
+                )
+                .create_with_context(context)
+                .map_err(|error| KafkaError::client("creating a consumer", error))?,
+        );
+        consumer
+            .subscribe(&[&self.topic])
+            .map_err(|error| KafkaError::client(format!("subscribing to {}", self.topic), error))?;
+        tracing::info!(handler = %self.name, group = %self.group_id, topic = %self.topic, "Kafka consumer started");
+        let mut tasks = JoinSet::new();
+        let mut checks = tokio::time::interval(shared.check_interval);
+        checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => break,
+                record = consumer.recv() => match record {
+                    Ok(record) => {
+                        let record = record.detach();
+                        self.route(record, &consumer, &partitions, &mut tasks, &shared, &publisher, &cancel, &interrupt);
+                    }
+                    Err(error) => {
+                        tracing::warn!(handler = %self.name, %error, "Kafka consumer error");
+                        self.probe.fail(format!("consumer error: {error}"));
+                    }
+                },
+                _ = checks.tick() => self.check(&consumer).await,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        // Each task finishes the record it is on (the calls get the shutdown grace) and takes
+        // no other.
+        while tasks.join_next().await.is_some() {}
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(())
+            | Err(ClientError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(error) => {
+                tracing::warn!(handler = %self.name, %error, "could not commit the settled offsets at shutdown; the records after the last commit will be handled again")
+            }
+        }
+        consumer.unsubscribe();
+        Metrics::global().set_partition_lags(&self.name, &self.topic, &[]);
+        tracing::info!(handler = %self.name, "Kafka consumer stopped");
+        Ok(())
+    }
+
+    /// Hands `record` to its partition's task (started if the partition has none), pausing
+    /// the partition when its task falls far behind.
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        self: &Arc<Group>,
+        record: OwnedMessage,
+        consumer: &Arc<GroupConsumer>,
+        partitions: &Partitions,
+        tasks: &mut JoinSet<()>,
+        shared: &Arc<Shared>,
+        publisher: &Arc<dyn Publish>,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+    ) {
+        let partition = record.partition();
+        let mut held = lock(partitions);
+        let slot = held.entry(partition).or_insert_with(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            let state = Arc::new(SlotState {
+                revoked: CancellationToken::new(),
+                queued: AtomicUsize::new(0),
+                paused: AtomicBool::new(false),
+                settled_next: AtomicI64::new(-1),
+            });
+            let task = PartitionTask {
+                group: self.clone(),
+                shared: shared.clone(),
+                publisher: publisher.clone(),
+                consumer: consumer.clone(),
+                partition,
+                state: state.clone(),
+            };
+            tasks.spawn(task.run(receiver, cancel.clone(), interrupt.clone()));
+            Slot {
+                records: sender,
+                state,
+            }
+        });
+        let queued = slot.state.queued.fetch_add(1, Ordering::AcqRel) + 1;
+        if queued > PAUSE_ABOVE && !slot.state.paused.swap(true, Ordering::AcqRel) {
+            let _ = consumer.pause(&one_partition(&self.topic, partition, Offset::Invalid));
+        }
+        if slot.records.send(record).is_err() {
+            // The task ended (revoked or stopping): the record is fetched again by whoever
+            // holds the partition next.
+            held.remove(&partition);
+        }
+    }
+
+    /// Checks that the brokers answer (readiness). The lag is measured by librdkafka's
+    /// statistics ([`GroupContext::stats`]).
+    async fn check(&self, consumer: &Arc<GroupConsumer>) {
+        let consumer = consumer.clone();
+        let topic = self.topic.clone();
+        let answered = tokio::task::spawn_blocking(move || {
+            consumer
+                .fetch_metadata(Some(&topic), Duration::from_secs(2))
+                .map(|_| ())
+        })
+        .await;
+        match answered {
+            Ok(Ok(())) => self.probe.pass(),
+            Ok(Err(error)) => self
+                .probe
+                .fail(format!("the brokers do not answer: {error}")),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Handles one partition's records in order.
+struct PartitionTask {
+    group: Arc<Group>,
+    shared: Arc<Shared>,
+    publisher: Arc<dyn Publish>,
+    consumer: Arc<GroupConsumer>,
+    partition: i32,
+    state: Arc<SlotState>,
+}
+
+/// How a record ended in this task.
+enum Settled {
+    /// Handled, dead-lettered or passed over: its offset may be committed.
+    Done,
+    /// Not settled (the partition was revoked or the worker stops): whoever holds the
+    /// partition next handles it again.
+    Left,
+}
+
+impl PartitionTask {
+    async fn run(
+        self,
+        mut records: mpsc::UnboundedReceiver<OwnedMessage>,
+        cancel: CancellationToken,
+        interrupt: CancellationToken,
+    ) {
+        loop {
+            let record = tokio::select! {
+                biased;
+                () = cancel.cancelled() => break,
+                () = self.state.revoked.cancelled() => break,
+                record = records.recv() => match record {
+                    Some(record) => record,
+                    None => break,
+                },
+            };
+            match self.settle(&record, &cancel, &interrupt).await {
+                Settled::Left => break,
+                Settled::Done => {}
+            }
+            let next = record.offset() + 1;
+            let stored = self.consumer.store_offsets(&one_partition(
+                &self.group.topic,
+                self.partition,
+                Offset::Offset(next),
+            ));
+            if let Err(error) = stored {
+                // Revoked meanwhile: the new holder handles the record again.
+                tracing::debug!(partition = self.partition, %error, "offset not stored");
+            }
+            self.state.settled_next.store(next, Ordering::Release);
+            let left = self.state.queued.fetch_sub(1, Ordering::AcqRel) - 1;
+            if left < RESUME_BELOW && self.state.paused.swap(false, Ordering::AcqRel) {
+                let _ = self.consumer.resume(&one_partition(
+                    &self.group.topic,
+                    self.partition,
+                    Offset::Invalid,
+                ));
+            }
+        }
+    }
+
+    async fn settle(
+        &self,
+        record: &OwnedMessage,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+    ) -> Settled {
+        let group = &*self.group;
+        let mut envelope = match wire::read(record, group.aggregate, self.shared.max_payload_bytes)
+        {
+            Ok(envelope) => envelope,
+            Err(unreadable) => {
+                let envelope = wire::salvage(record, group.aggregate);
+                tracing::error!(
+                    handler = %group.name,
+                    topic = %group.topic,
+                    partition = record.partition(),
+                    offset = record.offset(),
+                    reason = %unreadable.reason,
+                    detail = %unreadable.detail,
+                    "record dead-lettered"
+                );
+                group.metrics.dead_lettered(None);
+                return self
+                    .dead_letter(
+                        record,
+                        envelope,
+                        unreadable.reason,
+                        &unreadable.detail,
+                        0,
+                        cancel,
+                    )
+                    .await;
+            }
+        };
+        if envelope.message_type != group.message_type {
+            // Another message type of the same aggregate: another handler's.
+            return Settled::Done;
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            envelope.attempt = attempt;
+            if cancel.is_cancelled() || self.state.revoked.is_cancelled() {
+                return Settled::Left;
+            }
+            let started = Instant::now();
+            let call = self.call(&envelope, cancel, interrupt).await;
+            let took = started.elapsed();
+            let outcome = match call {
+                Call::Finished(outcome) => outcome,
+                Call::Interrupted => return Settled::Left,
+            };
+            match outcome {
+                HandlerOutcome::Ack => {
+                    group.metrics.handled(took);
+                    return Settled::Done;
+                }
+                HandlerOutcome::DeadLetter { reason, detail } => {
+                    group.metrics.dead_lettered(Some(took));
+                    tracing::error!(message_id = %envelope.id, handler = %group.name, %reason, detail, "message dead-lettered");
+                    return self
+                        .dead_letter(record, envelope, reason, &detail, attempt, cancel)
+                        .await;
+                }
+                HandlerOutcome::Retry {
+                    reason,
+                    detail,
+                    after,
+                } => {
+                    if self.shared.retry.is_exhausted(attempt) {
+                        group.metrics.dead_lettered(Some(took));
+                        tracing::error!(message_id = %envelope.id, handler = %group.name, %reason, detail, attempts = attempt, "message dead-lettered");
+                        return self
+                            .dead_letter(record, envelope, reason, &detail, attempt, cancel)
+                            .await;
+                    }
+                    group.metrics.retried(took);
+                    let delay = self.shared.retry.delay_after(attempt, after);
+                    tracing::warn!(
+                        message_id = %envelope.id,
+                        handler = %group.name,
+                        partition = self.partition,
+                        attempt,
+                        retry_in = ?delay,
+                        detail,
+                        "handler failed; will retry (its partition waits)"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = cancel.cancelled() => return Settled::Left,
+                        () = self.state.revoked.cancelled() => return Settled::Left,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn call(
+        &self,
+        envelope: &Envelope,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+    ) -> Call {
+        let group = &*self.group;
+        let _permit = match &group.permits {
+            Some(permits) => Some(permits.acquire().await.expect("never closed")),
+            None => None,
+        };
+        let ctx = Context::new(
+            envelope.clone(),
+            group.name.clone(),
+            cancel.child_token(),
+            self.publisher.clone(),
+        );
+        let span = tracing::info_span!(
+            "hexeract.handle",
+            message_id = %envelope.id,
+            message_type = %envelope.message_type,
+            handler = %group.name,
+            attempt = envelope.attempt,
+            partition = self.partition,
+            trace_id = envelope.trace_id().map(tracing::field::display),
+        );
+        call_handler(group.handler.clone(), ctx, group.timeout, interrupt)
+            .instrument(span)
+            .await
+    }
+
+    /// Writes the record's dead letter, trying again (the partition waiting) while the store
+    /// is down: a record leaves its partition only with a row in `dead_letters`.
+    async fn dead_letter(
+        &self,
+        record: &OwnedMessage,
+        envelope: Envelope,
+        reason: Reason,
+        detail: &str,
+        calls: u32,
+        cancel: &CancellationToken,
+    ) -> Settled {
+        let group = &*self.group;
+        let mut letter = DeadLetter::new(envelope, Some(group.name.to_string()), reason, detail);
+        letter.id = wire::dead_letter_id(
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            &group.name,
+        );
+        letter.attempts = calls;
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.shared.store.insert_dead_letter(&letter).await {
+                Ok(()) => return Settled::Done,
+                Err(error) => {
+                    tracing::warn!(handler = %group.name, %error, "could not write a dead letter; the partition waits and tries again");
+                    group
+                        .probe
+                        .fail(format!("cannot write dead letters: {error}"));
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = cancel.cancelled() => return Settled::Left,
+                () = self.state.revoked.cancelled() => return Settled::Left,
+            }
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+fn one_partition(topic: &str, partition: i32, offset: Offset) -> TopicPartitionList {
+    let mut list = TopicPartitionList::with_capacity(1);
+    let _ = list.add_partition_offset(topic, partition, offset);
+    list
+}
+
+/// The consumer's callbacks: librdkafka's logs and errors, and revocations, which stop the
+/// revoked partitions' tasks before the partitions go to another consumer.
+struct GroupContext {
+    logged: Logged,
+    partitions: Partitions,
+    topic: String,
+    handler: Arc<str>,
+}
+
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.logged.log(level, facility, message);
+    }
+
+    fn error(&self, error: ClientError, reason: &str) {
+        self.logged.error(error, reason);
+    }
+
+    /// The lag of each partition held: the records up to the end of the partition (the high
+    /// watermark librdkafka saw in its last fetch) after the last one settled here, or
+    /// committed by the group before.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Some(topic) = statistics.topics.get(&self.topic) else {
+            return;
+        };
+        let lags: Vec<(i32, i64)> = topic
+            .partitions
+            .values()
+            .filter(|partition| partition.partition >= 0 && partition.desired)
+            .filter(|partition| partition.hi_offset >= 0)
+            .map(|partition| {
+                let settled = partition.stored_offset.max(partition.committed_offset);
+                let from = if settled >= 0 {
+                    settled
+                } else {
+                    partition.lo_offset.max(0)
+                };
+                (partition.partition, (partition.hi_offset - from).max(0))
+            })
+            .collect();
+        Metrics::global().set_partition_lags(&self.handler, &self.topic, &lags);
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(list) => {
+                let mut held = lock(&self.partitions);
+                let mut revoked = Vec::new();
+                for element in list.elements() {
+                    if element.topic() != self.topic {
+                        continue;
+                    }
+                    if let Some(slot) = held.remove(&element.partition()) {
+                        slot.state.revoked.cancel();
+                    }
+                    revoked.push(element.partition());
+                }
+                tracing::info!(
+                    component = self.logged.component(),
+                    ?revoked,
+                    "partitions revoked"
+                );
+            }
+            Rebalance::Assign(list) => {
+                let assigned: Vec<i32> = list.elements().iter().map(|e| e.partition()).collect();
+                tracing::info!(
+                    component = self.logged.component(),
+                    ?assigned,
+                    "partitions assigned"
+                );
+            }
+            Rebalance::Error(error) => {
+                tracing::warn!(component = self.logged.component(), %error, "rebalance failed");
+            }
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        match result {
+            Ok(())
+            | Err(ClientError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(error) => {
+                tracing::warn!(component = self.logged.component(), %error, "offset commit failed; it is tried again with the next")
+            }
+        }
+    }
+}
