@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 
+mod kafka;
 mod outbox;
 mod rabbitmq;
 mod scheduler;
@@ -105,6 +106,9 @@ fn main() {
     if wanted("rabbitmq_relay") {
         multi.block_on(rabbitmq::relay(10_000 * scale));
     }
+    if wanted("kafka_relay_consume") {
+        multi.block_on(kafka::relay_consume(10_000 * scale));
+    }
     if wanted("scheduler_dispatch") {
         multi.block_on(scheduler::dispatch(if quick { 20_000 } else { 50_000 }));
     }
@@ -130,7 +134,7 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-fn rate(messages: u64, elapsed: Duration) -> f64 {
+pub(crate) fn rate(messages: u64, elapsed: Duration) -> f64 {
     messages as f64 / elapsed.as_secs_f64()
 }
 

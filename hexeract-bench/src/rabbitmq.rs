@@ -339,7 +339,13 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// The two lines of a scenario: medians, the median of the pairs' ratios, their spread.
-fn report(scenario: &str, hexeract: &[f64], baseline: &[f64], messages: u64, extra: &str) {
+pub(crate) fn report(
+    scenario: &str,
+    hexeract: &[f64],
+    baseline: &[f64],
+    messages: u64,
+    extra: &str,
+) {
     let mut ratios: Vec<f64> = hexeract.iter().zip(baseline).map(|(h, b)| h / b).collect();
     ratios.sort_by(f64::total_cmp);
     println!(
@@ -631,16 +637,16 @@ async fn run_publish(messages: u64) {
 // rabbitmq_relay
 
 /// A temporary directory holding one run's SQLite outbox, removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new() -> TempDir {
+    pub(crate) fn new() -> TempDir {
         let path = std::env::temp_dir().join(format!("hexeract-bench-{}", Uuid::now_v7().simple()));
         std::fs::create_dir_all(&path).expect("create temp dir");
         TempDir(path)
     }
 
-    fn database(&self) -> PathBuf {
+    pub(crate) fn database(&self) -> PathBuf {
         self.0.join("outbox.db")
     }
 }
@@ -652,7 +658,7 @@ impl Drop for TempDir {
 }
 
 /// A migrated SQLite outbox holding `messages`.
-async fn filled_outbox(dir: &TempDir, messages: &[Envelope]) -> SqliteStore {
+pub(crate) async fn filled_outbox(dir: &TempDir, messages: &[Envelope]) -> SqliteStore {
     let store = SqliteStore::open(dir.database()).await.expect("open");
     store.migrate().await.expect("migrate");
     for chunk in messages.chunks(1_000) {

@@ -626,6 +626,9 @@ struct Resend<'a> {
     amqp: Option<&'a crate::config::Amqp>,
     #[cfg(feature = "rabbitmq")]
     broker: Option<crate::rabbitmq::supervisor::BrokerReplay>,
+    /// `KAFKA_BROKERS` is set.
+    #[cfg(feature = "kafka")]
+    kafka: bool,
 }
 
 impl<'a> Resend<'a> {
@@ -637,6 +640,8 @@ impl<'a> Resend<'a> {
             amqp: settings.amqp.as_ref(),
             #[cfg(feature = "rabbitmq")]
             broker: None,
+            #[cfg(feature = "kafka")]
+            kafka: settings.kafka.is_some(),
         }
     }
 
@@ -669,6 +674,36 @@ impl<'a> Resend<'a> {
             return Ok(Some(format!(
                 "replayed {} ({}) to {place}: attempts start over",
                 letter.id, envelope.message_type
+            )));
+        }
+        #[cfg(feature = "kafka")]
+        if self.kafka {
+            // Through the outbox and the relay to the aggregate's topic, for its handler alone.
+            let mut envelope = envelope.clone();
+            envelope.attempt = 0;
+            if let Some(handler) = &letter.handler {
+                envelope.headers.insert(
+                    crate::kafka::wire::headers::REPLAY_FOR.to_owned(),
+                    handler.clone(),
+                );
+            }
+            self.store.publish(vec![envelope]).await?;
+            if !self.store.delete_dead_letter(letter.id).await? {
+                return Ok(Some(format!(
+                    "{}: sent to the outbox, but it was no longer a dead letter (replayed or \
+                     purged meanwhile): it may be handled twice",
+                    letter.id
+                )));
+            }
+            return Ok(Some(format!(
+                "replayed {} ({}) through the outbox to its Kafka topic, for {}: attempts start \
+                 over, after the records of its aggregate published since",
+                letter.id,
+                letter.envelope.message_type,
+                letter
+                    .handler
+                    .as_deref()
+                    .unwrap_or("every handler of its type")
             )));
         }
         if !self.store.replay_dead_letter(letter.id).await? {

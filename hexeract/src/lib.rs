@@ -88,6 +88,9 @@ pub struct HealthGuide;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/operations.md")]
 pub struct OperationsGuide;
+#[cfg(all(doctest, feature = "kafka"))]
+#[doc = include_str!("../../docs/kafka.md")]
+pub struct KafkaGuide;
 #[cfg(all(doctest, feature = "postgres"))]
 #[doc = include_str!("../../docs/scheduler.md")]
 pub struct SchedulerGuide;

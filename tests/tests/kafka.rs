@@ -173,6 +173,18 @@ async fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool)
     }
 }
 
+/// Waits until the relays emptied the outbox.
+async fn relayed_all(store: &dyn DeliveryStore, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while store.backlog().await.unwrap() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the relay emptied the outbox within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The distinct `(account, seq)` pairs handled successfully at least once, and the calls made
 /// for pairs already handled (duplicates).
 fn coverage(seen: &[Seen]) -> (HashSet<(String, u32)>, usize) {
@@ -404,11 +416,7 @@ async fn two_relays_on_one_store_never_reorder_an_aggregate(kafka: TestKafka) {
     // rows 6–10 while the other still waits for rows 1–5.
     let (stop_1, relay_1) = start_relay(&kafka, 3, store.clone(), 5);
     let (stop_2, relay_2) = start_relay(&kafka, 3, store.clone(), 5);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while store.backlog().await.unwrap() > 0 {
-        assert!(Instant::now() < deadline, "the relays emptied the outbox");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    relayed_all(&*store, Duration::from_secs(60)).await;
     stop_1.cancel();
     stop_2.cancel();
     relay_1.await.unwrap();
@@ -451,11 +459,7 @@ async fn a_retry_holds_back_only_its_own_partition(kafka: TestKafka) {
     recorder.fail = Arc::new(HashMap::from([(("acct-0".to_owned(), 1), 2)]));
     let (stop_relay, relay) = start_relay(&kafka, 3, store.clone(), 100);
     // Relayed before consuming starts: every partition has its records waiting.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while store.backlog().await.unwrap() > 0 {
-        assert!(Instant::now() < deadline, "the relay emptied the outbox");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    relayed_all(&*store, Duration::from_secs(30)).await;
     let (stop, run) = start_worker(worker(&kafka, 3, store.clone(), recorder));
     wait_until(Duration::from_secs(60), "every step handled", || {
         coverage(&seen.lock().unwrap()).0.len() == envelopes.len()
@@ -666,12 +670,29 @@ async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_o
         seq: 0,
     })
     .unwrap();
-    store.publish(vec![closed, good.clone()]).await.unwrap();
+    // Dead letters sent back by `dead-letters replay`: one for another handler of the topic
+    // (passed over here), one for this handler.
+    let for_another = Envelope::new(&Step {
+        account: "acct-x".to_owned(),
+        seq: 1,
+    })
+    .unwrap()
+    .with_header("hexeract-replay-for", "another.handler");
+    let for_this = Envelope::new(&Step {
+        account: "acct-x".to_owned(),
+        seq: 2,
+    })
+    .unwrap()
+    .with_header("hexeract-replay-for", HANDLER);
+    store
+        .publish(vec![closed, good.clone(), for_another, for_this])
+        .await
+        .unwrap();
     let (stop_relay, relay) = start_relay(&kafka, 3, store.clone(), 10);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (stop, run) = start_worker(worker(&kafka, 3, store.clone(), Recorder::new(1, &seen)));
-    wait_until(Duration::from_secs(60), "the good record handled", || {
-        !seen.lock().unwrap().is_empty()
+    wait_until(Duration::from_secs(60), "the good records handled", || {
+        seen.lock().unwrap().len() >= 2
     })
     .await;
     stop.cancel();
@@ -688,20 +709,60 @@ async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_o
     assert_eq!(&letter.envelope.payload[..], b"\x00\x01 not json");
     assert_eq!(letter.envelope.aggregate_key.as_deref(), Some("acct-x"));
     assert_eq!(letter.attempts, 0, "no handler call was made");
-    // The group's offset moved past the garbage and the good record.
+    // The group's offset moved past the garbage and the records behind it.
     let group = kafka.config(3).group(HANDLER);
     let committed = kafka.committed(&group, &topic, 3)[partition as usize];
     assert_eq!(
         committed,
-        Some(garbage_offset + 3),
-        "committed past all three records"
+        Some(garbage_offset + 5),
+        "committed past all five records"
     );
-    // Read again from the start by a new run of the group, nothing is written twice.
+    let handled: Vec<u32> = seen.lock().unwrap().iter().map(|call| call.seq).collect();
+    assert_eq!(
+        handled,
+        [0, 2],
+        "the replay for another handler was passed over"
+    );
     println!(
         "unreadable: dead-lettered as {}, offset {garbage_offset} passed",
         letter.reason
     );
     schema.drop_schema().await;
+}
+
+/// More records waiting in a partition than the worker queues (1 000): the partition is paused
+/// and resumed as its task catches up, and every record is handled once, in order.
+async fn a_partition_far_behind_is_paused_and_resumed(kafka: TestKafka) {
+    let schema = TestSchema::new("kafka_backlog").await;
+    let store = store(&schema).await;
+    kafka.create_topic("account", 1).await;
+    let envelopes = enqueue_steps(&*store, 5, 700).await;
+    let (stop_relay, relay) = start_relay(&kafka, 1, store.clone(), 500);
+    relayed_all(&*store, Duration::from_secs(60)).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (stop, run) = start_worker(worker(&kafka, 1, store.clone(), Recorder::new(1, &seen)));
+    wait_until(Duration::from_secs(60), "every step handled", || {
+        coverage(&seen.lock().unwrap()).0.len() == envelopes.len()
+    })
+    .await;
+    stop.cancel();
+    stop_relay.cancel();
+    run.await.unwrap();
+    relay.await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_in_order_per_instance(&seen);
+    assert_eq!(seen.len(), envelopes.len(), "each record handled once");
+    schema.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_far_behind_is_paused_and_resumed_on_tansu() {
+    a_partition_far_behind_is_paused_and_resumed(TestKafka::tansu()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_far_behind_is_paused_and_resumed_on_librdkafkas_mock_cluster() {
+    a_partition_far_behind_is_paused_and_resumed(TestKafka::mock()).await;
 }
 
 #[tokio::test]

@@ -120,3 +120,48 @@ fn bad_variables_stop_the_process_before_anything_starts_naming_each() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn under_kafka_a_handler_whose_message_has_no_aggregate_stops_startup_naming_it() {
+    let dir = std::env::temp_dir().join(format!("hexeract-run-child-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let output = child()
+        .env("HEXERACT_SQLITE_PATH", dir.join("outbox.db"))
+        .env("WORKER_PORT", "0")
+        // Nothing listens there: the check comes before any connection.
+        .env("KAFKA_BROKERS", "127.0.0.1:1")
+        .env("KAFKA_TOPIC_PREFIX", "shop")
+        .output()
+        .expect("run run_child");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "handler `sleepy` handles `run.Nap`, which declares no aggregate: with Kafka every \
+             message needs one"
+        ),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kafka_brokers_without_a_topic_prefix_stop_startup() {
+    let dir = std::env::temp_dir().join(format!("hexeract-run-child-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let output = child()
+        .env("HEXERACT_SQLITE_PATH", dir.join("outbox.db"))
+        .env("KAFKA_BROKERS", "localhost:9092")
+        .env("AMQP_URL", "amqp://localhost")
+        .output()
+        .expect("run run_child");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("KAFKA_TOPIC_PREFIX = \"\": set (required with KAFKA_BROKERS)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("not both"), "{stderr}");
+    assert!(!dir.join("outbox.db").exists(), "nothing started");
+    let _ = std::fs::remove_dir_all(&dir);
+}

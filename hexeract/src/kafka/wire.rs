@@ -40,6 +40,9 @@ pub mod headers {
     pub const PARTITION_KEY: &str = "ce_partitionkey";
     /// The payload's media type: `application/json`.
     pub const CONTENT_TYPE: &str = "content-type";
+    /// On a dead letter sent back by `dead-letters replay`: the one handler it is for. The
+    /// consumer groups of the topic's other handlers pass over it.
+    pub const REPLAY_FOR: &str = "hexeract-replay-for";
 }
 
 /// The record headers of `envelope`, published by `source`.

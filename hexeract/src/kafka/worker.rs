@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -340,9 +340,19 @@ struct SlotState {
     revoked: CancellationToken,
     /// Records sent to the task and not yet settled.
     queued: AtomicUsize,
-    paused: AtomicBool,
+    /// Whether the partition is paused; held while pausing or resuming, so that a pause and a
+    /// resume never cross (which would leave the partition paused with nobody to resume it).
+    paused: Mutex<bool>,
     /// The offset after the last record settled; -1 before the first.
     settled_next: AtomicI64,
+}
+
+impl SlotState {
+    fn paused_flag(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.paused
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 fn lock(partitions: &Partitions) -> std::sync::MutexGuard<'_, HashMap<i32, Slot>> {
@@ -507,7 +517,7 @@ impl Group {
             let state = Arc::new(SlotState {
                 revoked: CancellationToken::new(),
                 queued: AtomicUsize::new(0),
-                paused: AtomicBool::new(false),
+                paused: Mutex::new(false),
                 settled_next: AtomicI64::new(-1),
             });
             let task = PartitionTask {
@@ -525,8 +535,12 @@ impl Group {
             }
         });
         let queued = slot.state.queued.fetch_add(1, Ordering::AcqRel) + 1;
-        if queued > PAUSE_ABOVE && !slot.state.paused.swap(true, Ordering::AcqRel) {
-            let _ = consumer.pause(&one_partition(&self.topic, partition, Offset::Invalid));
+        if queued > PAUSE_ABOVE {
+            let mut paused = slot.state.paused_flag();
+            if !*paused && slot.state.queued.load(Ordering::Acquire) > PAUSE_ABOVE {
+                let _ = consumer.pause(&one_partition(&self.topic, partition, Offset::Invalid));
+                *paused = true;
+            }
         }
         if slot.records.send(record).is_err() {
             // The task ended (revoked or stopping): the record is fetched again by whoever
@@ -608,12 +622,16 @@ impl PartitionTask {
             }
             self.state.settled_next.store(next, Ordering::Release);
             let left = self.state.queued.fetch_sub(1, Ordering::AcqRel) - 1;
-            if left < RESUME_BELOW && self.state.paused.swap(false, Ordering::AcqRel) {
-                let _ = self.consumer.resume(&one_partition(
-                    &self.group.topic,
-                    self.partition,
-                    Offset::Invalid,
-                ));
+            if left < RESUME_BELOW {
+                let mut paused = self.state.paused_flag();
+                if *paused {
+                    let _ = self.consumer.resume(&one_partition(
+                        &self.group.topic,
+                        self.partition,
+                        Offset::Invalid,
+                    ));
+                    *paused = false;
+                }
             }
         }
     }
@@ -654,6 +672,14 @@ impl PartitionTask {
         };
         if envelope.message_type != group.message_type {
             // Another message type of the same aggregate: another handler's.
+            return Settled::Done;
+        }
+        if envelope
+            .headers
+            .get(wire::headers::REPLAY_FOR)
+            .is_some_and(|target| *target != *group.name)
+        {
+            // A dead letter of another handler, sent back for that handler alone.
             return Settled::Done;
         }
         let mut attempt = 0;
