@@ -62,6 +62,9 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     let store = crate::store::default_schedule_store().await?;
     // Served on WORKER_PORT; its changes (ready, not ready and why) are logged too.
     let health = crate::health::Health::new();
+    // Not ready until every loop has added its component: served before they exist, an empty
+    // list would read as ready.
+    let startup = health.probe("startup");
     let stop = cancel.child_token();
     let listener = bind_worker_port(settings.worker_port).await?;
     let http = tokio::spawn(crate::health::serve(
@@ -77,7 +80,7 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         settings.dead_letter_retention,
         stop.clone(),
     ));
-    let result = run_loops(&settings, store, &health, &stop).await;
+    let result = run_loops(&settings, store, &health, startup, &stop).await;
     stop.cancel();
     let _ = hygiene.await;
     // A client holding a connection open would keep the server's graceful shutdown waiting.
@@ -177,6 +180,7 @@ async fn run_loops(
     settings: &EnvSettings,
     store: Arc<dyn crate::store::ScheduleStore>,
     health: &crate::health::Health,
+    startup: crate::health::Probe,
     stop: &CancellationToken,
 ) -> Result<(), Error> {
     let stop = stop.clone();
@@ -201,6 +205,7 @@ async fn run_loops(
             settings,
             store,
             health,
+            startup,
             stop.clone(),
         );
         let (delivered, scheduled) = tokio::join!(
@@ -212,8 +217,14 @@ async fn run_loops(
     #[cfg(feature = "kafka")]
     if let Some(kafka) = &settings.kafka {
         tokio::spawn(stop_on_signal(stop.clone()));
-        let delivering =
-            crate::kafka::supervisor::run_on_kafka(kafka, settings, store, health, stop.clone());
+        let delivering = crate::kafka::supervisor::run_on_kafka(
+            kafka,
+            settings,
+            store,
+            health,
+            startup,
+            stop.clone(),
+        );
         let (delivered, scheduled) = tokio::join!(
             stop_all_on_error(delivering, &stop),
             scheduler.run(stop.clone()),
@@ -240,6 +251,7 @@ async fn run_loops(
     )
     .health(health.probe("outbox worker"))
     .build()?;
+    startup.pass();
     tokio::spawn(stop_on_signal(stop.clone()));
     let (delivered, scheduled) = tokio::join!(
         stop_all_on_error(worker.run(stop.clone()), &stop),

@@ -118,6 +118,11 @@ impl TestKafka {
         }
     }
 
+    /// Whether the brokers are tansu (not the mock cluster, and `TEST_KAFKA_IS_KAFKA` unset).
+    pub fn is_tansu(&self) -> bool {
+        self.tansu
+    }
+
     /// The brokers' `bootstrap.servers`.
     pub fn brokers(&self) -> &str {
         &self.brokers

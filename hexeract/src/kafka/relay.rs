@@ -190,9 +190,16 @@ impl Sink<'_> {
         Ok(())
     }
 
-    async fn send_all(&self, envelopes: &[&Envelope]) -> Result<(), String> {
+    /// Sends every envelope and waits for every acknowledgement, even after a failure: the
+    /// pass's lock is held until no record of it is still on its way, so that a relay taking
+    /// over cannot be overtaken by one. Records the brokers can never take (too large, or
+    /// refused as invalid) are returned to be dead-lettered; any other failure fails the pass.
+    async fn send_all(&self, envelopes: &[&Envelope]) -> Result<Vec<Unpublishable>, String> {
         self.ensure_topics(envelopes).await?;
-        let mut pending: VecDeque<DeliveryFuture> = VecDeque::with_capacity(envelopes.len());
+        let mut pending: VecDeque<(&Envelope, DeliveryFuture)> =
+            VecDeque::with_capacity(envelopes.len());
+        let mut never = Vec::new();
+        let mut failure = None;
         for envelope in envelopes {
             let aggregate = envelope.aggregate.as_deref().unwrap_or_default();
             let topic = self.config.topic(aggregate);
@@ -205,41 +212,96 @@ impl Sink<'_> {
             loop {
                 match self.producer.send_result(record) {
                     Ok(delivery) => {
-                        pending.push_back(delivery);
+                        pending.push_back((envelope, delivery));
                         break;
                     }
                     Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                         // librdkafka's queue is full: wait for the oldest record of this pass.
                         record = back;
                         match pending.pop_front() {
-                            Some(oldest) => acknowledged(oldest).await?,
+                            Some((sent, oldest)) => {
+                                settle(sent, oldest.await, &mut never, &mut failure);
+                            }
                             None => tokio::time::sleep(Duration::from_millis(10)).await,
                         }
                     }
                     Err((error, _)) => {
-                        return Err(format!(
-                            "could not send {} to {topic}: {error}",
-                            envelope.id
-                        ))
+                        judge(envelope, &topic, &error, &mut never, &mut failure);
+                        break;
                     }
                 }
             }
+            if failure.is_some() {
+                break;
+            }
         }
-        for delivery in pending {
-            acknowledged(delivery).await?;
+        for (envelope, delivery) in pending {
+            settle(envelope, delivery.await, &mut never, &mut failure);
         }
-        Ok(())
+        match failure {
+            Some(failure) => Err(failure),
+            None => Ok(never),
+        }
     }
 }
 
-async fn acknowledged(delivery: DeliveryFuture) -> Result<(), String> {
-    match delivery.await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err((error, record))) => Err(format!(
-            "the brokers did not acknowledge a record for {}: {error}",
-            rdkafka::Message::topic(&record)
-        )),
-        Err(_) => Err("the producer was dropped before the brokers answered".to_owned()),
+type Acknowledgement = <DeliveryFuture as std::future::Future>::Output;
+
+fn settle(
+    envelope: &Envelope,
+    acknowledgement: Acknowledgement,
+    never: &mut Vec<Unpublishable>,
+    failure: &mut Option<String>,
+) {
+    match acknowledgement {
+        Ok(Ok(_)) => {}
+        Ok(Err((error, record))) => judge(
+            envelope,
+            rdkafka::Message::topic(&record),
+            &error,
+            never,
+            failure,
+        ),
+        Err(_) => {
+            failure.get_or_insert_with(|| {
+                "the producer was dropped before the brokers answered".to_owned()
+            });
+        }
+    }
+}
+
+/// Sorts a record the brokers did not take: never (dead-letter it) or not now (fail the pass).
+fn judge(
+    envelope: &Envelope,
+    topic: &str,
+    error: &ClientError,
+    never: &mut Vec<Unpublishable>,
+    failure: &mut Option<String>,
+) {
+    let permanent = matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    );
+    if permanent {
+        never.push(Unpublishable {
+            id: envelope.id,
+            detail: format!(
+                "{topic} refused the record ({} bytes of payload): {error}",
+                envelope.payload.len()
+            ),
+        });
+    } else {
+        failure.get_or_insert_with(|| {
+            format!(
+                "the brokers did not acknowledge {} for {topic}: {error}",
+                envelope.id
+            )
+        });
     }
 }
 
@@ -255,18 +317,16 @@ impl RelaySink for Sink<'_> {
                     envelope.aggregate.as_deref().is_some_and(|a| !a.is_empty())
                         && envelope.aggregate_key.is_some()
                 });
-            self.send_all(&good).await?;
-            Ok(bad
-                .into_iter()
-                .map(|envelope| Unpublishable {
-                    id: envelope.id,
-                    detail: format!(
-                        "message type {:?} declares no aggregate, so it has no Kafka topic: \
+            let mut never = self.send_all(&good).await?;
+            never.extend(bad.into_iter().map(|envelope| Unpublishable {
+                id: envelope.id,
+                detail: format!(
+                    "message type {:?} declares no aggregate, so it has no Kafka topic: \
                          declare #[message(aggregate = \"…\")] with a #[message(key)] field",
-                        envelope.message_type
-                    ),
-                })
-                .collect())
+                    envelope.message_type
+                ),
+            }));
+            Ok(never)
         })
     }
 

@@ -28,6 +28,7 @@ pub(crate) async fn run_on_kafka(
     settings: &EnvSettings,
     store: Arc<dyn DeliveryStore>,
     health: &Health,
+    startup: crate::health::Probe,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let config = config(kafka);
@@ -37,6 +38,7 @@ pub(crate) async fn run_on_kafka(
         .health(health)
         .build()?;
     let relay_probe = health.probe("kafka relay");
+    startup.pass();
     let aggregates = worker.aggregates();
     tracing::info!(
         brokers = %config.brokers(),

@@ -236,12 +236,29 @@ fn position_id(topic: &str, partition: i32, offset: i64) -> Uuid {
     derived_id(&format!("{topic}/{partition}/{offset}"))
 }
 
-/// The id of the dead letter `handler` writes for the record at this position: the same when
-/// the record is read again after a restart, so the store keeps one letter, not two.
-pub(crate) fn dead_letter_id(topic: &str, partition: i32, offset: i64, handler: &str) -> Uuid {
+/// The id of the dead letter `handler` writes for message `message` at this position: the
+/// same when the record is read again after a restart, so the store keeps one letter, not two;
+/// another for another message at the same position (a topic deleted and created again).
+pub(crate) fn dead_letter_id(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    handler: &str,
+    message: Uuid,
+) -> Uuid {
     derived_id(&format!(
-        "dead-letter/{handler}/{topic}/{partition}/{offset}"
+        "dead-letter/{handler}/{topic}/{partition}/{offset}/{message}"
     ))
+}
+
+/// The record's `ce_type`, when it has one.
+pub(crate) fn message_type(record: &impl rdkafka::Message) -> Option<&str> {
+    record
+        .headers()?
+        .iter()
+        .find(|header| header.key == headers::TYPE)
+        .and_then(|header| header.value)
+        .and_then(|value| std::str::from_utf8(value).ok())
 }
 
 #[cfg(test)]

@@ -343,8 +343,9 @@ struct SlotState {
     /// Whether the partition is paused; held while pausing or resuming, so that a pause and a
     /// resume never cross (which would leave the partition paused with nobody to resume it).
     paused: Mutex<bool>,
-    /// The offset after the last record settled; -1 before the first.
-    settled_next: AtomicI64,
+    /// The offset of the oldest record handed to the task and not settled: where the partition
+    /// is read again from if the task ends while the partition is still held.
+    next_to_settle: AtomicI64,
 }
 
 impl SlotState {
@@ -460,6 +461,7 @@ impl Group {
             .map_err(|error| KafkaError::client(format!("subscribing to {}", self.topic), error))?;
         tracing::info!(handler = %self.name, group = %self.group_id, topic = %self.topic, "Kafka consumer started");
         let mut tasks = JoinSet::new();
+        let mut task_partitions = HashMap::new();
         let mut checks = tokio::time::interval(shared.check_interval);
         checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -469,7 +471,7 @@ impl Group {
                 record = consumer.recv() => match record {
                     Ok(record) => {
                         let record = record.detach();
-                        self.route(record, &consumer, &partitions, &mut tasks, &shared, &publisher, &cancel, &interrupt);
+                        self.route(record, &consumer, &partitions, &mut tasks, &mut task_partitions, &shared, &publisher, &cancel, &interrupt);
                     }
                     Err(error) => {
                         tracing::warn!(handler = %self.name, %error, "Kafka consumer error");
@@ -477,7 +479,23 @@ impl Group {
                     }
                 },
                 _ = checks.tick() => self.check(&consumer).await,
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                Some(ended) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                    let (id, panicked) = match ended {
+                        Ok((id, ())) => (id, false),
+                        Err(error) => (error.id(), error.is_panic()),
+                    };
+                    if let Some((partition, state)) = task_partitions.remove(&id) {
+                        if panicked {
+                            let mut held = lock(&partitions);
+                            let ours = held.get(&partition).is_some_and(|slot| Arc::ptr_eq(&slot.state, &state));
+                            if ours {
+                                held.remove(&partition);
+                                drop(held);
+                                self.read_again(&consumer, partition, &state);
+                            }
+                        }
+                    }
+                }
             }
         }
         // Each task finishes the record it is on (the calls get the shutdown grace) and takes
@@ -505,6 +523,7 @@ impl Group {
         consumer: &Arc<GroupConsumer>,
         partitions: &Partitions,
         tasks: &mut JoinSet<()>,
+        task_partitions: &mut HashMap<tokio::task::Id, (i32, Arc<SlotState>)>,
         shared: &Arc<Shared>,
         publisher: &Arc<dyn Publish>,
         cancel: &CancellationToken,
@@ -518,7 +537,7 @@ impl Group {
                 revoked: CancellationToken::new(),
                 queued: AtomicUsize::new(0),
                 paused: Mutex::new(false),
-                settled_next: AtomicI64::new(-1),
+                next_to_settle: AtomicI64::new(record.offset()),
             });
             let task = PartitionTask {
                 group: self.clone(),
@@ -528,7 +547,8 @@ impl Group {
                 partition,
                 state: state.clone(),
             };
-            tasks.spawn(task.run(receiver, cancel.clone(), interrupt.clone()));
+            let handle = tasks.spawn(task.run(receiver, cancel.clone(), interrupt.clone()));
+            task_partitions.insert(handle.id(), (partition, state.clone()));
             Slot {
                 records: sender,
                 state,
@@ -543,10 +563,36 @@ impl Group {
             }
         }
         if slot.records.send(record).is_err() {
-            // The task ended (revoked or stopping): the record is fetched again by whoever
-            // holds the partition next.
-            held.remove(&partition);
+            // The task ended while the partition is still held (it panicked): the records it
+            // had are gone with it, so the partition is read again from the oldest of them.
+            if let Some(slot) = held.remove(&partition) {
+                self.read_again(consumer, partition, &slot.state);
+            }
         }
+    }
+
+    /// Sets the partition's fetch position back to the oldest record its ended task had not
+    /// settled, and resumes it: nothing it held is skipped.
+    fn read_again(&self, consumer: &GroupConsumer, partition: i32, state: &SlotState) {
+        if state.revoked.is_cancelled() {
+            return;
+        }
+        let from = state.next_to_settle.load(Ordering::Acquire);
+        tracing::error!(
+            handler = %self.name,
+            partition,
+            from,
+            "a partition's task ended unexpectedly; reading the partition again from its oldest unsettled record"
+        );
+        if let Err(error) =
+            consumer.seek(&self.topic, partition, Offset::Offset(from), Duration::ZERO)
+        {
+            tracing::error!(handler = %self.name, partition, %error, "could not seek back: the consumer stops so that a restart reads from the last commit");
+            self.probe.fail(format!(
+                "partition {partition} could not be read again: {error}"
+            ));
+        }
+        let _ = consumer.resume(&one_partition(&self.topic, partition, Offset::Invalid));
     }
 
     /// Checks that the brokers answer (readiness). The lag is measured by librdkafka's
@@ -620,7 +666,7 @@ impl PartitionTask {
                 // Revoked meanwhile: the new holder handles the record again.
                 tracing::debug!(partition = self.partition, %error, "offset not stored");
             }
-            self.state.settled_next.store(next, Ordering::Release);
+            self.state.next_to_settle.store(next, Ordering::Release);
             let left = self.state.queued.fetch_sub(1, Ordering::AcqRel) - 1;
             if left < RESUME_BELOW {
                 let mut paused = self.state.paused_flag();
@@ -643,6 +689,11 @@ impl PartitionTask {
         interrupt: &CancellationToken,
     ) -> Settled {
         let group = &*self.group;
+        if wire::message_type(record).is_some_and(|kind| kind != group.message_type) {
+            // Another message type of the same aggregate: another handler's, even when it
+            // cannot be read (that handler's group dead-letters it).
+            return Settled::Done;
+        }
         let mut envelope = match wire::read(record, group.aggregate, self.shared.max_payload_bytes)
         {
             Ok(envelope) => envelope,
@@ -790,6 +841,7 @@ impl PartitionTask {
             record.partition(),
             record.offset(),
             &group.name,
+            letter.envelope.id,
         );
         letter.attempts = calls;
         let mut wait = Duration::from_millis(100);
@@ -893,8 +945,20 @@ impl ConsumerContext for GroupContext {
                 );
             }
             Rebalance::Error(error) => {
+                // rdkafka unassigns everything after a failed rebalance.
+                for (_, slot) in lock(&self.partitions).drain() {
+                    slot.state.revoked.cancel();
+                }
                 tracing::warn!(component = self.logged.component(), %error, "rebalance failed");
             }
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        // librdkafka keeps a partition paused across a revocation and a new assignment; a
+        // partition assigned again starts with a new task and an empty queue.
+        if let Rebalance::Assign(list) = rebalance {
+            let _ = consumer.resume(list);
         }
     }
 

@@ -34,10 +34,12 @@ pub(crate) async fn run_on_broker(
     settings: &EnvSettings,
     store: Arc<dyn DeliveryStore>,
     health: &Health,
+    startup: Probe,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let relay_probe = health.probe("outbox relay");
     let worker_probe = health.probe("bus worker");
+    startup.pass();
     let wake = crate::store::wake_signal(&*store).await;
     let ctx_publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(store.clone(), wake));
     let worker = |connection: RabbitMqConnection| {
