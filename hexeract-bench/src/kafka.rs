@@ -43,19 +43,69 @@ struct AccountCredited {
     memo: String,
 }
 
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+/// Where a run's records go: the broker at `KAFKA_BROKERS` (default `127.0.0.1:9092`), or a
+/// librdkafka mock cluster in this process.
+#[derive(Clone)]
+struct Brokers {
+    servers: String,
+    /// Records per produce batch, on both sides: 1 on tansu (unless `KAFKA_IS_KAFKA` is set),
+    /// which answers a fetch at an offset inside a batch with the batches after it, so that a
+    /// fetch response cut inside a batch would lose the rest of it (`docs/kafka.md`);
+    /// librdkafka's default (10 000) on Kafka and on the mock cluster.
+    batch: &'static str,
+    /// Creates a topic on the mock cluster, which has no CreateTopics.
+    mock: Option<std::sync::mpsc::Sender<(String, std::sync::mpsc::Sender<()>)>>,
 }
 
-/// Records per produce batch, on both sides: 1 on tansu (unless `KAFKA_IS_KAFKA` is set), which
-/// answers a fetch at an offset inside a batch with the batches after it, so that a fetch
-/// response cut inside a batch would lose the rest of it (`docs/kafka.md`); librdkafka's
-/// default (10 000) on Kafka.
-fn batch_records() -> &'static str {
-    if std::env::var("KAFKA_IS_KAFKA").is_ok_and(|value| !value.is_empty()) {
-        "10000"
-    } else {
-        "1"
+impl Brokers {
+    fn configured() -> Brokers {
+        let kafka = std::env::var("KAFKA_IS_KAFKA").is_ok_and(|value| !value.is_empty());
+        Brokers {
+            servers: std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned()),
+            batch: if kafka { "10000" } else { "1" },
+            mock: None,
+        }
+    }
+
+    /// A mock cluster of 3 brokers, kept on a thread of its own for the life of the process.
+    fn mock() -> Brokers {
+        let (servers_to, servers) = std::sync::mpsc::channel();
+        let (requests_to, requests) =
+            std::sync::mpsc::channel::<(String, std::sync::mpsc::Sender<()>)>();
+        std::thread::spawn(move || {
+            let mock = rdkafka::mocking::MockCluster::new(3).expect("a mock cluster");
+            servers_to.send(mock.bootstrap_servers()).expect("servers");
+            for (topic, done) in requests {
+                mock.create_topic(&topic, PARTITIONS, 1).expect("a topic");
+                let _ = done.send(());
+            }
+        });
+        Brokers {
+            servers: servers.recv().expect("servers"),
+            batch: "10000",
+            mock: Some(requests_to),
+        }
+    }
+
+    fn config(&self, prefix: &str) -> KafkaConfig {
+        KafkaConfig::new(self.servers.clone(), prefix)
+            .partitions(PARTITIONS)
+            .client_option("batch.num.messages", self.batch)
+    }
+
+    async fn create_topic(&self, prefix: &str) {
+        match &self.mock {
+            Some(requests) => {
+                let (done_to, done) = std::sync::mpsc::channel();
+                requests
+                    .send((format!("{prefix}.account"), done_to))
+                    .expect("the mock's thread");
+                done.recv().expect("topic created");
+            }
+            None => ensure_topics(&self.config(prefix), &["account"])
+                .await
+                .expect("topics"),
+        }
     }
 }
 
@@ -105,14 +155,12 @@ impl Handler<AccountCredited> for Count {
     }
 }
 
-async fn run_hexeract(messages: &[Envelope]) -> Duration {
+async fn run_hexeract(brokers: &Brokers, messages: &[Envelope]) -> Duration {
     let dir = crate::rabbitmq::TempDir::new();
     let store = crate::rabbitmq::filled_outbox(&dir, messages).await;
     let prefix = format!("bench{}", Uuid::now_v7().simple());
-    let config = KafkaConfig::new(brokers(), prefix)
-        .partitions(PARTITIONS)
-        .client_option("batch.num.messages", batch_records());
-    ensure_topics(&config, &["account"]).await.expect("topics");
+    let config = brokers.config(&prefix);
+    brokers.create_topic(&prefix).await;
     let count = Count::new(messages.len() as u64);
     let store: Arc<dyn DeliveryStore> = Arc::new(store);
     let worker = KafkaWorker::builder(config.clone(), store.clone())
@@ -148,7 +196,7 @@ async fn run_hexeract(messages: &[Envelope]) -> Duration {
     elapsed
 }
 
-async fn run_raw(messages: &[Envelope]) -> Duration {
+async fn run_raw(brokers: &Brokers, messages: &[Envelope]) -> Duration {
     let dir = crate::rabbitmq::TempDir::new();
     crate::rabbitmq::filled_outbox(&dir, messages)
         .await
@@ -157,16 +205,11 @@ async fn run_raw(messages: &[Envelope]) -> Duration {
         .await;
     let prefix = format!("bench{}", Uuid::now_v7().simple());
     let topic = format!("{prefix}.account");
-    ensure_topics(
-        &KafkaConfig::new(brokers(), prefix.clone()).partitions(PARTITIONS),
-        &["account"],
-    )
-    .await
-    .expect("topics");
+    brokers.create_topic(&prefix).await;
     let count = Count::new(messages.len() as u64);
     let started = Instant::now();
     let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+        .set("bootstrap.servers", &brokers.servers)
         .set("group.id", format!("{prefix}.raw"))
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
@@ -204,11 +247,11 @@ async fn run_raw(messages: &[Envelope]) -> Duration {
         }
     });
     let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+        .set("bootstrap.servers", &brokers.servers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "2")
-        .set("batch.num.messages", batch_records())
+        .set("batch.num.messages", brokers.batch)
         .create()
         .expect("producer");
     let mut db = SqliteConnectOptions::new()
@@ -307,29 +350,43 @@ async fn run_raw(messages: &[Envelope]) -> Duration {
     elapsed
 }
 
-/// Prints the `kafka_relay_consume` lines.
+/// Prints the `kafka_relay_consume` lines (the broker of `KAFKA_BROKERS`, tansu under
+/// `.ci/run`).
 pub(crate) async fn relay_consume(messages: u64) {
-    tokio::spawn(run(messages)).await.expect("join");
+    tokio::spawn(run("kafka_relay_consume", Brokers::configured(), messages))
+        .await
+        .expect("join");
 }
 
-async fn run(messages: u64) {
+/// Prints the `kafka_relay_consume_mock` lines: the same on a librdkafka mock cluster, with
+/// librdkafka's default batching.
+pub(crate) async fn relay_consume_mock(messages: u64) {
+    tokio::spawn(run("kafka_relay_consume_mock", Brokers::mock(), messages))
+        .await
+        .expect("join");
+}
+
+async fn run(scenario: &str, brokers: Brokers, messages: u64) {
     let batch = envelopes(messages);
     let mut hexeract = Vec::new();
     let mut baseline = Vec::new();
     for pair in 0..PAIRS {
         for side in [pair % 2, 1 - pair % 2] {
             if side == 0 {
-                hexeract.push(crate::rate(messages, run_hexeract(&batch).await));
+                hexeract.push(crate::rate(messages, run_hexeract(&brokers, &batch).await));
             } else {
-                baseline.push(crate::rate(messages, run_raw(&batch).await));
+                baseline.push(crate::rate(messages, run_raw(&brokers, &batch).await));
             }
         }
     }
     crate::rabbitmq::report(
-        "kafka_relay_consume",
+        scenario,
         &hexeract,
         &baseline,
         messages,
-        &format!(" batch={RELAY_BATCH} partitions={PARTITIONS}"),
+        &format!(
+            " batch={RELAY_BATCH} partitions={PARTITIONS} records_per_produce_batch={}",
+            brokers.batch
+        ),
     );
 }

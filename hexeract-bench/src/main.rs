@@ -109,6 +109,9 @@ fn main() {
     if wanted("kafka_relay_consume") {
         multi.block_on(kafka::relay_consume(10_000 * scale));
     }
+    if wanted("kafka_relay_consume_mock") {
+        multi.block_on(kafka::relay_consume_mock(20_000 * scale));
+    }
     if wanted("scheduler_dispatch") {
         multi.block_on(scheduler::dispatch(if quick { 20_000 } else { 50_000 }));
     }

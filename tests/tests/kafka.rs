@@ -739,8 +739,8 @@ async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_o
     schema.drop_schema().await;
 }
 
-/// More records waiting in a partition than the worker queues (1 000): the partition is paused
-/// and resumed as its task catches up, and every record is handled once, in order.
+/// More records waiting in a partition than the worker queues (64 KiB here): the partition is
+/// paused and resumed as its task catches up, and every record is handled once, in order.
 async fn a_partition_far_behind_is_paused_and_resumed(kafka: TestKafka) {
     let schema = TestSchema::new("kafka_backlog").await;
     let store = store(&schema).await;
@@ -749,8 +749,16 @@ async fn a_partition_far_behind_is_paused_and_resumed(kafka: TestKafka) {
     let (stop_relay, relay) = start_relay(&kafka, 1, store.clone(), 500);
     relayed_all(&*store, Duration::from_secs(60)).await;
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let (stop, run) = start_worker(worker(&kafka, 1, store.clone(), Recorder::new(1, &seen)));
-    wait_until(Duration::from_secs(60), "every step handled", || {
+    let mut recorder = Recorder::new(1, &seen);
+    // 1 ms a call: the fetches run far ahead of the handler.
+    recorder.pause = Duration::from_millis(1);
+    let small_queue = KafkaWorker::builder(kafka.config(1), store.clone())
+        .register_handler_with::<Step, _>(recorder, HandlerOptions::new().name(HANDLER))
+        .partition_queue_bytes(64 * 1024)
+        .build()
+        .unwrap();
+    let (stop, run) = start_worker(small_queue);
+    wait_until(Duration::from_secs(90), "every step handled", || {
         coverage(&seen.lock().unwrap()).0.len() == envelopes.len()
     })
     .await;

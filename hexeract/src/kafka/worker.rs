@@ -43,10 +43,8 @@ use crate::retry::RetryPolicy;
 use crate::runtime::Registration;
 use crate::store::DeliveryStore;
 
-/// Records waiting in one partition's queue above which the partition is paused (librdkafka
-/// stops fetching it), and below which it is resumed.
-const PAUSE_ABOVE: usize = 1_000;
-const RESUME_BELOW: usize = 100;
+/// What one record counts for in a partition's queue besides its key and payload.
+const RECORD_OVERHEAD: usize = 256;
 
 /// Builds a [`KafkaWorker`]. The defaults are the library's: 5 deliveries, retries 1 s → 300 s,
 /// handler timeout 30 s, shutdown grace 8 s, payloads up to 1 MiB.
@@ -63,6 +61,7 @@ pub struct KafkaWorkerBuilder {
     shutdown_grace: Duration,
     max_payload_bytes: usize,
     check_interval: Duration,
+    partition_queue_bytes: usize,
     health: Option<Health>,
 }
 
@@ -82,6 +81,7 @@ impl KafkaWorkerBuilder {
             shutdown_grace: Duration::from_secs(8),
             max_payload_bytes: 1024 * 1024,
             check_interval: Duration::from_secs(5),
+            partition_queue_bytes: 8 * 1024 * 1024,
             health: None,
         }
     }
@@ -163,6 +163,16 @@ impl KafkaWorkerBuilder {
         self
     }
 
+    /// Bytes of records one partition may have waiting in the worker (default 8 MiB, each
+    /// record counted with its key, its payload and 256 bytes): above, the partition is paused
+    /// (librdkafka stops fetching it) until half of it is handled. Memory is bounded by the
+    /// partitions held times this, not by the backlog. Pausing and resuming cost fetch round
+    /// trips, so keep it well above a few seconds of records.
+    pub fn partition_queue_bytes(mut self, bytes: usize) -> KafkaWorkerBuilder {
+        self.partition_queue_bytes = bytes;
+        self
+    }
+
     /// Reports readiness to `health`: one component per handler, `kafka consumer <handler>`,
     /// ready once the brokers answered and failing while they do not.
     pub fn health(mut self, health: &Health) -> KafkaWorkerBuilder {
@@ -198,6 +208,7 @@ impl KafkaWorkerBuilder {
             .not_zero("handler_timeout", self.handler_timeout)
             .not_zero("check_interval", self.check_interval)
             .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
+            .at_least_one("partition_queue_bytes", self.partition_queue_bytes as u64)
             .finish()?;
         let mut registry = match self.registry {
             Some(registry) => registry,
@@ -243,6 +254,7 @@ impl KafkaWorkerBuilder {
                     .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
                 max_payload_bytes: self.max_payload_bytes,
                 check_interval: self.check_interval,
+                partition_queue_bytes: self.partition_queue_bytes,
             }),
             shutdown_grace: self.shutdown_grace,
         })
@@ -309,6 +321,7 @@ struct Shared {
     retry: RetryPolicy,
     max_payload_bytes: usize,
     check_interval: Duration,
+    partition_queue_bytes: usize,
 }
 
 /// One handler as a consumer group.
@@ -338,7 +351,8 @@ struct Slot {
 struct SlotState {
     /// Fired when the partition is revoked: its task takes no further record.
     revoked: CancellationToken,
-    /// Records sent to the task and not yet settled.
+    /// Bytes of the records sent to the task and not yet settled (key, payload and
+    /// [`RECORD_OVERHEAD`] each).
     queued: AtomicUsize,
     /// Whether the partition is paused; held while pausing or resuming, so that a pause and a
     /// resume never cross (which would leave the partition paused with nobody to resume it).
@@ -554,10 +568,12 @@ impl Group {
                 state,
             }
         });
-        let queued = slot.state.queued.fetch_add(1, Ordering::AcqRel) + 1;
-        if queued > PAUSE_ABOVE {
+        let size = record_size(&record);
+        let queued = slot.state.queued.fetch_add(size, Ordering::AcqRel) + size;
+        let limit = shared.partition_queue_bytes;
+        if queued > limit {
             let mut paused = slot.state.paused_flag();
-            if !*paused && slot.state.queued.load(Ordering::Acquire) > PAUSE_ABOVE {
+            if !*paused && slot.state.queued.load(Ordering::Acquire) > limit {
                 let _ = consumer.pause(&one_partition(&self.topic, partition, Offset::Invalid));
                 *paused = true;
             }
@@ -667,8 +683,9 @@ impl PartitionTask {
                 tracing::debug!(partition = self.partition, %error, "offset not stored");
             }
             self.state.next_to_settle.store(next, Ordering::Release);
-            let left = self.state.queued.fetch_sub(1, Ordering::AcqRel) - 1;
-            if left < RESUME_BELOW {
+            let size = record_size(&record);
+            let left = self.state.queued.fetch_sub(size, Ordering::AcqRel) - size;
+            if left < self.shared.partition_queue_bytes / 2 {
                 let mut paused = self.state.paused_flag();
                 if *paused {
                     let _ = self.consumer.resume(&one_partition(
@@ -863,6 +880,10 @@ impl PartitionTask {
             wait = (wait * 2).min(Duration::from_secs(5));
         }
     }
+}
+
+fn record_size(record: &OwnedMessage) -> usize {
+    record.payload().map_or(0, <[u8]>::len) + record.key().map_or(0, <[u8]>::len) + RECORD_OVERHEAD
 }
 
 fn one_partition(topic: &str, partition: i32, offset: Offset) -> TopicPartitionList {
