@@ -28,6 +28,14 @@ impl Logged {
         }
     }
 
+    /// A context reporting to `probe`, a slot shared with an earlier client's context.
+    pub(crate) fn with_slot(component: impl Into<String>, probe: ProbeSlot) -> Logged {
+        Logged {
+            component: component.into(),
+            probe,
+        }
+    }
+
     /// The slot this context reports to.
     pub(crate) fn probe_slot(&self) -> ProbeSlot {
         self.probe.clone()

@@ -62,19 +62,8 @@ impl KafkaRelay {
         config: &KafkaConfig,
     ) -> Result<KafkaRelay, KafkaError> {
         let health = Probe::detached("kafka relay");
-        let context = Logged::new("kafka relay", Some(health.clone()));
-        let probe_slot = context.probe_slot();
-        let producer = config
-            .client()
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            // Small batches, sent soon: the relay waits for each pass's acknowledgements.
-            .set("linger.ms", "2")
-            // A pass whose records the brokers never acknowledge fails after this and is tried
-            // again (librdkafka's default is 300 s).
-            .set("message.timeout.ms", "30000")
-            .create_with_context(context)
-            .map_err(|error| KafkaError::client("creating the producer", error))?;
+        let probe_slot = Logged::new("kafka relay", Some(health.clone())).probe_slot();
+        let producer = producer(config, &probe_slot)?;
         Ok(KafkaRelay {
             store,
             producer,
@@ -115,17 +104,27 @@ impl KafkaRelay {
     /// Relays until `cancel` fires (between passes: a pass waiting for acknowledgements always
     /// finishes), then returns `Ok(())`. Store and broker errors are logged, reported to the
     /// probe and retried after the poll interval: librdkafka reconnects by itself.
-    pub async fn run(self, cancel: CancellationToken) -> Result<(), KafkaError> {
+    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), KafkaError> {
         let wake = store::wake_signal(&*self.store).await;
-        let sink = Sink {
-            producer: &self.producer,
-            config: &self.config,
-            source: &self.source,
-            topics: Mutex::new(HashSet::new()),
-        };
+        let topics = Mutex::new(HashSet::new());
         tracing::info!(batch_size = self.batch_size, "Kafka relay started");
         while !cancel.is_cancelled() {
+            let sink = Sink {
+                producer: &self.producer,
+                config: &self.config,
+                source: &self.source,
+                topics: &topics,
+            };
             let pass = self.store.relay(self.batch_size, &sink).await;
+            if let Some((code, reason)) = self.producer.client().fatal_error() {
+                // An idempotent producer that lost track of its sequence numbers can send no
+                // more; the rows of the failed pass are still in the outbox.
+                tracing::error!(%code, reason, "the Kafka producer failed for good; creating a new one");
+                match producer(&self.config, &self.probe_slot) {
+                    Ok(fresh) => self.producer = fresh,
+                    Err(error) => tracing::error!(%error, "could not create a new Kafka producer"),
+                }
+            }
             match pass {
                 Ok(0) => {
                     self.health.pass();
@@ -149,12 +148,30 @@ impl KafkaRelay {
     }
 }
 
+/// The relay's producer: idempotent, `acks=all`, reporting to `probe_slot`.
+fn producer(
+    config: &KafkaConfig,
+    probe_slot: &ProbeSlot,
+) -> Result<FutureProducer<Logged>, KafkaError> {
+    config
+        .client()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        // Small batches, sent soon: the relay waits for each pass's acknowledgements.
+        .set("linger.ms", "2")
+        // A pass whose records the brokers never acknowledge fails after this and is tried
+        // again (librdkafka's default is 300 s).
+        .set("message.timeout.ms", "30000")
+        .create_with_context(Logged::with_slot("kafka relay", probe_slot.clone()))
+        .map_err(|error| KafkaError::client("creating the producer", error))
+}
+
 struct Sink<'a> {
     producer: &'a FutureProducer<Logged>,
     config: &'a KafkaConfig,
     source: &'a str,
-    /// Topics known to exist: created by this relay, or found.
-    topics: Mutex<HashSet<String>>,
+    /// Aggregates whose topics are known to exist: created by this relay, or found.
+    topics: &'a Mutex<HashSet<String>>,
 }
 
 impl Sink<'_> {
