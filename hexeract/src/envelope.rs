@@ -246,3 +246,49 @@ mod trace_tests {
         assert_eq!(flags, "01");
     }
 }
+
+/// Decoding takes any bytes at all: never a panic, and JSON nested deeper than serde_json's
+/// limit (128) is an error, not a stack overflow.
+#[cfg(test)]
+mod decode_properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, serde::Serialize, serde::Deserialize, crate::Message)]
+    #[message(type = "props.Order")]
+    struct Order {
+        id: u64,
+        lines: Vec<serde_json::Value>,
+    }
+
+    proptest! {
+        #[test]
+        fn any_payload_decodes_or_says_why(payload in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            let envelope = Envelope::from_raw("props.Order", payload);
+            if let Err(error) = envelope.decode::<Order>() {
+                prop_assert!(matches!(error, DecodeError::InvalidPayload { .. }), "{error}");
+            }
+        }
+
+        #[test]
+        fn a_payload_of_another_type_is_refused_before_parsing(payload in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let envelope = Envelope::from_raw("props.Other", payload);
+            let is_wrong_type = matches!(envelope.decode::<Order>(), Err(DecodeError::WrongType { .. }));
+            prop_assert!(is_wrong_type);
+        }
+    }
+
+    #[test]
+    fn deeply_nested_json_is_an_error_not_a_stack_overflow() {
+        let depth = 100_000;
+        let nested = format!(
+            r#"{{"id":1,"lines":[{}{}]}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        );
+        let envelope = Envelope::from_raw("props.Order", nested.into_bytes());
+        let error = envelope.decode::<Order>().unwrap_err();
+        assert!(error.to_string().contains("recursion limit"), "{error}");
+    }
+}

@@ -74,6 +74,8 @@ mod message;
 pub mod metrics;
 pub mod outbox;
 mod outcome;
+#[cfg(all(test, any(feature = "rabbitmq", feature = "kafka")))]
+mod proptest_support;
 mod publish;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;

@@ -371,3 +371,104 @@ mod tests {
         assert_eq!(salvage(&named, "order").id, derived_id("order-7-placed"));
     }
 }
+
+/// Properties of the Kafka record format: every envelope survives the trip through a record;
+/// any record at all is read without a panic, as an envelope or as exactly one of the
+/// dead-letter reasons; a payload over the limit is refused before anything is parsed.
+#[cfg(test)]
+mod properties {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use rdkafka::message::{OwnedMessage, Timestamp};
+
+    use super::*;
+    use crate::proptest_support::envelope as any_envelope;
+
+    prop_compose! {
+        fn arbitrary_record()(
+            payload in proptest::option::of(vec(any::<u8>(), 0..4096)),
+            key in proptest::option::of(vec(any::<u8>(), 0..64)),
+            headers in vec(
+                (
+                    prop_oneof![
+                        Just(headers::ID.to_owned()),
+                        Just(headers::TYPE.to_owned()),
+                        Just(headers::TIME.to_owned()),
+                        Just(headers::CONTENT_TYPE.to_owned()),
+                        Just(headers::CORRELATION_ID.to_owned()),
+                        "[a-z_-]{1,20}",
+                    ],
+                    proptest::option::of(vec(any::<u8>(), 0..64)),
+                ),
+                0..10,
+            ),
+            offset in 0i64..1_000_000,
+        ) -> OwnedMessage {
+            let mut list = OwnedHeaders::new();
+            for (name, value) in &headers {
+                list = list.insert(Header { key: name, value: value.as_deref() });
+            }
+            OwnedMessage::new(
+                payload,
+                key,
+                "shop.order".to_owned(),
+                Timestamp::NotAvailable,
+                0,
+                offset,
+                Some(list),
+            )
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_envelope_survives_the_trip(
+            envelope in any_envelope("[a-b][a-z0-9-]{0,20}"),
+            key in "\\PC{0,40}",
+        ) {
+            let mut envelope = envelope;
+            envelope.aggregate = Some("order".to_owned());
+            envelope.aggregate_key = Some(key);
+            let record = OwnedMessage::new(
+                Some(envelope.payload.to_vec()),
+                envelope.aggregate_key.clone().map(String::into_bytes),
+                "shop.order".to_owned(),
+                Timestamp::CreateTime(envelope.created_at.timestamp_millis()),
+                1,
+                7,
+                Some(record_headers(&envelope, "/hexeract/shop")),
+            );
+            let read = read(&record, "order", 4096).expect("readable");
+            prop_assert_eq!(read.id, envelope.id);
+            prop_assert_eq!(&read.message_type, &envelope.message_type);
+            prop_assert_eq!(&read.payload, &envelope.payload);
+            prop_assert_eq!(read.correlation_id, envelope.correlation_id);
+            prop_assert_eq!(read.causation_id, envelope.causation_id);
+            prop_assert_eq!(&read.headers, &envelope.headers);
+            prop_assert_eq!(&read.aggregate_key, &envelope.aggregate_key);
+            prop_assert_eq!(read.created_at, envelope.created_at);
+        }
+
+        #[test]
+        fn any_record_is_an_envelope_or_one_known_reason(record in arbitrary_record()) {
+            match read(&record, "order", 2048) {
+                Ok(envelope) => prop_assert!(!envelope.message_type.is_empty()),
+                Err(unreadable) => {
+                    prop_assert!(Reason::ALL.contains(&unreadable.reason), "{:?}", unreadable.reason);
+                    prop_assert!(!unreadable.detail.is_empty());
+                }
+            }
+            // A record's salvage id is the same each time it is read.
+            prop_assert_eq!(salvage(&record, "order").id, salvage(&record, "order").id);
+        }
+
+        #[test]
+        fn an_oversized_payload_is_refused_before_anything_else(
+            record in arbitrary_record(),
+            limit in 0usize..64,
+        ) {
+            prop_assume!(rdkafka::Message::payload(&record).map_or(0, <[u8]>::len) > limit);
+            prop_assert_eq!(read(&record, "order", limit).unwrap_err().reason, Reason::PAYLOAD_TOO_LARGE);
+        }
+    }
+}

@@ -532,3 +532,131 @@ mod tests {
         assert!(detail.len() <= MAX_HEADER_DETAIL_BYTES + "…".len());
     }
 }
+
+/// Properties of the AMQP wire format: every envelope survives the trip through properties and
+/// back; any delivery at all is read without a panic, as an envelope or as exactly one of the
+/// dead-letter reasons; and a payload over the limit is refused before anything is parsed.
+#[cfg(test)]
+mod properties {
+    use proptest::collection::{btree_map, vec};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::proptest_support::envelope as any_envelope;
+
+    fn value() -> impl Strategy<Value = AMQPValue> {
+        prop_oneof![
+            vec(any::<u8>(), 0..64)
+                .prop_map(|bytes| AMQPValue::LongString(LongString::from(bytes))),
+            any::<i64>().prop_map(AMQPValue::LongLongInt),
+            any::<bool>().prop_map(AMQPValue::Boolean),
+            any::<u64>().prop_map(AMQPValue::Timestamp),
+        ]
+    }
+
+    prop_compose! {
+        fn arbitrary_delivery()(
+            data in vec(any::<u8>(), 0..4096),
+            message_id in proptest::option::of("\\PC{0,40}"),
+            content_type in proptest::option::of("\\PC{0,40}"),
+            kind in proptest::option::of("\\PC{0,40}"),
+            correlation in proptest::option::of("\\PC{0,40}"),
+            timestamp in proptest::option::of(any::<u64>()),
+            headers in btree_map(
+                prop_oneof![
+                    Just(headers::ATTEMPTS.to_owned()),
+                    Just(headers::DELIVERY_COUNT.to_owned()),
+                    Just(headers::CREATED_AT.to_owned()),
+                    Just(headers::CAUSATION_ID.to_owned()),
+                    "[a-z-]{1,20}",
+                ],
+                value(),
+                0..8,
+            ),
+            redelivered in any::<bool>(),
+            exchange in prop_oneof![Just("hexeract".to_owned()), "[a-z]{0,10}"],
+            routing_key in "\\PC{0,40}",
+        ) -> Delivery {
+            let mut table = FieldTable::default();
+            for (name, value) in headers {
+                table.insert(ShortString::from(name), value);
+            }
+            let mut properties = BasicProperties::default().with_headers(table);
+            if let Some(id) = message_id {
+                properties = properties.with_message_id(id.into());
+            }
+            if let Some(content_type) = content_type {
+                properties = properties.with_content_type(content_type.into());
+            }
+            if let Some(kind) = kind {
+                properties = properties.with_type(kind.into());
+            }
+            if let Some(correlation) = correlation {
+                properties = properties.with_correlation_id(correlation.into());
+            }
+            if let Some(timestamp) = timestamp {
+                properties = properties.with_timestamp(timestamp);
+            }
+            let mut delivery =
+                Delivery::mock(1, exchange.into(), routing_key.into(), redelivered, data);
+            delivery.properties = properties;
+            delivery
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_envelope_survives_the_trip(
+            envelope in any_envelope("[a-w][a-z0-9-]{0,20}"),
+            attempts_made in 0u32..20,
+        ) {
+            let delivery = {
+                let mut delivery = Delivery::mock(
+                    1,
+                    "hexeract".into(),
+                    envelope.message_type.as_str().into(),
+                    false,
+                    envelope.payload.to_vec(),
+                );
+                delivery.properties = properties(&envelope, attempts_made);
+                delivery
+            };
+            let read = read(&delivery, "hexeract", 4096).expect("readable");
+            prop_assert_eq!(read.id, envelope.id);
+            prop_assert_eq!(&read.message_type, &envelope.message_type);
+            prop_assert_eq!(&read.payload, &envelope.payload);
+            prop_assert_eq!(read.correlation_id, envelope.correlation_id);
+            prop_assert_eq!(read.causation_id, envelope.causation_id);
+            prop_assert_eq!(&read.headers, &envelope.headers);
+            prop_assert_eq!(read.created_at, envelope.created_at);
+            prop_assert_eq!(read.attempt, attempts_made + 1);
+        }
+
+        #[test]
+        fn any_delivery_is_an_envelope_or_one_known_reason(delivery in arbitrary_delivery()) {
+            match read(&delivery, "hexeract", 2048) {
+                Ok(envelope) => {
+                    prop_assert!(envelope.attempt >= 1);
+                    prop_assert!(delivery.data.len() <= 2048);
+                }
+                Err(unreadable) => {
+                    prop_assert!(Reason::ALL.contains(&unreadable.reason), "{:?}", unreadable.reason);
+                    prop_assert!(!unreadable.detail.is_empty());
+                }
+            }
+            // What a dead letter keeps of it never panics either.
+            let salvaged = salvage(&delivery, "hexeract");
+            prop_assert_eq!(&salvaged.payload[..], &delivery.data[..]);
+        }
+
+        #[test]
+        fn an_oversized_payload_is_refused_before_anything_else(
+            delivery in arbitrary_delivery(),
+            limit in 0usize..64,
+        ) {
+            prop_assume!(delivery.data.len() > limit);
+            let error = read(&delivery, "hexeract", limit).unwrap_err();
+            prop_assert_eq!(error.reason, Reason::PAYLOAD_TOO_LARGE);
+        }
+    }
+}
