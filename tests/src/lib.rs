@@ -5,4 +5,5 @@ pub mod http;
 pub mod kafka;
 pub mod logs;
 pub mod pg;
+pub mod proxy;
 pub mod tls;
