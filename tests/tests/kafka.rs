@@ -229,70 +229,33 @@ fn logs() {
 
 // Every scenario runs twice: on tansu, the broker `.ci/run` starts (or the brokers at
 // TEST_KAFKA_BROKERS), and on a librdkafka mock cluster of its own.
+macro_rules! on_both_brokers {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            use hexeract_tests::kafka::TestKafka;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_aggregate_order_holds_across_three_partitions_and_two_consumers_on_tansu() {
-    per_aggregate_order_holds_across_three_partitions_and_two_consumers(TestKafka::tansu()).await;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_tansu() {
+                super::$scenario(TestKafka::tansu()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_librdkafkas_mock_cluster() {
+                super::$scenario(TestKafka::mock()).await;
+            }
+        }
+    )*};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_aggregate_order_holds_across_three_partitions_and_two_consumers_on_librdkafkas_mock_cluster(
-) {
-    per_aggregate_order_holds_across_three_partitions_and_two_consumers(TestKafka::mock()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_relays_on_one_store_never_reorder_an_aggregate_on_tansu() {
-    two_relays_on_one_store_never_reorder_an_aggregate(TestKafka::tansu()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_relays_on_one_store_never_reorder_an_aggregate_on_librdkafkas_mock_cluster() {
-    two_relays_on_one_store_never_reorder_an_aggregate(TestKafka::mock()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_holds_back_only_its_own_partition_on_tansu() {
-    a_retry_holds_back_only_its_own_partition(TestKafka::tansu()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_holds_back_only_its_own_partition_on_librdkafkas_mock_cluster() {
-    a_retry_holds_back_only_its_own_partition(TestKafka::mock()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_mid_stream_loses_nothing_on_tansu() {
-    a_restart_mid_stream_loses_nothing(TestKafka::tansu()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_mid_stream_loses_nothing_on_librdkafkas_mock_cluster() {
-    a_restart_mid_stream_loses_nothing(TestKafka::mock()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rebalance_during_consumption_loses_nothing_on_tansu() {
-    a_rebalance_during_consumption_loses_nothing(TestKafka::tansu()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rebalance_during_consumption_loses_nothing_on_librdkafkas_mock_cluster() {
-    a_rebalance_during_consumption_loses_nothing(TestKafka::mock()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_on_on_tansu() {
-    a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_on(TestKafka::tansu())
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_on_on_librdkafkas_mock_cluster(
-) {
-    a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_on(TestKafka::mock())
-        .await;
-}
+on_both_brokers!(
+    per_aggregate_order_holds_across_three_partitions_and_two_consumers,
+    two_relays_on_one_store_never_reorder_an_aggregate,
+    a_retry_holds_back_only_its_own_partition,
+    a_restart_mid_stream_loses_nothing,
+    a_rebalance_during_consumption_loses_nothing,
+    a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_on,
+    a_partition_far_behind_is_paused_and_resumed,
+);
 
 async fn store(schema: &TestSchema) -> Arc<dyn DeliveryStore> {
     logs();
@@ -770,16 +733,6 @@ async fn a_partition_far_behind_is_paused_and_resumed(kafka: TestKafka) {
     assert_in_order_per_instance(&seen);
     assert_eq!(seen.len(), envelopes.len(), "each record handled once");
     schema.drop_schema().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partition_far_behind_is_paused_and_resumed_on_tansu() {
-    a_partition_far_behind_is_paused_and_resumed(TestKafka::tansu()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partition_far_behind_is_paused_and_resumed_on_librdkafkas_mock_cluster() {
-    a_partition_far_behind_is_paused_and_resumed(TestKafka::mock()).await;
 }
 
 /// A row the brokers can never take (a payload over librdkafka's `message.max.bytes`, 1 MB)

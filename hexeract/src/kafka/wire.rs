@@ -108,34 +108,17 @@ pub(crate) fn read(
             ),
         });
     }
-    let mut envelope = salvage(record, aggregate);
-    let mut id = None;
-    let mut message_type = None;
-    if let Some(list) = record.headers() {
-        for header in list.iter() {
-            let Some(value) = header
-                .value
-                .and_then(|value| std::str::from_utf8(value).ok())
-            else {
-                continue;
-            };
-            match header.key {
-                headers::ID => id = Some(value),
-                headers::TYPE => message_type = Some(value),
-                headers::CONTENT_TYPE => {
-                    let essence = value.split(';').next().unwrap_or("").trim();
-                    if !essence.eq_ignore_ascii_case(CONTENT_TYPE) {
-                        return Err(Unreadable {
-                            reason: Reason::PAYLOAD_INVALID,
-                            detail: format!("content type {value:?} is not {CONTENT_TYPE}"),
-                        });
-                    }
-                }
-                _ => {}
-            }
+    let (mut envelope, given) = parse(record, aggregate);
+    if let Some(content_type) = &given.content_type {
+        let essence = content_type.split(';').next().unwrap_or("").trim();
+        if !essence.eq_ignore_ascii_case(CONTENT_TYPE) {
+            return Err(Unreadable {
+                reason: Reason::PAYLOAD_INVALID,
+                detail: format!("content type {content_type:?} is not {CONTENT_TYPE}"),
+            });
         }
     }
-    match id {
+    match given.id.as_deref() {
         None | Some("") => {
             return Err(Unreadable {
                 reason: Reason::MESSAGE_ID_MISSING,
@@ -153,17 +136,14 @@ pub(crate) fn read(
         }
         Some(_) => {}
     }
-    match message_type {
-        None | Some("") => {
-            return Err(Unreadable {
-                reason: Reason::UNKNOWN_MESSAGE_TYPE,
-                detail: format!(
-                    "the record has no {} header: no handler can be chosen for it",
-                    headers::TYPE
-                ),
-            })
-        }
-        Some(_) => {}
+    if envelope.message_type.is_empty() {
+        return Err(Unreadable {
+            reason: Reason::UNKNOWN_MESSAGE_TYPE,
+            detail: format!(
+                "the record has no {} header: no handler can be chosen for it",
+                headers::TYPE
+            ),
+        });
     }
     Ok(envelope)
 }
@@ -173,6 +153,21 @@ pub(crate) fn read(
 /// gets one derived from where it is (topic, partition, offset), so that reading it again
 /// gives the same id.
 pub(crate) fn salvage(record: &impl rdkafka::Message, aggregate: &str) -> Envelope {
+    parse(record, aggregate).0
+}
+
+/// What a record's headers said that the envelope does not keep as given.
+struct Given {
+    id: Option<String>,
+    content_type: Option<String>,
+}
+
+/// The envelope of [`salvage`] and what [`read`] judges it by, in one pass over the headers.
+fn parse(record: &impl rdkafka::Message, aggregate: &str) -> (Envelope, Given) {
+    let mut given = Given {
+        id: None,
+        content_type: None,
+    };
     let mut envelope = Envelope {
         id: position_id(record.topic(), record.partition(), record.offset()),
         message_type: String::new(),
@@ -193,7 +188,7 @@ pub(crate) fn salvage(record: &impl rdkafka::Message, aggregate: &str) -> Envelo
             .map(str::to_owned),
     };
     let Some(list) = record.headers() else {
-        return envelope;
+        return (envelope, given);
     };
     for header in list.iter() {
         let Some(value) = header
@@ -205,6 +200,7 @@ pub(crate) fn salvage(record: &impl rdkafka::Message, aggregate: &str) -> Envelo
         match header.key {
             headers::ID => {
                 envelope.id = Uuid::parse_str(value).unwrap_or_else(|_| derived_id(value));
+                given.id = Some(value.to_owned());
             }
             headers::TYPE => envelope.message_type = value.to_owned(),
             headers::CORRELATION_ID => envelope.correlation_id = Uuid::parse_str(value).ok(),
@@ -215,14 +211,14 @@ pub(crate) fn salvage(record: &impl rdkafka::Message, aggregate: &str) -> Envelo
                 }
             }
             headers::PARTITION_KEY => envelope.aggregate_key = Some(value.to_owned()),
-            headers::CONTENT_TYPE => {}
+            headers::CONTENT_TYPE => given.content_type = Some(value.to_owned()),
             name if name.starts_with("ce_") => {}
             name => {
                 envelope.headers.insert(name.to_owned(), value.to_owned());
             }
         }
     }
-    envelope
+    (envelope, given)
 }
 
 /// A stable UUID for a producer's id that is not one (UUID v5 in a namespace of Hexeract's).
