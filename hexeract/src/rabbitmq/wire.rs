@@ -131,7 +131,9 @@ pub(crate) fn attempt_of(delivery: &Delivery) -> u32 {
 fn attempt_from(delivery: &Delivery, attempts_made: u64, redeliveries: Option<u64>) -> u32 {
     // A classic queue only says "redelivered"; a quorum queue counts.
     let redeliveries = redeliveries.unwrap_or(u64::from(delivery.redelivered));
-    u32::try_from(attempts_made + redeliveries + 1).unwrap_or(u32::MAX)
+    // Saturating: a publisher can put any number in these headers.
+    let attempt = attempts_made.saturating_add(redeliveries).saturating_add(1);
+    u32::try_from(attempt).unwrap_or(u32::MAX)
 }
 
 /// Reads a delivery into an envelope whose `attempt` is the number of the call about to be
@@ -441,6 +443,23 @@ mod tests {
         let read = read_plain(true);
         assert_eq!(read.attempt, 2);
         assert_eq!(read_plain(false).attempt, 1);
+    }
+
+    #[test]
+    fn attempt_counts_near_the_top_of_u64_saturate_instead_of_overflowing() {
+        // Found by the property test below: any publisher can put any number in these headers.
+        let mut table = FieldTable::default();
+        table.insert(headers::ATTEMPTS.into(), AMQPValue::Timestamp(u64::MAX));
+        table.insert(
+            headers::DELIVERY_COUNT.into(),
+            AMQPValue::LongLongInt(i64::MAX),
+        );
+        let props = BasicProperties::default()
+            .with_message_id("m-1".into())
+            .with_headers(table);
+        let delivery = delivery(props, b"{}", true);
+        assert_eq!(attempt_of(&delivery), u32::MAX);
+        assert_eq!(read(&delivery, "hexeract", 1024).unwrap().attempt, u32::MAX);
     }
 
     fn read_plain(redelivered: bool) -> Envelope {
