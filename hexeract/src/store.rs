@@ -424,6 +424,34 @@ pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// `pool.begin_with(statement)` (or `pool.begin()` for `None`) that can be dropped at any
+/// moment. sqlx 0.8 counts a transaction as begun only once `BEGIN` has returned: a future
+/// dropped while `BEGIN` is in flight hands its connection back to the pool inside a
+/// transaction nobody will end (sqlx issue #4393), and every later statement on that
+/// connection joins it, holding its row locks (PostgreSQL) or the write lock (SQLite) until the
+/// connection is next closed. Here `BEGIN` runs in a task of its own, which always sees it
+/// through: if the caller is gone by then, the transaction it returns is dropped there, which
+/// rolls it back before the connection goes back to the pool.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) async fn begin<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    statement: Option<&'static str>,
+) -> Result<sqlx::Transaction<'static, DB>, sqlx::Error> {
+    let pool = pool.clone();
+    let begun = tokio::spawn(async move {
+        match statement {
+            Some(statement) => pool.begin_with(statement).await,
+            None => pool.begin().await,
+        }
+    });
+    match begun.await {
+        Ok(result) => result,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // The runtime is shutting down.
+        Err(_) => Err(sqlx::Error::PoolClosed),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Identifier;

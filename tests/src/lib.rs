@@ -3,6 +3,7 @@
 pub mod amqp;
 pub mod http;
 pub mod kafka;
+pub mod ledger;
 pub mod logs;
 pub mod pg;
 pub mod proxy;

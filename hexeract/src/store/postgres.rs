@@ -604,7 +604,7 @@ fn limit(value: u32) -> i64 {
 impl DeliveryStore for PgStore {
     fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = crate::store::begin(&self.pool, None).await?;
             migrate_in(&mut tx, &self.schema).await?;
             tx.commit().await?;
             Ok(())
@@ -770,7 +770,7 @@ impl DeliveryStore for PgStore {
         sink: &'a dyn crate::store::RelaySink,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = crate::store::begin(&self.pool, None).await?;
             if sink.exclusive() {
                 // Held to the end of the transaction: until this pass's rows are deleted (or
                 // back, after a failed publish), no other ordered relay of this schema starts.

@@ -635,7 +635,7 @@ const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 impl DeliveryStore for SqliteStore {
     fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             migrate_in(&mut tx, &self.prefix).await?;
             tx.commit().await?;
             Ok(())
@@ -650,7 +650,7 @@ impl DeliveryStore for SqliteStore {
                 self.wake.notify_one();
                 return Ok(());
             }
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             insert_rows(&mut tx, &self.sql.insert_outbox, &envelopes).await?;
             tx.commit().await?;
             self.wake.notify_one();
@@ -665,7 +665,7 @@ impl DeliveryStore for SqliteStore {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let routes = Json(&routes.pairs);
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             sqlx::query(&self.sql.expand_to_deliveries)
                 .bind(routes)
                 .bind(now_millis())
@@ -770,7 +770,7 @@ impl DeliveryStore for SqliteStore {
         calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let copied = sqlx::query(&self.sql.dead_letter_copy)
                 .bind(id)
                 .bind(token.hyphenated())
@@ -808,7 +808,7 @@ impl DeliveryStore for SqliteStore {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             // Holds SQLite's write lock across the publish: the embedded store has one relay.
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let rows = sqlx::query(&self.sql.relay_take)
                 .bind(limit(limit_rows))
                 .fetch_all(&mut *tx)
@@ -860,7 +860,7 @@ impl DeliveryStore for SqliteStore {
 
     fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             sqlx::query(&self.sql.replay_to_handler)
                 .bind(id.hyphenated())
                 .bind(now_millis())
@@ -892,7 +892,7 @@ impl DeliveryStore for SqliteStore {
                      declared_at = excluded.declared_at",
                 self.prefix
             );
-            let mut tx = self.pool.begin().await?;
+            let mut tx = crate::store::begin(&self.pool, None).await?;
             for queue in queues {
                 sqlx::query(&statement)
                     .bind(&queue.queue)

@@ -282,7 +282,7 @@ impl ScheduleStore for PgStore {
             if !any_due {
                 return Ok(0);
             }
-            let mut tx = self.pool.begin().await?;
+            let mut tx = crate::store::begin(&self.pool, None).await?;
             let due = sqlx::query(&sql.due)
                 .bind(names)
                 .bind(limit(limit_rows))

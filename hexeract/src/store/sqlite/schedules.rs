@@ -267,7 +267,7 @@ impl ScheduleStore for SqliteStore {
             if due.is_empty() {
                 return Ok(0);
             }
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             // Under the write lock: what another worker planned meanwhile is seen.
             let due = sqlx::query(&sql.due)
                 .bind(Json(names))
@@ -380,7 +380,7 @@ impl ScheduleStore for SqliteStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let sql = &self.schedule_sql;
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let copied = sqlx::query(&sql.dead_letter_copy)
                 .bind(id.hyphenated())
                 .bind(token.hyphenated())
@@ -407,7 +407,7 @@ impl ScheduleStore for SqliteStore {
     fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
             let sql = &self.schedule_sql;
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let Some(row) = sqlx::query(&sql.replay_take)
                 .bind(id.hyphenated())
                 .fetch_optional(&mut *tx)
@@ -466,7 +466,7 @@ impl ScheduleStore for SqliteStore {
                 let mut conn = self.pool.acquire().await?;
                 return insert_scheduled_with(&mut conn, sql, &envelopes, due).await;
             }
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             insert_scheduled_with(&mut tx, sql, &envelopes, due).await?;
             tx.commit().await?;
             Ok(())
@@ -486,7 +486,7 @@ impl ScheduleStore for SqliteStore {
             if due.is_empty() {
                 return Ok(0);
             }
-            let mut tx = self.pool.begin_with(BEGIN_IMMEDIATE).await?;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let due: Vec<String> = sqlx::query_scalar(&due_sql)
                 .bind(now)
                 .bind(limit(limit_rows))
