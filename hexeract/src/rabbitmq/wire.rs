@@ -42,6 +42,10 @@ pub mod headers {
     pub const HANDLER: &str = "x-hexeract-handler";
     /// On a parked message: the queue it was consumed from.
     pub const QUEUE: &str = "x-hexeract-queue";
+    /// On a retried or parked copy: the names (comma-separated) of the original's headers
+    /// left out because with them the copy's properties would not fit in one AMQP frame
+    /// (`frame_max`). The largest go first; Hexeract's own headers are kept.
+    pub const DROPPED_HEADERS: &str = "x-hexeract-dropped-headers";
     /// Set by quorum queues on a redelivery: how many earlier deliveries of this copy ended
     /// without an ack.
     pub const DELIVERY_COUNT: &str = "x-delivery-count";
@@ -315,25 +319,27 @@ pub(crate) fn retry_properties(
     original: &BasicProperties,
     message_type: &str,
     attempts_made: u32,
+    budget: usize,
 ) -> BasicProperties {
     let mut table = own_headers(original);
     table.insert(
         headers::ATTEMPTS.into(),
         AMQPValue::LongLongInt(i64::from(attempts_made)),
     );
-    let mut properties = original.clone().with_headers(table.into());
+    let mut properties = original.clone();
     if properties.kind().is_none() && !message_type.is_empty() {
         if let Ok(kind) = ShortString::try_new(message_type) {
             properties = properties.with_type(kind);
         }
     }
-    properties
+    fit(properties, table, budget)
 }
 
 /// The properties of a message parked with `reason`: the original's, plus why.
 pub(crate) fn parked_properties(
     original: &BasicProperties,
     letter: &ParkedInfo<'_>,
+    budget: usize,
 ) -> BasicProperties {
     let mut table = own_headers(original);
     table.insert(headers::REASON.into(), text(letter.reason.as_str()));
@@ -349,7 +355,106 @@ pub(crate) fn parked_properties(
         headers::ATTEMPTS.into(),
         AMQPValue::LongLongInt(i64::from(letter.attempts)),
     );
-    original.clone().with_headers(table.into())
+    fit(original.clone(), table, budget)
+}
+
+/// The bytes of message properties a republished copy may take on a connection whose frames
+/// are at most `frame_max` bytes: the content header (its frame's 8 bytes of framing, the
+/// class, weight, body size and property flags) must fit in one frame, or the broker closes
+/// the whole connection (`frame_too_large`).
+pub(crate) fn property_budget(frame_max: u32) -> usize {
+    const CONTENT_HEADER_OVERHEAD: usize = 8 + 2 + 2 + 8 + 2;
+    // 0 means "no limit" in AMQP; the broker's own ceiling is then what counts.
+    let frame_max = if frame_max == 0 { 131_072 } else { frame_max };
+    usize::try_from(frame_max)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(CONTENT_HEADER_OVERHEAD)
+}
+
+/// `properties` with `table` as its headers, less the largest headers Hexeract did not write
+/// until they fit in `budget` bytes; the names of those left out go in
+/// `x-hexeract-dropped-headers`. A message can arrive with headers that nearly fill a frame:
+/// the headers a retry or a park adds would then make a frame the broker refuses.
+fn fit(
+    properties: BasicProperties,
+    mut table: BTreeMap<ShortString, AMQPValue>,
+    budget: usize,
+) -> BasicProperties {
+    let others = other_properties_size(&properties);
+    let mut size = others + table_size(&table);
+    if size > budget {
+        let mut foreign: Vec<(usize, ShortString)> = table
+            .iter()
+            .filter(|(name, _)| !name.as_str().starts_with("x-hexeract-"))
+            .map(|(name, value)| (entry_size(name, value), name.clone()))
+            .collect();
+        foreign.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let mut dropped = Vec::new();
+        // Room for the list of names itself.
+        let reserve = MAX_HEADER_DETAIL_BYTES + 64;
+        for (entry, name) in foreign {
+            if size + reserve <= budget {
+                break;
+            }
+            table.remove(&name);
+            size -= entry;
+            dropped.push(name.to_string());
+        }
+        table.insert(
+            headers::DROPPED_HEADERS.into(),
+            text(&truncate(&dropped.join(","), MAX_HEADER_DETAIL_BYTES)),
+        );
+    }
+    properties.with_headers(table.into())
+}
+
+/// The encoded size of the properties other than the headers, a little over rather than under.
+fn other_properties_size(properties: &BasicProperties) -> usize {
+    let short = |value: &Option<ShortString>| value.as_ref().map_or(0, |s| 1 + s.as_str().len());
+    short(properties.content_type())
+        + short(properties.content_encoding())
+        + short(properties.correlation_id())
+        + short(properties.reply_to())
+        + short(properties.expiration())
+        + short(properties.message_id())
+        + short(properties.kind())
+        + short(properties.user_id())
+        + short(properties.app_id())
+        + short(properties.cluster_id())
+        // delivery mode, priority, timestamp
+        + 1
+        + 1
+        + 8
+}
+
+fn table_size(table: &BTreeMap<ShortString, AMQPValue>) -> usize {
+    4 + table
+        .iter()
+        .map(|(name, value)| entry_size(name, value))
+        .sum::<usize>()
+}
+
+fn entry_size(name: &ShortString, value: &AMQPValue) -> usize {
+    1 + name.as_str().len() + value_size(value)
+}
+
+/// The encoded size of a field value, its type tag included.
+fn value_size(value: &AMQPValue) -> usize {
+    1 + match value {
+        AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
+        AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
+        AMQPValue::LongInt(_) | AMQPValue::LongUInt(_) | AMQPValue::Float(_) => 4,
+        AMQPValue::LongLongInt(_) | AMQPValue::Double(_) | AMQPValue::Timestamp(_) => 8,
+        AMQPValue::DecimalValue(_) => 5,
+        AMQPValue::ShortString(value) => 1 + value.as_str().len(),
+        AMQPValue::LongString(value) => 4 + value.as_bytes().len(),
+        AMQPValue::ByteArray(value) => 4 + value.as_slice().len(),
+        AMQPValue::FieldArray(values) => {
+            4 + values.as_slice().iter().map(value_size).sum::<usize>()
+        }
+        AMQPValue::FieldTable(table) => table_size(table.inner()),
+        AMQPValue::Void => 0,
+    }
 }
 
 /// Why and where a message is parked.
@@ -509,6 +614,63 @@ mod tests {
         assert!(read(&json_utf8, "hexeract", 1024).is_ok());
     }
 
+    /// The encoded size of `properties`, as lapin writes them in a content header.
+    fn encoded_size(properties: &BasicProperties) -> usize {
+        let generator = lapin::protocol::basic::gen_properties(properties);
+        let (bytes, _) = cookie_factory::gen(generator, Vec::new()).expect("encode");
+        bytes.len()
+    }
+
+    #[test]
+    fn copies_of_a_message_whose_headers_fill_the_frame_leave_out_the_largest_foreign_ones() {
+        // Found by the chaos suite's bad-input matrix: a 130 848-byte header was accepted by the
+        // broker, and the parked copy (its headers plus Hexeract's) closed the connection.
+        let frame_max = 131_072;
+        let budget = property_budget(frame_max);
+        let envelope = Envelope::from_raw("OrderPlaced", &b"{}"[..]);
+        let with_big = |len: usize| {
+            let mut table = properties(&envelope, 0).headers().clone().unwrap();
+            table.insert("x-small".into(), text("kept"));
+            table.insert("x-big".into(), text(&"b".repeat(len)));
+            properties(&envelope, 0).with_headers(table)
+        };
+        // 10 bytes short of the budget: even the retry's one header does not fit beside it.
+        let len = 130_000 + budget - 10 - encoded_size(&with_big(130_000));
+        let original = with_big(len);
+        assert_eq!(encoded_size(&original), budget - 10);
+        let letter = ParkedInfo {
+            reason: &Reason::PAYLOAD_INVALID,
+            detail: &"d".repeat(5_000),
+            handler: Some("billing"),
+            queue: "orders.billing",
+            attempts: 1,
+        };
+        for copy in [
+            parked_properties(&original, &letter, budget),
+            retry_properties(&original, "OrderPlaced", 1, budget),
+        ] {
+            assert!(
+                encoded_size(&copy) <= budget,
+                "{} > {budget}",
+                encoded_size(&copy)
+            );
+            let inner = copy.headers().as_ref().unwrap().inner();
+            assert!(!inner.contains_key("x-big"));
+            assert_eq!(inner.get("x-small"), Some(&text("kept")));
+            assert_eq!(inner.get(headers::DROPPED_HEADERS), Some(&text("x-big")));
+            assert!(
+                inner.contains_key(headers::CREATED_AT),
+                "Hexeract's headers stay"
+            );
+        }
+        // Headers that fit are all kept, and nothing says any was dropped.
+        let small = properties(&envelope, 0);
+        let copy = parked_properties(&small, &letter, budget);
+        let inner = copy.headers().as_ref().unwrap().inner();
+        assert!(!inner.contains_key(headers::DROPPED_HEADERS));
+        assert!(inner.contains_key(headers::REASON));
+    }
+
     #[test]
     fn republished_messages_drop_the_brokers_bookkeeping_and_carry_the_reason() {
         let envelope = Envelope::from_raw("OrderPlaced", &b"{}"[..]);
@@ -517,7 +679,7 @@ mod tests {
         table.insert(headers::DELIVERY_COUNT.into(), AMQPValue::LongLongInt(3));
         table.insert("x-death".into(), AMQPValue::LongLongInt(1));
         props = props.with_headers(table);
-        let retried = retry_properties(&props, "OrderPlaced", 2);
+        let retried = retry_properties(&props, "OrderPlaced", 2, property_budget(131_072));
         let inner = retried.headers().as_ref().unwrap().inner();
         assert!(!inner.contains_key(headers::DELIVERY_COUNT));
         assert!(!inner.contains_key("x-death"));
@@ -528,7 +690,7 @@ mod tests {
         assert_eq!(retried.message_id(), props.message_id());
         // A producer that gave the type only as the routing key: the copy carries it.
         let untyped = BasicProperties::default().with_message_id("m".into());
-        let retried = retry_properties(&untyped, "OrderPlaced", 1);
+        let retried = retry_properties(&untyped, "OrderPlaced", 1, property_budget(131_072));
         assert_eq!(
             retried.kind().as_ref().map(ShortString::as_str),
             Some("OrderPlaced")
@@ -544,6 +706,7 @@ mod tests {
                 queue: "hexeract.shop.reserve",
                 attempts: 5,
             },
+            property_budget(131_072),
         );
         let inner = parked.headers().as_ref().unwrap().inner();
         assert_eq!(inner.get(headers::REASON), Some(&text("handler_panicked")));

@@ -740,6 +740,12 @@ struct ConsumeLoop<'a> {
 }
 
 impl ConsumeLoop<'_> {
+    /// The bytes of properties a copy this loop republishes may take (see
+    /// [`wire::property_budget`]).
+    fn property_budget(&self) -> usize {
+        wire::property_budget(self.shared.connection.lapin().configuration().frame_max())
+    }
+
     async fn run(&self) -> Result<(), BusError> {
         let stop = self.stop;
         let shared = self.shared;
@@ -1063,6 +1069,7 @@ impl ConsumeLoop<'_> {
             &delivery.properties,
             &envelope.message_type,
             envelope.attempt,
+            self.property_budget(),
         );
         let publish = || {
             self.publisher.publish_raw(
@@ -1146,6 +1153,7 @@ impl ConsumeLoop<'_> {
             &delivery.properties,
             &message_type,
             wire::attempt_of(delivery).saturating_sub(1),
+            self.property_budget(),
         );
         match self
             .publisher
@@ -1181,7 +1189,7 @@ impl ConsumeLoop<'_> {
                 "",
                 &self.consumer.parking,
                 &delivery.data,
-                wire::parked_properties(&delivery.properties, info),
+                wire::parked_properties(&delivery.properties, info, self.property_budget()),
                 true,
             )
         };
