@@ -10,9 +10,16 @@
 //! profiler: `valgrind --tool=callgrind target/release/hexeract-bench --quick --scenario dispatch`
 //! counts instructions, which stay the same from run to run where wall-clock figures on a shared
 //! machine do not.
+//!
+//! `soak [--messages N]` runs no scenario but the soak (`soak.rs`): N messages (default
+//! 1 000 000) through outbox → relay → RabbitMQ → handler while a producer writes them, with
+//! the process's memory at each quarter, duplicates and lost messages counted, and a non-zero
+//! exit code when a message is lost or memory grows with the message count. `--quick` does not
+//! run it.
 
 use std::convert::Infallible;
 use std::hint::black_box;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +29,7 @@ mod kafka;
 mod outbox;
 mod rabbitmq;
 mod scheduler;
+mod soak;
 
 use hexeract::{
     handler, CancellationToken, Context, Envelope, InMemoryStore, Message, Registry, Runtime,
@@ -67,8 +75,11 @@ async fn record(order: OrderPlaced, _ctx: &Context) -> Result<(), Infallible> {
     Ok(())
 }
 
-fn main() {
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|arg| arg == "soak") {
+        return soak::main(&args[2..]);
+    }
     let quick = args.iter().any(|arg| arg == "--quick");
     let scale = if quick { 1 } else { 10 };
     // `--scenario NAME` runs one scenario (for profilers).
@@ -83,11 +94,7 @@ fn main() {
     if wanted("dispatch") {
         report("dispatch", dispatch(400_000 * scale));
     }
-    let multi = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let multi = runtime();
     if wanted("in_process") {
         report("in_process", multi.block_on(in_process(20_000 * scale)));
     }
@@ -115,6 +122,17 @@ fn main() {
     if wanted("scheduler_dispatch") {
         multi.block_on(scheduler::dispatch(if quick { 20_000 } else { 50_000 }));
     }
+    ExitCode::SUCCESS
+}
+
+/// The runtime the asynchronous scenarios run on: two worker threads, as a service would have
+/// here.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 /// Median msgs/s of five runs of each side.

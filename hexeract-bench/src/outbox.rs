@@ -92,7 +92,7 @@ async fn filled(pool: &PgPool, events: u64) -> PgStore {
     store
 }
 
-async fn drop_schema(pool: &PgPool, store: &PgStore) {
+pub(crate) async fn drop_schema(pool: &PgPool, store: &PgStore) {
     sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", store.schema()))
         .execute(pool)
         .await

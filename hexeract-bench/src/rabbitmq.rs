@@ -50,7 +50,7 @@ const PAIRS: usize = 7;
 const CONSUME_ROUNDS: usize = 3;
 /// A pause after filling queues, for the broker's background work on them to end.
 const SETTLE: Duration = Duration::from_millis(300);
-const HANDLER: &str = "bench.count";
+pub(crate) const HANDLER: &str = "bench.count";
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
 #[message(type = "bench.StockReserved")]
@@ -113,7 +113,7 @@ fn unreachable(url: &str, error: &dyn std::fmt::Display) -> ! {
 }
 
 /// A Hexeract connection named `hexeract-bench-<name>`.
-async fn connect(name: &str) -> RabbitMqConnection {
+pub(crate) async fn connect(name: &str) -> RabbitMqConnection {
     let url = url();
     RabbitMqConnection::connect_named(&url, &format!("hexeract-bench-{name}"))
         .await
@@ -146,7 +146,7 @@ fn fresh_prefix() -> String {
 }
 
 /// One run's broker objects.
-struct Place {
+pub(crate) struct Place {
     exchanges: Vec<Exchange>,
     queues: Vec<Queue>,
     bindings: Vec<Binding>,
@@ -158,7 +158,7 @@ struct Place {
 
 impl Place {
     /// Everything the worker would declare: exchanges, handler and parking queue, wait tiers.
-    fn whole(topology: &Topology) -> Place {
+    pub(crate) fn whole(topology: &Topology) -> Place {
         Place {
             exchanges: topology.exchanges(),
             queues: topology.queues(),
@@ -194,13 +194,13 @@ impl Place {
         }
     }
 
-    async fn declare(&self, setup: &RabbitMqConnection) {
+    pub(crate) async fn declare(&self, setup: &RabbitMqConnection) {
         ensure_topology(setup, &self.exchanges, &self.queues, &self.bindings)
             .await
             .expect("declare");
     }
 
-    async fn delete(&self, setup: &RabbitMqConnection) {
+    pub(crate) async fn delete(&self, setup: &RabbitMqConnection) {
         let channel = setup.lapin().create_channel().await.expect("channel");
         for queue in &self.queues {
             channel
