@@ -65,6 +65,9 @@ mod dead_letter;
 mod dispatch;
 mod envelope;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod handler;
 pub mod health;
 #[cfg(feature = "kafka")]
