@@ -1101,3 +1101,156 @@ async fn dropping_a_relay_pass_10k_times_leaves_no_transaction_open_and_every_ro
     pool.close().await;
     db.drop_schema().await;
 }
+
+// --- 5. The worker's backends terminated during the claim and during the commit ---
+
+/// Makes the two windows wide enough to hit: each claim (the `UPDATE … attempts + 1` of
+/// deliveries) sleeps 20 ms inside its statement, and each transaction that deletes deliveries
+/// (an ack) sleeps 20 ms at its commit, in a deferred constraint trigger.
+async fn widen_claim_and_commit(db: &TestDb) {
+    let s = &db.schema;
+    for statement in [
+        format!(
+            "CREATE FUNCTION \"{s}\".hx_slow_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(0.02); RETURN NULL; END $$"
+        ),
+        format!(
+            "CREATE TRIGGER hx_slow_claim BEFORE UPDATE ON \"{s}\".deliveries
+             FOR EACH STATEMENT EXECUTE FUNCTION \"{s}\".hx_slow_statement()"
+        ),
+        // Once per transaction, though the trigger fires for each row deleted.
+        format!(
+            "CREATE FUNCTION \"{s}\".hx_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF current_setting('hx.slept', true) IS DISTINCT FROM 'yes' THEN
+                     PERFORM set_config('hx.slept', 'yes', true);
+                     PERFORM pg_sleep(0.02);
+                 END IF;
+                 RETURN NULL;
+             END $$"
+        ),
+        format!(
+            "CREATE CONSTRAINT TRIGGER hx_slow_ack AFTER DELETE ON \"{s}\".deliveries
+             DEFERRABLE INITIALLY DEFERRED
+             FOR EACH ROW EXECUTE FUNCTION \"{s}\".hx_slow_commit()"
+        ),
+    ] {
+        sqlx::query(&statement)
+            .execute(&db.pool)
+            .await
+            .expect("create a slowing trigger");
+    }
+}
+
+async fn unwiden(db: &TestDb) {
+    let s = &db.schema;
+    for statement in [
+        format!("DROP TRIGGER hx_slow_claim ON \"{s}\".deliveries"),
+        format!("DROP TRIGGER hx_slow_ack ON \"{s}\".deliveries"),
+    ] {
+        sqlx::query(&statement)
+            .execute(&db.pool)
+            .await
+            .expect("drop a slowing trigger");
+    }
+}
+
+/// Terminates the backends of `application_name` running a statement like `pattern`; returns
+/// how many.
+async fn terminate_running(db: &TestDb, application_name: &str, pattern: &str) -> usize {
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE application_name = $1 AND datname = current_database()
+           AND state = 'active' AND query LIKE $2",
+    )
+    .bind(application_name)
+    .bind(pattern)
+    .fetch_all(&db.pool)
+    .await
+    .expect("terminate backends");
+    terminated.into_iter().filter(|done| *done).count()
+}
+
+/// Scenario (b) of the chaos suite: while a worker delivers 2 000 events to two handlers, its
+/// PostgreSQL backends are terminated (`pg_terminate_backend`, what a failover or an admin
+/// does) in the middle of claims and in the middle of the commits of acks, 20 times each.
+/// The worker carries on over fresh connections; nothing is lost, nothing stays claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_terminated_during_claim_and_commit_lose_nothing() {
+    const EVENTS: u32 = 2_000;
+    const EACH: usize = 20;
+    let db = TestDb::new().await;
+    let application_name = format!("hxc-term-{}", &db.schema[2..]);
+    let pool = connect(&application_name, 4).await;
+    let ledger_pool = connect("hexeract-tests-term-ledger", 4).await;
+    let store = db.store_on(pool.clone());
+    widen_claim_and_commit(&db).await;
+    let ids = db.publish_jobs(EVENTS, None).await;
+    let mut rng = Rng::seeded("terminate");
+
+    let cancel = CancellationToken::new();
+    let worker = droppable_worker(&db, &store, &ledger_pool, 20)
+        .max_deliveries(50)
+        .build()
+        .expect("worker builds");
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    let claim = "%SET attempts = attempts + 1%";
+    let ack = "DELETE FROM %deliveries WHERE id = ANY($1) AND lease_owner = $2%";
+    let (mut in_claim, mut in_commit) = (0, 0);
+    let started = Instant::now();
+    while in_claim < EACH || in_commit < EACH {
+        assert!(
+            db.backlog().await > 0,
+            "the outbox drained after {in_claim} terminations in claims and {in_commit} in \
+             commits: the scenario needs more events"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "only {in_claim} terminations in claims and {in_commit} in commits within 120 s"
+        );
+        tokio::time::sleep(rng.millis(1, 15)).await;
+        if in_claim < EACH {
+            in_claim += terminate_running(&db, &application_name, claim).await;
+        }
+        if in_commit < EACH {
+            in_commit += terminate_running(&db, &application_name, ack).await;
+        }
+    }
+    let chaos_for = started.elapsed();
+    unwiden(&db).await;
+    let drain_started = Instant::now();
+    while db.backlog().await > 0 {
+        assert!(
+            drain_started.elapsed() < Duration::from_secs(120),
+            "the outbox did not drain within 120 s after the terminations ({} rows owed)",
+            db.backlog().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drained_in = drain_started.elapsed();
+    cancel.cancel();
+    running
+        .await
+        .expect("the worker task does not panic")
+        .expect("run returns Ok(()) on cancel");
+
+    let calls = ledger::calls(&db.pool, &db.schema).await;
+    let dead = ledger::dead_letters(&db.pool, &db.schema).await;
+    let verdict = ledger::classify(&ids, &HANDLERS, &calls, &dead);
+    println!(
+        "pg_terminate_backend: terminated_in_claim={in_claim} terminated_in_commit={in_commit} \
+         chaos_ms={} drained_after_ms={}",
+        chaos_for.as_millis(),
+        drained_in.as_millis()
+    );
+    verdict.assert_pass("pg_terminate_backend");
+    assert_eq!(verdict.dead_lettered_total(), 0, "nothing dead-lettered");
+    assert_eq!(db.count("deliveries").await, 0, "no delivery stuck");
+    assert!(
+        open_transactions(&db, &application_name).await.is_empty(),
+        "no connection left in a transaction"
+    );
+    pool.close().await;
+    ledger_pool.close().await;
+    db.drop_schema().await;
+}
