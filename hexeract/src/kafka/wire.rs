@@ -109,6 +109,13 @@ pub(crate) fn read(
         });
     }
     let (mut envelope, given) = parse(record, aggregate);
+    if !given.header_names_readable {
+        return Err(Unreadable {
+            reason: Reason::PAYLOAD_INVALID,
+            detail: "a header name is not valid UTF-8: the record's headers cannot be read"
+                .to_owned(),
+        });
+    }
     if let Some(content_type) = &given.content_type {
         let essence = content_type.split(';').next().unwrap_or("").trim();
         if !essence.eq_ignore_ascii_case(CONTENT_TYPE) {
@@ -160,6 +167,25 @@ pub(crate) fn salvage(record: &impl rdkafka::Message, aggregate: &str) -> Envelo
 struct Given {
     id: Option<String>,
     content_type: Option<String>,
+    /// False when a header name is not UTF-8 (see [`header_names_readable`]).
+    header_names_readable: bool,
+}
+
+/// Whether rdkafka can read every header of `record`. rdkafka 0.38 panics on a header name
+/// that is not UTF-8 (`CStr::to_str().unwrap()` in its header reader), which any producer
+/// can send: a partition task would die on such a record, and read it again, forever. Each
+/// header is tried once, with the panic caught; the record is then dead-lettered without
+/// its headers instead.
+fn header_names_readable(record: &impl rdkafka::Message) -> bool {
+    let Some(list) = record.headers() else {
+        return true;
+    };
+    (0..list.count()).all(|idx| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = list.try_get(idx);
+        }))
+        .is_ok()
+    })
 }
 
 /// The envelope of [`salvage`] and what [`read`] judges it by, in one pass over the headers.
@@ -167,6 +193,7 @@ fn parse(record: &impl rdkafka::Message, aggregate: &str) -> (Envelope, Given) {
     let mut given = Given {
         id: None,
         content_type: None,
+        header_names_readable: header_names_readable(record),
     };
     let mut envelope = Envelope {
         id: position_id(record.topic(), record.partition(), record.offset()),
@@ -187,7 +214,7 @@ fn parse(record: &impl rdkafka::Message, aggregate: &str) -> (Envelope, Given) {
             .and_then(|key| std::str::from_utf8(key).ok())
             .map(str::to_owned),
     };
-    let Some(list) = record.headers() else {
+    let Some(list) = record.headers().filter(|_| given.header_names_readable) else {
         return (envelope, given);
     };
     for header in list.iter() {
@@ -249,6 +276,9 @@ pub(crate) fn dead_letter_id(
 
 /// The record's `ce_type`, when it has one.
 pub(crate) fn message_type(record: &impl rdkafka::Message) -> Option<&str> {
+    if !header_names_readable(record) {
+        return None;
+    }
     record
         .headers()?
         .iter()
