@@ -353,6 +353,18 @@ pub enum StoreError {
     /// The relay's publish failed; the rows stay in the outbox.
     #[error("relaying the outbox failed, the rows stay: {0}")]
     Relay(String),
+    /// A statement did not answer in time (see
+    /// [`OutboxWorkerBuilder::store_timeout`](crate::outbox::OutboxWorkerBuilder::store_timeout)):
+    /// the database, or the network path to it, may be gone.
+    #[error(
+        "the database did not answer the {what} within {after:?}; giving up on that connection"
+    )]
+    Timeout {
+        /// Which statement.
+        what: &'static str,
+        /// How long it was given.
+        after: Duration,
+    },
     /// A row could not be turned back into a message (corrupt headers).
     #[error("stored row {id} is unreadable: {problem}")]
     Corrupt {

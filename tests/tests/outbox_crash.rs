@@ -30,7 +30,8 @@ use hexeract::{
 };
 use hexeract_tests::ledger;
 use hexeract_tests::pg::{connect, database_url, TestSchema};
-use sqlx::PgPool;
+use hexeract_tests::proxy::FaultProxy;
+use sqlx::{ConnectOptions, PgPool};
 use uuid::Uuid;
 
 /// The handlers `outbox_child` registers for `crash.Job`.
@@ -1251,6 +1252,206 @@ async fn backends_terminated_during_claim_and_commit_lose_nothing() {
         "no connection left in a transaction"
     );
     pool.close().await;
+    ledger_pool.close().await;
+    db.drop_schema().await;
+}
+
+// --- 6. PostgreSQL through the fault proxy ---
+
+/// A pool whose connections go through `proxy` to the test database.
+async fn connect_through(proxy: &FaultProxy, application_name: &str) -> PgPool {
+    let options: sqlx::postgres::PgConnectOptions = database_url()
+        .parse()
+        .expect("TEST_DATABASE_URL is a postgres:// URL");
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(
+            options
+                .host(&proxy.addr().ip().to_string())
+                .port(proxy.addr().port())
+                .application_name(application_name)
+                .disable_statement_logging(),
+        )
+        .await
+        .expect("connect to PostgreSQL through the proxy")
+}
+
+/// The address of the test database, for the proxy.
+fn database_addr() -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let options: sqlx::postgres::PgConnectOptions = database_url()
+        .parse()
+        .expect("TEST_DATABASE_URL is a postgres:// URL");
+    (options.get_host(), options.get_port())
+        .to_socket_addrs()
+        .expect("TEST_DATABASE_URL names a reachable host")
+        .next()
+        .expect("an address for PostgreSQL")
+}
+
+/// Waits until the ledger holds more than `count` calls; returns how long that took.
+async fn ledger_beyond(db: &TestDb, count: i64, limit: Duration) -> Duration {
+    let started = Instant::now();
+    while db.count("ledger").await <= count {
+        assert!(
+            started.elapsed() < limit,
+            "no new call within {limit:?} ({count} so far)"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+/// Chaos scenario: the outbox worker reaches PostgreSQL through the fault proxy, which resets
+/// every connection (RST) twice while 2 000 events go to two handlers. The pool opens new
+/// connections; nothing is lost, nothing stays claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_reset_mid_batch_lose_nothing() {
+    const EVENTS: u32 = 2_000;
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::start(database_addr()).await;
+    let application_name = format!("hxc-pgproxy-{}", &db.schema[2..]);
+    let pool = connect_through(&proxy, &application_name).await;
+    let ledger_pool = connect("hexeract-tests-pgproxy-ledger", 4).await;
+    let store = db.store_on(pool.clone());
+    let ids = db.publish_jobs(EVENTS, None).await;
+
+    let cancel = CancellationToken::new();
+    let worker = droppable_worker(&db, &store, &ledger_pool, 20)
+        .max_deliveries(50)
+        .polling_only()
+        .build()
+        .expect("worker builds");
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    let mut resumed = Vec::new();
+    for cut in 1..=2 {
+        ledger_beyond(&db, i64::from(EVENTS) * cut / 3, Duration::from_secs(60)).await;
+        let at_cut = db.count("ledger").await;
+        let accepted = proxy.accepted();
+        proxy.reset_all();
+        resumed.push(ledger_beyond(&db, at_cut + 20, Duration::from_secs(60)).await);
+        assert!(
+            proxy.accepted() > accepted,
+            "cut {cut}: the pool connected again through the proxy"
+        );
+    }
+    let started = Instant::now();
+    while db.backlog().await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the outbox did not drain within 120 s of the cuts ({} rows owed)",
+            db.backlog().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cancel.cancel();
+    running
+        .await
+        .expect("the worker task does not panic")
+        .expect("run returns Ok(()) on cancel");
+
+    let calls = ledger::calls(&db.pool, &db.schema).await;
+    let dead = ledger::dead_letters(&db.pool, &db.schema).await;
+    let verdict = ledger::classify(&ids, &HANDLERS, &calls, &dead);
+    let resumed_ms: Vec<u128> = resumed.iter().map(Duration::as_millis).collect();
+    println!(
+        "postgres_proxy_reset: cuts=2 calls_again_after_ms={resumed_ms:?} connections_opened={}",
+        proxy.accepted()
+    );
+    verdict.assert_pass("postgres_proxy_reset");
+    assert_eq!(verdict.dead_lettered_total(), 0, "nothing dead-lettered");
+    assert_eq!(db.count("deliveries").await, 0, "no delivery stuck");
+    pool.close().await;
+    ledger_pool.close().await;
+    db.drop_schema().await;
+}
+
+/// Chaos scenario: the worker's network path to PostgreSQL goes silent (blackhole: sockets
+/// open, nothing forwarded) in the middle of a claim, for 3 s. PostgreSQL has no heartbeat, so
+/// only the worker's store timeout (2 s here) gets it out of the claim that will never be
+/// answered; the pool's other connections carry on once the path is back. Before the timeout
+/// existed the worker never made another call (and did not stop on cancel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_path_blackholed_during_a_claim_is_given_up_on_after_the_store_timeout() {
+    const EVENTS: u32 = 2_000;
+    let db = TestDb::new().await;
+    let proxy = FaultProxy::start(database_addr()).await;
+    let application_name = format!("hxc-pgbh-{}", &db.schema[2..]);
+    let pool = connect_through(&proxy, &application_name).await;
+    let ledger_pool = connect("hexeract-tests-pgbh-ledger", 4).await;
+    let store = db.store_on(pool.clone());
+    let ids = db.publish_jobs(EVENTS, None).await;
+    let cancel = CancellationToken::new();
+    let worker = droppable_worker(&db, &store, &ledger_pool, 20)
+        .max_deliveries(50)
+        .store_timeout(Duration::from_secs(2))
+        .polling_only()
+        .build()
+        .expect("worker builds");
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    ledger_beyond(&db, i64::from(EVENTS) / 2, Duration::from_secs(60)).await;
+
+    // Claims take 20 ms while the trigger is there: wait for one to be running, then cut.
+    widen_claim_and_commit(&db).await;
+    let started = Instant::now();
+    loop {
+        let claiming: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND state = 'active'
+               AND query LIKE '%SET attempts = attempts + 1%'",
+        )
+        .bind(&application_name)
+        .fetch_one(&db.pool)
+        .await
+        .expect("read pg_stat_activity");
+        if claiming > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no claim seen running within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    proxy.blackhole(true);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.blackhole(false);
+    let lifted = Instant::now();
+    unwiden(&db).await;
+    let at_lift = db.count("ledger").await;
+    let resumed = ledger_beyond(&db, at_lift, Duration::from_secs(30)).await;
+
+    let drain_started = Instant::now();
+    while db.backlog().await > 0 {
+        assert!(
+            drain_started.elapsed() < Duration::from_secs(120),
+            "the outbox did not drain within 120 s ({} rows owed)",
+            db.backlog().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the worker stops within 30 s of cancel")
+        .expect("the worker task does not panic")
+        .expect("run returns Ok(()) on cancel");
+
+    let calls = ledger::calls(&db.pool, &db.schema).await;
+    let dead = ledger::dead_letters(&db.pool, &db.schema).await;
+    let verdict = ledger::classify(&ids, &HANDLERS, &calls, &dead);
+    println!(
+        "postgres_proxy_blackhole: blackhole_ms=3000 store_timeout_ms=2000 \
+         calls_again_after_lift_ms={} drained_after_lift_ms={}",
+        resumed.as_millis(),
+        lifted.elapsed().as_millis()
+    );
+    verdict.assert_pass("postgres_proxy_blackhole");
+    assert_eq!(verdict.dead_lettered_total(), 0, "nothing dead-lettered");
+    assert_eq!(db.count("deliveries").await, 0, "no delivery stuck");
+    // Not `pool.close()`: the connection given up on never answers, and close waits for it.
+    drop(pool);
     ledger_pool.close().await;
     db.drop_schema().await;
 }

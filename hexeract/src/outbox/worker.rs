@@ -42,6 +42,7 @@ pub struct OutboxWorkerBuilder {
     retry: RetryPolicy,
     max_deliveries: u32,
     handler_timeout: Duration,
+    store_timeout: Duration,
     shutdown_grace: Duration,
     max_payload_bytes: usize,
     wake: Option<Arc<Notify>>,
@@ -68,6 +69,7 @@ impl OutboxWorkerBuilder {
             retry: RetryPolicy::default(),
             max_deliveries: 5,
             handler_timeout: Duration::from_secs(30),
+            store_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(8),
             max_payload_bytes: 1024 * 1024,
             wake: None,
@@ -116,6 +118,27 @@ impl OutboxWorkerBuilder {
     /// Deliveries claimed per poll (default 10).
     pub fn batch_size(mut self, batch_size: u32) -> OutboxWorkerBuilder {
         self.batch_size = batch_size;
+        self
+    }
+
+    /// How long one statement of the worker's own (expand, claim, settle) may take before the
+    /// cycle gives up on it (default 30 s): the cycle fails, `/health/ready` says so, and the
+    /// next one starts on another connection. PostgreSQL has no heartbeat: without this, a
+    /// connection whose network path went silent mid-statement would hold the worker until the
+    /// kernel gives up on the socket (many minutes, or never without keepalives). The
+    /// connection given up on stays out of the pool until its socket fails.
+    ///
+    /// ```
+    /// # fn example(store: hexeract::store::postgres::PgStore) {
+    /// use std::time::Duration;
+    /// use hexeract::outbox::OutboxWorker;
+    ///
+    /// let builder = OutboxWorker::builder(store).store_timeout(Duration::from_secs(5));
+    /// # let _ = builder;
+    /// # }
+    /// ```
+    pub fn store_timeout(mut self, timeout: Duration) -> OutboxWorkerBuilder {
+        self.store_timeout = timeout;
         self
     }
 
@@ -221,6 +244,7 @@ impl OutboxWorkerBuilder {
             .not_zero("lease", self.lease)
             .at_least_one("max_deliveries", self.max_deliveries.into())
             .not_zero("handler_timeout", self.handler_timeout)
+            .not_zero("store_timeout", self.store_timeout)
             .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
             .finish()?;
         let mut registry = match self.registry {
@@ -269,6 +293,7 @@ impl OutboxWorkerBuilder {
                 .retry
                 .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
             handler_timeout: self.handler_timeout,
+            store_timeout: self.store_timeout,
             shutdown_grace: self.shutdown_grace,
             max_payload_bytes: self.max_payload_bytes,
             wake: self.wake,
@@ -305,6 +330,7 @@ pub struct OutboxWorker {
     lease: Duration,
     retry: RetryPolicy,
     handler_timeout: Duration,
+    store_timeout: Duration,
     shutdown_grace: Duration,
     max_payload_bytes: usize,
     wake: Option<Arc<Notify>>,
@@ -399,6 +425,20 @@ impl OutboxWorker {
         Ok(())
     }
 
+    /// `call`, given up on after the store timeout.
+    async fn timed<T>(
+        &self,
+        what: &'static str,
+        call: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
+    ) -> Result<T, crate::store::StoreError> {
+        tokio::time::timeout(self.store_timeout, call)
+            .await
+            .map_err(|_| crate::store::StoreError::Timeout {
+                what,
+                after: self.store_timeout,
+            })?
+    }
+
     /// One expand-claim-call-settle pass; returns how many deliveries it handled.
     async fn cycle(
         &self,
@@ -406,16 +446,23 @@ impl OutboxWorker {
         interrupt: &CancellationToken,
         publisher: &Arc<dyn Publish>,
     ) -> Result<usize, crate::store::StoreError> {
-        self.store.expand(&self.routes, self.batch_size).await?;
+        self.timed("expand", self.store.expand(&self.routes, self.batch_size))
+            .await?;
         let token = Uuid::now_v7();
-        let mut claimed = self.store.claim(token, self.batch_size, self.lease).await?;
+        let mut claimed = self
+            .timed(
+                "claim",
+                self.store.claim(token, self.batch_size, self.lease),
+            )
+            .await?;
         if let Some(suspect) = claimed.iter().position(|delivery| delivery.recovered) {
             // A claim of this batch was never settled: one of these messages may crash the
             // process. Run one suspect alone and give the rest back, so a crash costs no other
             // delivery an attempt.
             let suspect = claimed.swap_remove(suspect);
             let others: Vec<i64> = claimed.iter().map(|delivery| delivery.id).collect();
-            self.store.release(token, &others).await?;
+            self.timed("release", self.store.release(token, &others))
+                .await?;
             tracing::info!(
                 message_id = %suspect.envelope.id,
                 handler = %suspect.handler,
@@ -442,7 +489,7 @@ impl OutboxWorker {
                 _ => None,
             })
             .collect();
-        let acked = self.store.ack(token, &acks).await?;
+        let acked = self.timed("ack", self.store.ack(token, &acks)).await?;
         if acked != acks.len() as u64 {
             tracing::warn!(
                 acked,
@@ -456,10 +503,12 @@ impl OutboxWorker {
                 Settlement::Abandoned(id) => {
                     let detail = "the call was still running when the worker stopped \
                                   (shutdown grace exceeded)";
-                    self.store.retry(token, id, self.lease, detail).await?
+                    self.timed("retry", self.store.retry(token, id, self.lease, detail))
+                        .await?
                 }
                 Settlement::Retry { id, delay, detail } => {
-                    self.store.retry(token, id, delay, &detail).await?
+                    self.timed("retry", self.store.retry(token, id, delay, &detail))
+                        .await?
                 }
                 Settlement::DeadLetter {
                     id,
@@ -467,9 +516,11 @@ impl OutboxWorker {
                     detail,
                     calls,
                 } => {
-                    self.store
-                        .dead_letter(token, id, &reason, &detail, calls)
-                        .await?
+                    self.timed(
+                        "dead letter",
+                        self.store.dead_letter(token, id, &reason, &detail, calls),
+                    )
+                    .await?
                 }
             };
             if !kept {
