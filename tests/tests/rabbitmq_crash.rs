@@ -15,6 +15,7 @@ use std::time::Duration;
 use hexeract::rabbitmq::{headers, RabbitMqPublisher, Topology};
 use hexeract::{Envelope, Message, Registry};
 use hexeract_tests::amqp::{amqp_url, TestBroker};
+use hexeract_tests::ledger;
 use lapin::types::AMQPValue;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, Message)]
@@ -32,8 +33,30 @@ struct ChildWorker {
 
 impl ChildWorker {
     fn start(broker: &TestBroker, max_attempts: u32) -> ChildWorker {
+        ChildWorker::start_with(broker, &[max_attempts.to_string()])
+    }
+
+    /// A child taking `prefetch` deliveries at a time, each call sleeping `delay_ms`.
+    fn start_tuned(
+        broker: &TestBroker,
+        max_attempts: u32,
+        prefetch: u32,
+        delay_ms: u32,
+    ) -> ChildWorker {
+        ChildWorker::start_with(
+            broker,
+            &[
+                max_attempts.to_string(),
+                prefetch.to_string(),
+                delay_ms.to_string(),
+            ],
+        )
+    }
+
+    fn start_with(broker: &TestBroker, rest: &[String]) -> ChildWorker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_amqp_child"))
-            .args([&broker.exchange, &broker.prefix, &max_attempts.to_string()])
+            .args([&broker.exchange, &broker.prefix])
+            .args(rest)
             .env("AMQP_CHILD_URL", amqp_url())
             .stdout(Stdio::piped())
             .spawn()
@@ -68,6 +91,18 @@ impl ChildWorker {
     fn kill(mut self) {
         self.child.kill().expect("SIGKILL our own child");
         self.child.wait().unwrap();
+    }
+
+    /// SIGKILL, then every line the child printed before it died that was not read yet.
+    fn kill_and_drain(mut self) -> Vec<String> {
+        self.child.kill().expect("SIGKILL our own child");
+        self.child.wait().unwrap();
+        // The reader thread ends once the pipe is closed and read to the end.
+        let mut left = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            left.push(line);
+        }
+        left
     }
 }
 
@@ -188,4 +223,97 @@ impl hexeract::Handler<Task> for NoOp {
     async fn handle(&self, _task: Task, _ctx: &hexeract::Context) -> Self::Output {
         Ok(())
     }
+}
+
+/// Chaos scenario (d): a consumer process SIGKILLed three times with up to 50 deliveries in
+/// flight (prefetch 50, each call 5 ms), 3 000 tasks in all, a new process started after each
+/// kill. The broker hands every unacked delivery to the next process: nothing lost, the
+/// deliveries in flight at a kill are the duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_with_50_deliveries_in_flight_loses_nothing() {
+    const TASKS: u32 = 3_000;
+    const KILLS: usize = 3;
+    const PREFETCH: u32 = 50;
+    let broker = TestBroker::new().await;
+    let mut registry = Registry::new();
+    registry
+        .register::<Task, _>(NoOp, hexeract::HandlerOptions::new().name("crash.work"))
+        .unwrap();
+    let topology = Topology::from_registry(&registry)
+        .exchange(broker.exchange.clone())
+        .prefix(broker.prefix.clone());
+    topology.declare(&broker.connection).await.unwrap();
+    let publisher = RabbitMqPublisher::new(&broker.connection)
+        .await
+        .unwrap()
+        .exchange(broker.exchange.clone());
+    let batch: Vec<Envelope> = (0..TASKS)
+        .map(|n| Envelope::new(&Task { n, hang: false }).unwrap())
+        .collect();
+    publisher.publish_all(&batch).await.unwrap();
+
+    let mut calls = Vec::new();
+    let record = |line: &str, calls: &mut Vec<ledger::Call>| {
+        let mut words = line.split(' ').skip(1);
+        let n: u128 = words.next().unwrap().parse().unwrap();
+        let attempt: i32 = words.next().unwrap().parse().unwrap();
+        calls.push(ledger::Call {
+            message_id: uuid::Uuid::from_u128(n),
+            handler: "crash.work".to_owned(),
+            attempt,
+            ok: true,
+            pid: 0,
+        });
+    };
+    for kill in 1..=KILLS {
+        let child = ChildWorker::start_tuned(&broker, 5, PREFETCH, 5);
+        child.expect(&["ready"], Duration::from_secs(20));
+        let before = calls.len();
+        // Kill once this process has made some calls, so its window is full.
+        while calls.len() < before + 300 {
+            let line = child.expect(&["done"], Duration::from_secs(20));
+            record(&line, &mut calls);
+        }
+        for line in child.kill_and_drain() {
+            if line.starts_with("done") {
+                record(&line, &mut calls);
+            }
+        }
+        println!("kill {kill}: calls so far {}", calls.len());
+    }
+    let last = ChildWorker::start_tuned(&broker, 5, PREFETCH, 5);
+    last.expect(&["ready"], Duration::from_secs(20));
+    let sent: Vec<uuid::Uuid> = (0..u128::from(TASKS)).map(uuid::Uuid::from_u128).collect();
+    let queue = format!("{}.crash.work", broker.prefix);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        while let Ok(line) = last.lines.try_recv() {
+            if line.starts_with("done") {
+                record(&line, &mut calls);
+            }
+        }
+        let seen: std::collections::HashSet<_> = calls.iter().map(|call| call.message_id).collect();
+        if seen.len() == TASKS as usize && broker.ready(&queue).await == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {TASKS} tasks handled within 120 s",
+            seen.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let parked = broker
+        .ready(&topology.parking_queue_for("crash.work"))
+        .await;
+    drop(last);
+    let verdict = ledger::classify(&sent, &["crash.work"], &calls, &[]);
+    verdict.assert_pass("rabbitmq_consumer_sigkill");
+    assert_eq!(parked, 0, "nothing parked");
+    assert!(
+        verdict.duplicates <= KILLS * PREFETCH as usize,
+        "{} duplicates after {KILLS} kills: more than prefetch ({PREFETCH}) per kill",
+        verdict.duplicates
+    );
+    broker.delete(&topology).await;
 }

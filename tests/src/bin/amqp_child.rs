@@ -2,13 +2,14 @@
 //! starts it, kills it with SIGKILL while it handles a poison message, and starts it again.
 //!
 //! ```text
-//! AMQP_CHILD_URL=amqp://… amqp_child <exchange> <prefix> <max_attempts>
+//! AMQP_CHILD_URL=amqp://… amqp_child <exchange> <prefix> <max_attempts> [<prefetch> <delay_ms>]
 //! ```
 //!
 //! It runs one [`RabbitMqWorker`](hexeract::rabbitmq::RabbitMqWorker) with one handler of `crash.Task`, named `crash.work`, on a
 //! connection named `<prefix>.child`. A normal task prints `done <n>`; a task marked `hang`
 //! prints `hang <n> <attempt>` and then never returns, so the test can kill the process in the
-//! middle of the call. It prints `ready` once the worker consumes its queue. The URL comes
+//! middle of the call. With `<prefetch>` and `<delay_ms>`, the worker takes that many deliveries
+//! at a time and each call sleeps that long before printing `done <n> <attempt>`. It prints `ready` once the worker consumes its queue. The URL comes
 //! from the environment, not the command line, so that no password shows in `ps`.
 
 use std::io::Write;
@@ -27,7 +28,9 @@ struct Task {
     hang: bool,
 }
 
-struct Work;
+struct Work {
+    delay: Duration,
+}
 
 impl Handler<Task> for Work {
     type Output = Result<(), String>;
@@ -37,7 +40,10 @@ impl Handler<Task> for Work {
             say(&format!("hang {} {}", task.n, ctx.attempt()));
             std::future::pending::<()>().await;
         }
-        say(&format!("done {}", task.n));
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        say(&format!("done {} {}", task.n, ctx.attempt()));
         Ok(())
     }
 }
@@ -51,9 +57,25 @@ fn say(line: &str) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let [_, exchange, prefix, max_attempts] = &args[..] else {
-        eprintln!("usage: AMQP_CHILD_URL=… amqp_child <exchange> <prefix> <max_attempts>");
-        return ExitCode::from(2);
+    let (exchange, prefix, max_attempts, tuning) = match &args[..] {
+        [_, exchange, prefix, max_attempts] => (exchange, prefix, max_attempts, None),
+        [_, exchange, prefix, max_attempts, prefetch, delay_ms] => {
+            let prefetch: u32 = prefetch.parse().expect("prefetch is a number");
+            let delay_ms: u64 = delay_ms.parse().expect("delay_ms is a number");
+            (
+                exchange,
+                prefix,
+                max_attempts,
+                Some((prefetch, Duration::from_millis(delay_ms))),
+            )
+        }
+        _ => {
+            eprintln!(
+                "usage: AMQP_CHILD_URL=… amqp_child <exchange> <prefix> <max_attempts> \
+                 [<prefetch> <delay_ms>]"
+            );
+            return ExitCode::from(2);
+        }
     };
     let Ok(url) = std::env::var("AMQP_CHILD_URL") else {
         eprintln!("AMQP_CHILD_URL is not set");
@@ -74,14 +96,17 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let worker = RabbitMqWorkerBuilder::new(connection)
+    let delay = tuning.map_or(Duration::ZERO, |(_, delay)| delay);
+    let mut builder = RabbitMqWorkerBuilder::new(connection)
         .registry(Registry::new())
-        .register_handler_with::<Task, _>(Work, HandlerOptions::new().name("crash.work"))
+        .register_handler_with::<Task, _>(Work { delay }, HandlerOptions::new().name("crash.work"))
         .exchange(exchange.clone())
         .prefix(prefix.clone())
-        .max_attempts(max_attempts)
-        .build()
-        .expect("the worker builds");
+        .max_attempts(max_attempts);
+    if let Some((prefetch, _)) = tuning {
+        builder = builder.prefetch(prefetch);
+    }
+    let worker = builder.build().expect("the worker builds");
     let cancel = CancellationToken::new();
     let running = tokio::spawn(worker.run(cancel.clone()));
     say("ready");
