@@ -262,3 +262,27 @@ pub fn close_connections_named(name: &str) -> usize {
     }
     closed
 }
+
+/// Points `hexeract::run` (by its environment) at RabbitMQ at `amqp_url` with `broker`'s
+/// exchange and queue prefix, an SQLite outbox in a fresh directory, a relay polling every
+/// `relay_poll_ms` and `WORKER_PORT` on a free port. Returns the directory (remove it at the
+/// end) and the port. For tests whose process runs one `hexeract::run` (nextest runs each test
+/// in a process of its own).
+pub fn run_env(
+    broker: &TestBroker,
+    amqp_url: &str,
+    relay_poll_ms: u32,
+) -> (std::path::PathBuf, u16) {
+    let dir = std::env::temp_dir().join(format!("hexeract-run-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).expect("create the outbox's directory");
+    std::env::remove_var("DATABASE_URL");
+    std::env::remove_var("KAFKA_BROKERS");
+    std::env::set_var("HEXERACT_SQLITE_PATH", dir.join("outbox.db"));
+    std::env::set_var("AMQP_URL", amqp_url);
+    std::env::set_var("HEXERACT_EXCHANGE", &broker.exchange);
+    std::env::set_var("HEXERACT_QUEUE_PREFIX", &broker.prefix);
+    std::env::set_var("RELAY_POLL_INTERVAL_MS", relay_poll_ms.to_string());
+    let port = crate::http::free_port();
+    std::env::set_var("WORKER_PORT", port.to_string());
+    (dir, port)
+}

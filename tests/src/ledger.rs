@@ -34,6 +34,19 @@ pub struct Call {
     pub pid: i32,
 }
 
+impl Call {
+    /// A successful call of `handler` on the message `ctx` is for, by this process.
+    pub fn ok(ctx: &hexeract::Context, handler: &str) -> Call {
+        Call {
+            message_id: ctx.message_id(),
+            handler: handler.to_owned(),
+            attempt: i32::try_from(ctx.attempt()).unwrap_or(i32::MAX),
+            ok: true,
+            pid: i32::try_from(std::process::id()).unwrap_or(-1),
+        }
+    }
+}
+
 /// A (message, handler) pair that ended dead-lettered (or parked), with the reason given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLettered {
@@ -267,6 +280,18 @@ pub async fn calls(pool: &PgPool, schema: &str) -> Vec<Call> {
             attempt,
             ok,
             pid,
+        })
+        .collect()
+}
+
+/// The pairs a store's dead letters stand for.
+pub fn dead_lettered(letters: Vec<hexeract::DeadLetter>) -> Vec<DeadLettered> {
+    letters
+        .into_iter()
+        .map(|letter| DeadLettered {
+            message_id: letter.envelope.id,
+            handler: letter.handler.unwrap_or_default(),
+            reason: letter.reason.as_str().to_owned(),
         })
         .collect()
 }

@@ -35,13 +35,7 @@ static CALLS: Mutex<Vec<Call>> = Mutex::new(Vec::new());
 async fn ship(_shipment: Shipment, ctx: &Context) -> Result<(), String> {
     // Slow enough that deliveries are in flight when the fault comes.
     tokio::time::sleep(Duration::from_millis(3)).await;
-    CALLS.lock().unwrap().push(Call {
-        message_id: ctx.message_id(),
-        handler: HANDLER.to_owned(),
-        attempt: i32::try_from(ctx.attempt()).unwrap_or(i32::MAX),
-        ok: true,
-        pid: 0,
-    });
+    CALLS.lock().unwrap().push(Call::ok(ctx, HANDLER));
     Ok(())
 }
 
@@ -90,17 +84,7 @@ async fn consume_through_a_proxy(fault: Fault, scenario: &str) {
         .expect("a port");
     through_proxy.set_query(Some("heartbeat=2"));
 
-    let dir = std::env::temp_dir().join(format!("hexeract-chaos-proxy-{}", Uuid::now_v7()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::env::remove_var("DATABASE_URL");
-    std::env::remove_var("KAFKA_BROKERS");
-    std::env::set_var("HEXERACT_SQLITE_PATH", dir.join("outbox.db"));
-    std::env::set_var("AMQP_URL", through_proxy.as_str());
-    std::env::set_var("HEXERACT_EXCHANGE", &broker.exchange);
-    std::env::set_var("HEXERACT_QUEUE_PREFIX", &broker.prefix);
-    std::env::set_var("RELAY_POLL_INTERVAL_MS", "50");
-    let port = hexeract_tests::http::free_port();
-    std::env::set_var("WORKER_PORT", port.to_string());
+    let (dir, port) = hexeract_tests::amqp::run_env(&broker, through_proxy.as_str(), 50);
 
     let cancel = CancellationToken::new();
     let running = tokio::spawn(hexeract::run(cancel.clone()));
@@ -167,17 +151,7 @@ async fn consume_through_a_proxy(fault: Fault, scenario: &str) {
     running.await.unwrap().unwrap();
 
     let calls = CALLS.lock().unwrap().clone();
-    let dead: Vec<ledger::DeadLettered> = store
-        .dead_letters(1_000)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|letter| ledger::DeadLettered {
-            message_id: letter.envelope.id,
-            handler: letter.handler.unwrap_or_default(),
-            reason: letter.reason.as_str().to_owned(),
-        })
-        .collect();
+    let dead = ledger::dead_lettered(store.dead_letters(1_000).await.unwrap());
     let verdict = ledger::classify(&sent, &[HANDLER], &calls, &dead);
     println!(
         "{scenario}: noticed_ms={} resumed_ms={} new_connections={} queue_ready_at_end={ready}",

@@ -123,6 +123,26 @@ impl TestDb {
         ids
     }
 
+    /// Waits until nothing is owed (outbox and deliveries), failing after `limit`.
+    async fn drain_within(&self, limit: Duration) {
+        let started = Instant::now();
+        while self.backlog().await > 0 {
+            assert!(
+                started.elapsed() < limit,
+                "the outbox did not drain within {limit:?} ({} rows owed)",
+                self.backlog().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every (id, handler) pair's terminal state, from the ledger and the dead letters.
+    async fn verdict(&self, ids: &[Uuid]) -> ledger::Verdict {
+        let calls = ledger::calls(&self.pool, &self.schema).await;
+        let dead = ledger::dead_letters(&self.pool, &self.schema).await;
+        ledger::classify(ids, &HANDLERS, &calls, &dead)
+    }
+
     /// The database's clock.
     async fn clock(&self) -> chrono::DateTime<chrono::Utc> {
         sqlx::query_scalar("SELECT clock_timestamp()")
@@ -374,9 +394,7 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_repeats_only_what_was_in_fl
     let status = child.stop().await;
     assert!(status.success(), "the last child stops cleanly: {status}");
 
-    let calls = ledger::calls(&db.pool, &db.schema).await;
-    let dead = ledger::dead_letters(&db.pool, &db.schema).await;
-    let verdict = ledger::classify(&ids, &HANDLERS, &calls, &dead);
+    let verdict = db.verdict(&ids).await;
     let recovery_ms: Vec<u128> = recoveries.iter().map(Duration::as_millis).collect();
     println!(
         "outbox_sigkill: kills={KILLS} recovery_ms={recovery_ms:?} (SIGKILL to the next \
@@ -968,14 +986,7 @@ async fn dropping_the_poll_future_10k_times_leaves_no_transaction_open_and_no_ro
         .expect("worker builds");
     let running = tokio::spawn(worker.run(cancel.clone()));
     let started = Instant::now();
-    while db.backlog().await > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(180),
-            "the outbox did not drain within 180 s after the rounds ({} rows owed)",
-            db.backlog().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    db.drain_within(Duration::from_secs(180)).await;
     let drained_in = started.elapsed();
     cancel.cancel();
     running
@@ -983,9 +994,7 @@ async fn dropping_the_poll_future_10k_times_leaves_no_transaction_open_and_no_ro
         .expect("the worker task does not panic")
         .expect("run returns Ok(()) on cancel");
 
-    let calls = ledger::calls(&db.pool, &db.schema).await;
-    let dead = ledger::dead_letters(&db.pool, &db.schema).await;
-    let verdict = ledger::classify(&ids, &HANDLERS, &calls, &dead);
+    let verdict = db.verdict(&ids).await;
     println!(
         "poll_future_dropped: rounds={ROUNDS} mean_budget_us={} calls_in_rounds={calls_in_rounds} \
          rounds_with_a_transaction_seen_open={transient} suspects_left={suspects} \
@@ -1220,14 +1229,7 @@ async fn backends_terminated_during_claim_and_commit_lose_nothing() {
     let chaos_for = started.elapsed();
     unwiden(&db).await;
     let drain_started = Instant::now();
-    while db.backlog().await > 0 {
-        assert!(
-            drain_started.elapsed() < Duration::from_secs(120),
-            "the outbox did not drain within 120 s after the terminations ({} rows owed)",
-            db.backlog().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    db.drain_within(Duration::from_secs(120)).await;
     let drained_in = drain_started.elapsed();
     cancel.cancel();
     running
@@ -1235,9 +1237,7 @@ async fn backends_terminated_during_claim_and_commit_lose_nothing() {
         .expect("the worker task does not panic")
         .expect("run returns Ok(()) on cancel");
 
-    let calls = ledger::calls(&db.pool, &db.schema).await;
-    let dead = ledger::dead_letters(&db.pool, &db.schema).await;
-    let verdict = ledger::classify(&ids, &HANDLERS, &calls, &dead);
+    let verdict = db.verdict(&ids).await;
     println!(
         "pg_terminate_backend: terminated_in_claim={in_claim} terminated_in_commit={in_commit} \
          chaos_ms={} drained_after_ms={}",
@@ -1336,24 +1336,14 @@ async fn postgres_connections_reset_mid_batch_lose_nothing() {
             "cut {cut}: the pool connected again through the proxy"
         );
     }
-    let started = Instant::now();
-    while db.backlog().await > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the outbox did not drain within 120 s of the cuts ({} rows owed)",
-            db.backlog().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    db.drain_within(Duration::from_secs(120)).await;
     cancel.cancel();
     running
         .await
         .expect("the worker task does not panic")
         .expect("run returns Ok(()) on cancel");
 
-    let calls = ledger::calls(&db.pool, &db.schema).await;
-    let dead = ledger::dead_letters(&db.pool, &db.schema).await;
-    let verdict = ledger::classify(&ids, &HANDLERS, &calls, &dead);
+    let verdict = db.verdict(&ids).await;
     let resumed_ms: Vec<u128> = resumed.iter().map(Duration::as_millis).collect();
     println!(
         "postgres_proxy_reset: cuts=2 calls_again_after_ms={resumed_ms:?} connections_opened={}",
@@ -1422,15 +1412,7 @@ async fn a_postgres_path_blackholed_during_a_claim_is_given_up_on_after_the_stor
     let at_lift = db.count("ledger").await;
     let resumed = ledger_beyond(&db, at_lift, Duration::from_secs(30)).await;
 
-    let drain_started = Instant::now();
-    while db.backlog().await > 0 {
-        assert!(
-            drain_started.elapsed() < Duration::from_secs(120),
-            "the outbox did not drain within 120 s ({} rows owed)",
-            db.backlog().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    db.drain_within(Duration::from_secs(120)).await;
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(30), running)
         .await
@@ -1438,9 +1420,7 @@ async fn a_postgres_path_blackholed_during_a_claim_is_given_up_on_after_the_stor
         .expect("the worker task does not panic")
         .expect("run returns Ok(()) on cancel");
 
-    let calls = ledger::calls(&db.pool, &db.schema).await;
-    let dead = ledger::dead_letters(&db.pool, &db.schema).await;
-    let verdict = ledger::classify(&ids, &HANDLERS, &calls, &dead);
+    let verdict = db.verdict(&ids).await;
     println!(
         "postgres_proxy_blackhole: blackhole_ms=3000 store_timeout_ms=2000 \
          calls_again_after_lift_ms={} drained_after_lift_ms={}",

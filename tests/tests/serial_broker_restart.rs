@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use hexeract::{handler, CancellationToken, Context, Message};
 use hexeract_tests::amqp::TestBroker;
 use hexeract_tests::ledger::{self, Call};
-use uuid::Uuid;
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
 #[message(type = "serial.Invoice")]
@@ -32,13 +31,7 @@ static CALLS: Mutex<Vec<Call>> = Mutex::new(Vec::new());
 
 #[handler(message = "serial.Invoice", name = "serial::bill")]
 async fn bill(_invoice: Invoice, ctx: &Context) -> Result<(), String> {
-    CALLS.lock().unwrap().push(Call {
-        message_id: ctx.message_id(),
-        handler: HANDLER.to_owned(),
-        attempt: i32::try_from(ctx.attempt()).unwrap_or(i32::MAX),
-        ok: true,
-        pid: 0,
-    });
+    CALLS.lock().unwrap().push(Call::ok(ctx, HANDLER));
     Ok(())
 }
 
@@ -71,17 +64,7 @@ impl Drop for StartAppOnDrop {
 async fn the_broker_stopped_and_started_during_10k_confirmed_relay_publishes_loses_nothing() {
     const EVENTS: u32 = 10_000;
     let broker = TestBroker::new().await;
-    let dir = std::env::temp_dir().join(format!("hexeract-serial-restart-{}", Uuid::now_v7()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::env::remove_var("DATABASE_URL");
-    std::env::remove_var("KAFKA_BROKERS");
-    std::env::set_var("HEXERACT_SQLITE_PATH", dir.join("outbox.db"));
-    std::env::set_var("AMQP_URL", hexeract_tests::amqp::amqp_url());
-    std::env::set_var("HEXERACT_EXCHANGE", &broker.exchange);
-    std::env::set_var("HEXERACT_QUEUE_PREFIX", &broker.prefix);
-    std::env::set_var("RELAY_POLL_INTERVAL_MS", "20");
-    let port = hexeract_tests::http::free_port();
-    std::env::set_var("WORKER_PORT", port.to_string());
+    let (dir, port) = hexeract_tests::amqp::run_env(&broker, &hexeract_tests::amqp::amqp_url(), 20);
 
     let cancel = CancellationToken::new();
     let running = tokio::spawn(hexeract::run(cancel.clone()));
@@ -182,17 +165,7 @@ async fn the_broker_stopped_and_started_during_10k_confirmed_relay_publishes_los
     running.await.unwrap().unwrap();
 
     let calls = CALLS.lock().unwrap().clone();
-    let dead: Vec<ledger::DeadLettered> = store
-        .dead_letters(1_000)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|letter| ledger::DeadLettered {
-            message_id: letter.envelope.id,
-            handler: letter.handler.unwrap_or_default(),
-            reason: letter.reason.as_str().to_owned(),
-        })
-        .collect();
+    let dead = ledger::dead_lettered(store.dead_letters(1_000).await.unwrap());
     let verdict = ledger::classify(&sent, &[HANDLER], &calls, &dead);
     println!(
         "broker_stop_start: written_at_stop={written_at_stop} calls_at_stop={at_stop} \

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use hexeract::{handler, CancellationToken, Context, Message};
 use hexeract_tests::amqp::TestBroker;
 use hexeract_tests::ledger::{self, Call};
-use uuid::Uuid;
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
 #[message(type = "serial.Parcel")]
@@ -33,13 +32,7 @@ static CALLS: Mutex<Vec<Call>> = Mutex::new(Vec::new());
 async fn deliver(_parcel: Parcel, ctx: &Context) -> Result<(), String> {
     // Slow enough that messages are still queued when the alarm is raised.
     tokio::time::sleep(Duration::from_millis(2)).await;
-    CALLS.lock().unwrap().push(Call {
-        message_id: ctx.message_id(),
-        handler: HANDLER.to_owned(),
-        attempt: i32::try_from(ctx.attempt()).unwrap_or(i32::MAX),
-        ok: true,
-        pid: 0,
-    });
+    CALLS.lock().unwrap().push(Call::ok(ctx, HANDLER));
     Ok(())
 }
 
@@ -114,17 +107,7 @@ impl Drop for RestoreWatermark {
 async fn a_memory_alarm_stalls_publishing_and_once_cleared_nothing_is_lost() {
     const EVENTS: u32 = 5_000;
     let broker = TestBroker::new().await;
-    let dir = std::env::temp_dir().join(format!("hexeract-serial-alarm-{}", Uuid::now_v7()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::env::remove_var("DATABASE_URL");
-    std::env::remove_var("KAFKA_BROKERS");
-    std::env::set_var("HEXERACT_SQLITE_PATH", dir.join("outbox.db"));
-    std::env::set_var("AMQP_URL", hexeract_tests::amqp::amqp_url());
-    std::env::set_var("HEXERACT_EXCHANGE", &broker.exchange);
-    std::env::set_var("HEXERACT_QUEUE_PREFIX", &broker.prefix);
-    std::env::set_var("RELAY_POLL_INTERVAL_MS", "20");
-    let port = hexeract_tests::http::free_port();
-    std::env::set_var("WORKER_PORT", port.to_string());
+    let (dir, port) = hexeract_tests::amqp::run_env(&broker, &hexeract_tests::amqp::amqp_url(), 20);
 
     let cancel = CancellationToken::new();
     let running = tokio::spawn(hexeract::run(cancel.clone()));
@@ -192,17 +175,7 @@ async fn a_memory_alarm_stalls_publishing_and_once_cleared_nothing_is_lost() {
     running.await.unwrap().unwrap();
 
     let calls = CALLS.lock().unwrap().clone();
-    let dead: Vec<ledger::DeadLettered> = store
-        .dead_letters(1_000)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|letter| ledger::DeadLettered {
-            message_id: letter.envelope.id,
-            handler: letter.handler.unwrap_or_default(),
-            reason: letter.reason.as_str().to_owned(),
-        })
-        .collect();
+    let dead = ledger::dead_lettered(store.dead_letters(1_000).await.unwrap());
     let verdict = ledger::classify(&sent, &[HANDLER], &calls, &dead);
     println!(
         "memory_alarm: calls_before_alarm={at_alarm} calls_during_3s_alarm={during_alarm} \
