@@ -170,7 +170,7 @@ async fn handlers(out: &mut String) -> Result<(), CliError> {
         );
     }
     let store = crate::store::default_store().await?;
-    let unowned = crate::runtime::unowned_deliveries(&*store).await?;
+    let unowned = crate::run::unowned_deliveries(&*store).await?;
     if !unowned.is_empty() {
         let _ = writeln!(out, "pending deliveries no handler here owns:");
         for (handler, count) in unowned {

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{ConfigError, ConfigProblem};
+use crate::redact::redact_url;
 
 /// Where `hexeract::run` and `hexeract::publish` keep messages.
 #[derive(Clone, PartialEq, Eq)]
@@ -410,28 +411,6 @@ pub(crate) trait IfSet: Sized {
 
 impl<B> IfSet for B {}
 
-/// `url` with its password replaced by `***`, for logs and errors.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "(not a URL)".to_owned();
-    };
-    // Query and fragment may carry a password too (`?password=`): they are never shown.
-    let rest = rest.split(['?', '#']).next().unwrap_or("");
-    // The credentials end at the last `@`: a password may hold an unencoded `/` or `@`.
-    match rest.rsplit_once('@') {
-        Some((credentials, host_and_path)) => {
-            let user = credentials.split(':').next().unwrap_or("");
-            let hidden = if credentials.contains(':') {
-                ":***"
-            } else {
-                ""
-            };
-            format!("{scheme}://{user}{hidden}@{host_and_path}")
-        }
-        None => format!("{scheme}://{rest}"),
-    }
-}
-
 fn whole_number(value: &str, min: u64, max: u64) -> Result<u64, String> {
     let expected = || format!("a whole number from {min} to {max}");
     let number: u64 = value.trim().parse().map_err(|_| expected())?;
@@ -804,23 +783,5 @@ mod tests {
         // Without brokers, the other Kafka variables are not read.
         let unused = EnvSettings::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")])).unwrap();
         assert_eq!(unused.kafka, None);
-    }
-
-    #[test]
-    fn redaction_hides_passwords_only() {
-        assert_eq!(
-            redact_url("postgres://u:p@h:5432/d"),
-            "postgres://u:***@h:5432/d"
-        );
-        assert_eq!(redact_url("postgres://u@h/d"), "postgres://u@h/d");
-        assert_eq!(redact_url("postgres://h/d?password=p"), "postgres://h/d");
-        assert_eq!(redact_url("postgres://u:p@h"), "postgres://u:***@h");
-        assert_eq!(redact_url("nonsense"), "(not a URL)");
-        // Unencoded `/` and `@` in a password stay hidden.
-        assert_eq!(
-            redact_url("amqp://app:pa/ss@host/%2f"),
-            "amqp://app:***@host/%2f"
-        );
-        assert_eq!(redact_url("amqp://app:p@ss@host"), "amqp://app:***@host");
     }
 }

@@ -74,7 +74,7 @@ impl Context {
         let text = self
             .envelope
             .headers
-            .get(crate::schedule::FIRE_TIME_HEADER)?;
+            .get(crate::envelope::FIRE_TIME_HEADER)?;
         chrono::DateTime::parse_from_rfc3339(text)
             .ok()
             .map(|time| time.with_timezone(&chrono::Utc))

@@ -185,6 +185,9 @@ pub enum DecodeError {
 /// The W3C Trace Context header a message carries its trace in.
 pub(crate) const TRACEPARENT: &str = "traceparent";
 
+/// The header a scheduled job's context carries its fire time in (RFC 3339).
+pub(crate) const FIRE_TIME_HEADER: &str = "x-hexeract-fire-time";
+
 /// `(trace id, parent id, flags)` of a version-00 `traceparent`, or `None` when it is not one.
 fn parse_traceparent(value: &str) -> Option<(&str, &str, &str)> {
     let mut parts = value.split('-');

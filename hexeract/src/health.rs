@@ -255,28 +255,10 @@ impl Probe {
 }
 
 /// A reason as operators may see it: the first line, at most [`MAX_REASON`] characters, with
-/// URL passwords (`scheme://user:password@host`) hidden.
+/// the URLs in it redacted ([`redact_text`](crate::redact::redact_text): no password, no query).
 fn scrub(reason: &str) -> String {
     let line = reason.lines().next().unwrap_or("").trim_end();
-    let mut out = String::with_capacity(line.len().min(MAX_REASON + 3));
-    for (index, word) in line.split(' ').enumerate() {
-        if index > 0 {
-            out.push(' ');
-        }
-        match word.split_once("://") {
-            Some((scheme, rest)) if rest.contains('@') => {
-                let (credentials, host) = rest.rsplit_once('@').unwrap_or(("", rest));
-                let user = credentials.split(':').next().unwrap_or("");
-                let hidden = if credentials.contains(':') {
-                    ":***"
-                } else {
-                    ""
-                };
-                out.push_str(&format!("{scheme}://{user}{hidden}@{host}"));
-            }
-            _ => out.push_str(word),
-        }
-    }
+    let mut out = crate::redact::redact_text(line);
     if out.chars().count() > MAX_REASON {
         out = out.chars().take(MAX_REASON).collect::<String>() + "…";
     }
@@ -375,6 +357,9 @@ mod tests {
             "postgres://app@db/x down"
         );
         assert_eq!(scrub("plain reason"), "plain reason");
+        // A password in a query string is a password too.
+        let queried = scrub("connect failed: postgres://db/app?user=u&password=hunter2: refused");
+        assert!(!queried.contains("hunter2"), "{queried}");
         let long = scrub(&"x".repeat(1000));
         assert_eq!(long.chars().count(), MAX_REASON + 1);
         let health = Health::new();

@@ -62,7 +62,7 @@ pub mod cli;
 mod config;
 mod context;
 mod dead_letter;
-mod dispatch;
+mod delivery;
 mod envelope;
 mod error;
 #[cfg(feature = "fuzzing")]
@@ -103,8 +103,10 @@ pub struct SchedulerGuide;
 #[doc = include_str!("../../docs/scheduled.md")]
 pub struct ScheduledReference;
 mod reason;
+mod redact;
 mod registry;
 mod retry;
+mod run;
 mod runtime;
 pub mod schedule;
 pub mod store;
@@ -122,15 +124,17 @@ pub use handler::{ErasedHandler, Handler, TypedHandler};
 pub use memory::InMemoryStore;
 pub use message::{AggregateKey, Message};
 pub use outcome::{HandlerOutcome, IntoOutcome};
-pub use publish::{publish, Publish, PublishError};
+pub use publish::{Publish, PublishError};
 pub use reason::Reason;
 pub use registry::{
     DuplicateName, HandlerInfo, HandlerOptions, Location, RegisteredHandler, Registry,
     RegistryError,
 };
 pub use retry::RetryPolicy;
-pub use runtime::{run, HandlerStats, Runtime, RuntimeBuilder};
+pub use run::run;
+pub use runtime::{HandlerStats, Runtime, RuntimeBuilder};
 pub use schedule::{schedule_after, schedule_at};
+pub use store::process::publish;
 pub use tokio_util::sync::CancellationToken;
 
 #[doc = include_str!("../../docs/handlers.md")]

@@ -1,11 +1,11 @@
 //! Publishing: the [`Publish`] seam between handlers and whatever store or transport carries
-//! messages, and the process-wide [`publish`] function.
+//! messages. (The process-wide [`publish`](crate::publish) function, which reaches the
+//! environment, lives with the process's store.)
 
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::envelope::{EncodeError, Envelope};
-use crate::message::Message;
 
 /// Something that accepts envelopes for delivery: a store's outbox or a transport.
 pub trait Publish: Send + Sync + 'static {
@@ -26,37 +26,4 @@ pub enum PublishError {
     /// The broker did not confirm the message.
     #[error("the broker did not take the message: {0}")]
     Transport(String),
-}
-
-/// Publishes `message` through the process's outbox store
-/// ([`default_store`](crate::store::default_store)), in a transaction of its own, and wakes the
-/// worker of this process. Returns the message id. [`hexeract::run`](crate::run) delivers it to
-/// every handler of its type, in this process or another one sharing the database.
-///
-/// To publish together with your own data, atomically, use
-/// [`outbox::enqueue`](crate::outbox::enqueue) inside your transaction instead.
-///
-/// ```no_run
-/// # use hexeract::Message;
-/// # #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
-/// # #[message(type = "OrderPlaced")]
-/// # struct OrderPlaced { order_id: u64 }
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), hexeract::PublishError> {
-/// let id = hexeract::publish(&OrderPlaced { order_id: 7 }).await?;
-/// println!("published {id}");
-/// # Ok(())
-/// # }
-/// ```
-pub async fn publish<M: Message>(message: &M) -> Result<Uuid, PublishError> {
-    let envelope = Envelope::new(message)?;
-    let id = envelope.id;
-    let store = crate::store::default_store()
-        .await
-        .map_err(|error| PublishError::Store(error.to_string()))?;
-    store
-        .publish(vec![envelope])
-        .await
-        .map_err(|error| PublishError::Store(error.to_string()))?;
-    Ok(id)
 }

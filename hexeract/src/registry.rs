@@ -102,6 +102,9 @@ impl HandlerOptions {
     }
 }
 
+/// A handler registered in code, applied to a registry when a builder builds.
+pub(crate) type Registration = Box<dyn FnOnce(&mut Registry) -> Result<(), RegistryError> + Send>;
+
 /// One handler in the registry: its description and the erased handler to call.
 pub struct RegisteredHandler {
     info: HandlerInfo,

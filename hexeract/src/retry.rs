@@ -24,7 +24,8 @@ use std::time::Duration;
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
-    max_deliveries: NonZeroU32,
+    /// At least 1 through the public API; a builder may hold 0 until its `build()` refuses it.
+    max_deliveries: u32,
     initial_delay: Duration,
     max_delay: Duration,
     jitter: f64,
@@ -33,7 +34,7 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> RetryPolicy {
         RetryPolicy {
-            max_deliveries: NonZeroU32::new(5).expect("5 is not zero"),
+            max_deliveries: 5,
             initial_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(300),
             jitter: 0.2,
@@ -44,6 +45,13 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// Handler calls per message in total, the first included (default 5).
     pub fn max_deliveries(mut self, max_deliveries: NonZeroU32) -> RetryPolicy {
+        self.max_deliveries = max_deliveries.get();
+        self
+    }
+
+    /// [`max_deliveries`](RetryPolicy::max_deliveries) from a builder's setter, which takes a
+    /// plain number and lets `build()` report a 0.
+    pub(crate) fn max_deliveries_or_zero(mut self, max_deliveries: u32) -> RetryPolicy {
         self.max_deliveries = max_deliveries;
         self
     }
@@ -74,7 +82,7 @@ impl RetryPolicy {
 
     /// The configured number of calls.
     pub fn max_deliveries_value(&self) -> u32 {
-        self.max_deliveries.get()
+        self.max_deliveries
     }
 
     /// How long to wait after the failed call number `attempt` (1-based).
@@ -112,7 +120,7 @@ impl RetryPolicy {
 
     /// `true` when call number `attempt` was the last one allowed.
     pub fn is_exhausted(&self, attempt: u32) -> bool {
-        attempt >= self.max_deliveries.get()
+        attempt >= self.max_deliveries
     }
 }
 

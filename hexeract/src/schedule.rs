@@ -381,9 +381,6 @@ async fn schedule_envelope(envelope: Envelope, due: Due) -> Result<Uuid, Publish
     Ok(id)
 }
 
-/// The header a scheduled job's context carries its fire time in (RFC 3339).
-pub(crate) const FIRE_TIME_HEADER: &str = "x-hexeract-fire-time";
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,7 +34,7 @@ pub use schedules::{
     ScheduleStore, SCHEDULE_MESSAGE_TYPE,
 };
 
-mod process;
+pub(crate) mod process;
 pub use process::{default_schedule_store, default_store, wait_until_drained};
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -287,6 +287,12 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// rely on polling alone. Workers call it once when they start.
     fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
         Box::pin(async { Ok(None) })
+    }
+
+    /// The database, as the workers' log lines name the transport of their deliveries
+    /// (`postgresql`, `sqlite`).
+    fn kind(&self) -> &'static str {
+        "store"
     }
 }
 

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::context::Context;
-use crate::dispatch::{call_handler, Call};
+use crate::delivery::{call_handler, Call};
 use crate::envelope::{EncodeError, Envelope};
 use crate::message::Message;
 use crate::outcome::HandlerOutcome;
@@ -97,7 +97,9 @@ impl Harness {
             let never = CancellationToken::new();
             let outcome = match call_handler(registered.clone(), ctx, timeout, &never).await {
                 Call::Finished(outcome) => outcome,
-                Call::Interrupted => unreachable!("the harness never interrupts a call"),
+                Call::Interrupted | Call::NotStarted => {
+                    unreachable!("the harness never interrupts a call")
+                }
             };
             deliveries.push(Delivered {
                 handler: info.name.to_string(),

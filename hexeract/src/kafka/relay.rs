@@ -12,6 +12,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio_util::sync::CancellationToken;
 
+use crate::delivery::Policy;
 use crate::envelope::Envelope;
 use crate::health::Probe;
 use crate::kafka::logged::{Logged, ProbeSlot};
@@ -70,8 +71,8 @@ impl KafkaRelay {
             config: config.clone(),
             source: config.source(),
             probe_slot,
-            batch_size: 10,
-            poll_interval: Duration::from_millis(100),
+            batch_size: Policy::library().batch_size,
+            poll_interval: Policy::library().poll_interval,
             health,
         })
     }

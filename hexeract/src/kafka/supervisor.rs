@@ -6,9 +6,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{EnvSettings, Kafka};
+use crate::delivery::Policy;
 use crate::error::Error;
 use crate::health::Health;
-use crate::kafka::{ensure_topics, KafkaConfig, KafkaRelay, KafkaWorker};
+use crate::kafka::{ensure_topics, KafkaConfig, KafkaRelay, KafkaWorkerBuilder};
 use crate::store::DeliveryStore;
 
 /// The client settings `hexeract::run` uses.
@@ -32,9 +33,9 @@ pub(crate) async fn run_on_kafka(
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let config = config(kafka);
-    let worker = KafkaWorker::builder(config.clone(), store.clone())
+    let policy = Policy::process().with_env(settings);
+    let worker = KafkaWorkerBuilder::with_policy(config.clone(), store.clone(), policy)
         .from_registry()
-        .configure(settings)
         .health(health)
         .build()?;
     let relay_probe = health.probe("kafka relay");

@@ -101,11 +101,7 @@ pub(crate) fn read(
     if payload.len() > max_payload_bytes {
         return Err(Unreadable {
             reason: Reason::PAYLOAD_TOO_LARGE,
-            detail: format!(
-                "payload is {} bytes, more than max_payload_bytes ({max_payload_bytes}); it was \
-                 not decoded",
-                payload.len()
-            ),
+            detail: crate::delivery::payload_too_large_detail(payload.len(), max_payload_bytes),
         });
     }
     let (mut envelope, given) = parse(record, aggregate);

@@ -3,10 +3,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -18,29 +17,27 @@ use rdkafka::error::{KafkaError as ClientError, KafkaResult};
 use rdkafka::message::OwnedMessage;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message as _;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
-use crate::context::Context;
 use crate::dead_letter::DeadLetter;
-use crate::dispatch::{call_handler, spawn_grace_timer, Call};
+use crate::delivery::{
+    spawn_grace_timer, Engine, Policy, Slot as HandlerSlot, Target, Verdict, World,
+};
 use crate::envelope::Envelope;
-use crate::error::{Error, KnobChecks};
+use crate::error::Error;
 use crate::handler::Handler;
 use crate::health::{Health, Probe};
 use crate::kafka::logged::Logged;
 use crate::kafka::{wire, KafkaConfig, KafkaError};
 use crate::message::Message;
-use crate::metrics::{HandlerMetrics, Metrics};
+use crate::metrics::Metrics;
 use crate::outbox::StorePublisher;
-use crate::outcome::HandlerOutcome;
 use crate::publish::Publish;
 use crate::reason::Reason;
-use crate::registry::{HandlerOptions, RegisteredHandler, Registry};
-use crate::retry::RetryPolicy;
-use crate::runtime::Registration;
+use crate::registry::Registration;
+use crate::registry::{HandlerOptions, Registry};
 use crate::store::DeliveryStore;
 
 /// What one record counts for in a partition's queue besides its key and payload.
@@ -55,11 +52,7 @@ pub struct KafkaWorkerBuilder {
     registry: Option<Registry>,
     registrations: Vec<Registration>,
     publisher: Option<Arc<dyn Publish>>,
-    retry: RetryPolicy,
-    max_deliveries: u32,
-    handler_timeout: Duration,
-    shutdown_grace: Duration,
-    max_payload_bytes: usize,
+    policy: Policy,
     check_interval: Duration,
     partition_queue_bytes: usize,
     health: Option<Health>,
@@ -69,17 +62,22 @@ impl KafkaWorkerBuilder {
     /// A worker on the brokers of `config` whose dead letters go to `store`, with no handlers
     /// yet.
     pub fn new(config: KafkaConfig, store: Arc<dyn DeliveryStore>) -> KafkaWorkerBuilder {
+        KafkaWorkerBuilder::with_policy(config, store, Policy::library())
+    }
+
+    /// A worker that starts from `policy`'s defaults.
+    pub(crate) fn with_policy(
+        config: KafkaConfig,
+        store: Arc<dyn DeliveryStore>,
+        policy: Policy,
+    ) -> KafkaWorkerBuilder {
         KafkaWorkerBuilder {
             config,
             store,
             registry: Some(Registry::new()),
             registrations: Vec::new(),
             publisher: None,
-            retry: RetryPolicy::default(),
-            max_deliveries: 5,
-            handler_timeout: Duration::from_secs(30),
-            shutdown_grace: Duration::from_secs(8),
-            max_payload_bytes: 1024 * 1024,
+            policy,
             check_interval: Duration::from_secs(5),
             partition_queue_bytes: 8 * 1024 * 1024,
             health: None,
@@ -126,33 +124,33 @@ impl KafkaWorkerBuilder {
     /// Handler calls per record in total (default 5); then the record goes to the dead
     /// letters and its partition moves on.
     pub fn max_deliveries(mut self, max_deliveries: u32) -> KafkaWorkerBuilder {
-        self.max_deliveries = max_deliveries;
+        self.policy.max_deliveries(max_deliveries);
         self
     }
 
     /// First and longest delay between calls (default 1 s and 300 s). The partition waits
     /// meanwhile: the records behind a failed one are not handled before it.
     pub fn retry_delays(mut self, initial: Duration, max: Duration) -> KafkaWorkerBuilder {
-        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
         self
     }
 
     /// Timeout of a handler call unless the handler sets its own (default 30 s).
     pub fn handler_timeout(mut self, timeout: Duration) -> KafkaWorkerBuilder {
-        self.handler_timeout = timeout;
+        self.policy.handler_timeout = timeout;
         self
     }
 
     /// How long a cancelled worker lets running handlers finish (default 8 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> KafkaWorkerBuilder {
-        self.shutdown_grace = grace;
+        self.policy.shutdown_grace = grace;
         self
     }
 
     /// Largest payload handed to a handler (default 1 MiB); a larger record is dead-lettered
     /// as `payload_too_large` without being decoded.
     pub fn max_payload_bytes(mut self, max: usize) -> KafkaWorkerBuilder {
-        self.max_payload_bytes = max;
+        self.policy.max_payload_bytes = max;
         self
     }
 
@@ -180,34 +178,13 @@ impl KafkaWorkerBuilder {
         self
     }
 
-    /// Applies `hexeract::run`'s settings (deliveries, retries, timeout, grace, payload limit).
-    pub(crate) fn configure(mut self, settings: &crate::config::EnvSettings) -> KafkaWorkerBuilder {
-        if let Some(max) = settings.max_deliveries {
-            self.max_deliveries = max.get();
-        }
-        if let Some(delay) = settings.retry_max_delay {
-            self.retry = self.retry.max_delay(delay);
-        }
-        if let Some(timeout) = settings.handler_timeout {
-            self.handler_timeout = timeout;
-        }
-        if let Some(grace) = settings.shutdown_grace {
-            self.shutdown_grace = grace;
-        }
-        if let Some(max) = settings.max_payload_bytes {
-            self.max_payload_bytes = max;
-        }
-        self
-    }
-
     /// Checks the knobs, registers the handlers and checks that each handler's message type
     /// declares an aggregate (its topic).
     pub fn build(self) -> Result<KafkaWorker, Error> {
-        KnobChecks::default()
-            .at_least_one("max_deliveries", self.max_deliveries.into())
-            .not_zero("handler_timeout", self.handler_timeout)
+        let policy = self.policy;
+        policy
+            .checks("max_deliveries")
             .not_zero("check_interval", self.check_interval)
-            .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
             .at_least_one("partition_queue_bytes", self.partition_queue_bytes as u64)
             .finish()?;
         let mut registry = match self.registry {
@@ -234,13 +211,13 @@ impl KafkaWorkerBuilder {
                 aggregate,
                 topic: self.config.topic(aggregate),
                 group_id: self.config.group(&info.name),
-                metrics: Metrics::global().handler(&info.name),
-                permits: info
-                    .concurrency
-                    .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
-                timeout: info.timeout.unwrap_or(self.handler_timeout),
+                slot: HandlerSlot::handler(
+                    &handler,
+                    policy.handler_timeout,
+                    policy.concurrency_limit(),
+                    Metrics::global(),
+                ),
                 probe: health.probe(format!("kafka consumer {}", info.name)),
-                handler,
             });
         }
         Ok(KafkaWorker {
@@ -249,14 +226,12 @@ impl KafkaWorkerBuilder {
                 config: self.config,
                 store: self.store,
                 publisher: self.publisher,
-                retry: self
-                    .retry
-                    .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
-                max_payload_bytes: self.max_payload_bytes,
+                engine: Engine::new(policy.retry.clone(), policy.max_payload_bytes, "kafka"),
+                max_payload_bytes: policy.max_payload_bytes,
                 check_interval: self.check_interval,
                 partition_queue_bytes: self.partition_queue_bytes,
             }),
-            shutdown_grace: self.shutdown_grace,
+            shutdown_grace: policy.shutdown_grace,
         })
     }
 }
@@ -265,8 +240,8 @@ impl fmt::Debug for KafkaWorkerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaWorkerBuilder")
             .field("config", &self.config)
-            .field("max_deliveries", &self.max_deliveries)
-            .field("handler_timeout", &self.handler_timeout)
+            .field("max_deliveries", &self.policy.retry.max_deliveries_value())
+            .field("handler_timeout", &self.policy.handler_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -318,7 +293,7 @@ struct Shared {
     config: KafkaConfig,
     store: Arc<dyn DeliveryStore>,
     publisher: Option<Arc<dyn Publish>>,
-    retry: RetryPolicy,
+    engine: Engine,
     max_payload_bytes: usize,
     check_interval: Duration,
     partition_queue_bytes: usize,
@@ -326,15 +301,13 @@ struct Shared {
 
 /// One handler as a consumer group.
 struct Group {
-    handler: Arc<RegisteredHandler>,
     name: Arc<str>,
     message_type: &'static str,
     aggregate: &'static str,
     topic: String,
     group_id: String,
-    metrics: Arc<HandlerMetrics>,
-    permits: Option<Arc<Semaphore>>,
-    timeout: Duration,
+    /// The handler as the engine calls it.
+    slot: HandlerSlot,
     probe: Probe,
 }
 
@@ -711,31 +684,27 @@ impl PartitionTask {
             // cannot be read (that handler's group dead-letters it).
             return Settled::Done;
         }
+        let engine = &self.shared.engine;
+        let target = Target::Slot(&group.slot);
         let mut envelope = match wire::read(record, group.aggregate, self.shared.max_payload_bytes)
         {
             Ok(envelope) => envelope,
             Err(unreadable) => {
                 let envelope = wire::salvage(record, group.aggregate);
-                tracing::error!(
+                tracing::debug!(
                     handler = %group.name,
                     topic = %group.topic,
                     partition = record.partition(),
                     offset = record.offset(),
-                    reason = %unreadable.reason,
-                    detail = %unreadable.detail,
-                    "record dead-lettered"
+                    "record unreadable"
                 );
-                group.metrics.dead_lettered(None);
-                return self
-                    .dead_letter(
-                        record,
-                        envelope,
-                        unreadable.reason,
-                        &unreadable.detail,
-                        0,
-                        cancel,
-                    )
-                    .await;
+                let verdict =
+                    engine.reject(target, &envelope, unreadable.reason, unreadable.detail, 0);
+                // A verdict reached without a call is a dead letter, never a retry.
+                return match self.carry_out(record, envelope, verdict, cancel).await {
+                    Step::Settled(settled) => settled,
+                    Step::Again => Settled::Left,
+                };
             }
         };
         if envelope.message_type != group.message_type {
@@ -750,6 +719,7 @@ impl PartitionTask {
             // A dead letter of another handler, sent back for that handler alone.
             return Settled::Done;
         }
+        // Attempts are counted here, in memory: after a restart they start over.
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -757,87 +727,33 @@ impl PartitionTask {
             if cancel.is_cancelled() || self.state.revoked.is_cancelled() {
                 return Settled::Left;
             }
-            let started = Instant::now();
-            let call = self.call(&envelope, cancel, interrupt).await;
-            let took = started.elapsed();
-            let outcome = match call {
-                Call::Finished(outcome) => outcome,
-                Call::Interrupted => return Settled::Left,
-            };
-            match outcome {
-                HandlerOutcome::Ack => {
-                    group.metrics.handled(took);
-                    return Settled::Done;
-                }
-                HandlerOutcome::DeadLetter { reason, detail } => {
-                    group.metrics.dead_lettered(Some(took));
-                    tracing::error!(message_id = %envelope.id, handler = %group.name, %reason, detail, "message dead-lettered");
-                    return self
-                        .dead_letter(record, envelope, reason, &detail, attempt, cancel)
-                        .await;
-                }
-                HandlerOutcome::Retry {
-                    reason,
-                    detail,
-                    after,
-                } => {
-                    if self.shared.retry.is_exhausted(attempt) {
-                        group.metrics.dead_lettered(Some(took));
-                        tracing::error!(message_id = %envelope.id, handler = %group.name, %reason, detail, attempts = attempt, "message dead-lettered");
-                        return self
-                            .dead_letter(record, envelope, reason, &detail, attempt, cancel)
-                            .await;
-                    }
-                    group.metrics.retried(took);
-                    let delay = self.shared.retry.delay_after(attempt, after);
-                    tracing::warn!(
-                        message_id = %envelope.id,
-                        handler = %group.name,
-                        partition = self.partition,
-                        attempt,
-                        retry_in = ?delay,
-                        detail,
-                        "handler failed; will retry (its partition waits)"
-                    );
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = cancel.cancelled() => return Settled::Left,
-                        () = self.state.revoked.cancelled() => return Settled::Left,
-                    }
-                }
+            let verdict = engine
+                .deliver(target, &envelope, cancel, interrupt, &self.publisher)
+                .await;
+            match self
+                .carry_out(record, envelope.clone(), verdict, cancel)
+                .await
+            {
+                Step::Settled(settled) => return settled,
+                Step::Again => {}
             }
         }
     }
 
-    async fn call(
+    /// [`World::settle`] for one record of this task's partition.
+    async fn carry_out(
         &self,
-        envelope: &Envelope,
+        record: &OwnedMessage,
+        envelope: Envelope,
+        verdict: Verdict,
         cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-    ) -> Call {
-        let group = &*self.group;
-        let _permit = match &group.permits {
-            Some(permits) => Some(permits.acquire().await.expect("never closed")),
-            None => None,
+    ) -> Step {
+        let world = InPartition {
+            task: self,
+            record,
+            cancel,
         };
-        let ctx = Context::new(
-            envelope.clone(),
-            group.name.clone(),
-            cancel.child_token(),
-            self.publisher.clone(),
-        );
-        let span = tracing::info_span!(
-            "hexeract.handle",
-            message_id = %envelope.id,
-            message_type = %envelope.message_type,
-            handler = %group.name,
-            attempt = envelope.attempt,
-            partition = self.partition,
-            trace_id = envelope.trace_id().map(tracing::field::display),
-        );
-        call_handler(group.handler.clone(), ctx, group.timeout, interrupt)
-            .instrument(span)
-            .await
+        world.settle(envelope, verdict).await
     }
 
     /// Writes the record's dead letter, trying again (the partition waiting) while the store
@@ -878,6 +794,52 @@ impl PartitionTask {
                 () = self.state.revoked.cancelled() => return Settled::Left,
             }
             wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// What a verdict left a record at.
+enum Step {
+    Settled(Settled),
+    /// Call the handler again (a retry's wait is over).
+    Again,
+}
+
+/// One record of a partition: verdicts become waits in the partition and dead-letter rows.
+struct InPartition<'a> {
+    task: &'a PartitionTask,
+    record: &'a OwnedMessage,
+    cancel: &'a CancellationToken,
+}
+
+impl World for InPartition<'_> {
+    type Delivery = Envelope;
+    type Settled = Step;
+
+    async fn settle(&self, envelope: Envelope, verdict: Verdict) -> Step {
+        let InPartition {
+            task,
+            record,
+            cancel,
+        } = *self;
+        match verdict {
+            Verdict::Ack => Step::Settled(Settled::Done),
+            Verdict::DeadLetter {
+                reason,
+                detail,
+                calls,
+            } => Step::Settled(
+                task.dead_letter(record, envelope, reason, &detail, calls, cancel)
+                    .await,
+            ),
+            // The records behind it in its partition wait with it.
+            Verdict::Retry { delay, .. } => tokio::select! {
+                () = tokio::time::sleep(delay) => Step::Again,
+                () = cancel.cancelled() => Step::Settled(Settled::Left),
+                () = task.state.revoked.cancelled() => Step::Settled(Settled::Left),
+            },
+            // Whoever holds the partition next handles it again.
+            Verdict::Abandoned | Verdict::Release => Step::Settled(Settled::Left),
         }
     }
 }

@@ -3,31 +3,24 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::config::EnvSettings;
-use crate::context::Context;
-use crate::dispatch::{call_handler, spawn_grace_timer, Call};
-use crate::error::{Error, KnobChecks};
+use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
+use crate::error::Error;
 use crate::handler::Handler;
 use crate::health::Probe;
 use crate::message::Message;
-use crate::metrics::{HandlerMetrics, Metrics};
-use crate::outcome::HandlerOutcome;
+use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
-use crate::reason::Reason;
-use crate::registry::{HandlerOptions, RegisteredHandler, Registry};
-use crate::retry::RetryPolicy;
-use crate::runtime::Registration;
-use crate::store::{Claimed, DeliveryStore, Routes, NO_HANDLER};
+use crate::registry::Registration;
+use crate::registry::{HandlerOptions, Registry};
+use crate::store::{DeliveryStore, Routes, NO_HANDLER};
 
 /// Builds an [`OutboxWorker`]. The defaults are the library's: `poll_interval` 100 ms,
 /// `batch_size` 10, `lease` 30 s, 5 deliveries, handler timeout 30 s.
@@ -36,15 +29,8 @@ pub struct OutboxWorkerBuilder {
     store: Arc<dyn DeliveryStore>,
     registry: Option<Registry>,
     registrations: Vec<Registration>,
-    poll_interval: Duration,
-    batch_size: u32,
-    lease: Duration,
-    retry: RetryPolicy,
-    max_deliveries: u32,
-    handler_timeout: Duration,
+    policy: Policy,
     store_timeout: Duration,
-    shutdown_grace: Duration,
-    max_payload_bytes: usize,
     wake: Option<Arc<Notify>>,
     polling_only: bool,
     health: Option<Probe>,
@@ -59,19 +45,20 @@ impl OutboxWorkerBuilder {
     /// A worker over a store shared with other parts of the program (such as
     /// [`default_store`](crate::store::default_store)), with no handlers yet.
     pub fn shared(store: Arc<dyn DeliveryStore>) -> OutboxWorkerBuilder {
+        OutboxWorkerBuilder::with_policy(store, Policy::library())
+    }
+
+    /// A worker over `store` that starts from `policy`'s defaults.
+    pub(crate) fn with_policy(
+        store: Arc<dyn DeliveryStore>,
+        policy: Policy,
+    ) -> OutboxWorkerBuilder {
         OutboxWorkerBuilder {
             store,
             registry: Some(Registry::new()),
             registrations: Vec::new(),
-            poll_interval: Duration::from_millis(100),
-            batch_size: 10,
-            lease: Duration::from_secs(30),
-            retry: RetryPolicy::default(),
-            max_deliveries: 5,
-            handler_timeout: Duration::from_secs(30),
+            policy,
             store_timeout: Duration::from_secs(30),
-            shutdown_grace: Duration::from_secs(8),
-            max_payload_bytes: 1024 * 1024,
             wake: None,
             polling_only: false,
             health: None,
@@ -111,13 +98,13 @@ impl OutboxWorkerBuilder {
     /// How long to sleep after a poll that found nothing (default 100 ms). A publish in this
     /// process wakes the worker sooner.
     pub fn poll_interval(mut self, interval: Duration) -> OutboxWorkerBuilder {
-        self.poll_interval = interval;
+        self.policy.poll_interval = interval;
         self
     }
 
     /// Deliveries claimed per poll (default 10).
     pub fn batch_size(mut self, batch_size: u32) -> OutboxWorkerBuilder {
-        self.batch_size = batch_size;
+        self.policy.batch_size = batch_size;
         self
     }
 
@@ -145,31 +132,31 @@ impl OutboxWorkerBuilder {
     /// How long a claim lasts (default 30 s): a worker that dies holding deliveries releases
     /// them when it ends. Keep it above the handler timeout.
     pub fn lease(mut self, lease: Duration) -> OutboxWorkerBuilder {
-        self.lease = lease;
+        self.policy.lease = lease;
         self
     }
 
     /// Handler calls per delivery in total (default 5).
     pub fn max_deliveries(mut self, max_deliveries: u32) -> OutboxWorkerBuilder {
-        self.max_deliveries = max_deliveries;
+        self.policy.max_deliveries(max_deliveries);
         self
     }
 
     /// First and longest delay between calls (default 1 s and 300 s).
     pub fn retry_delays(mut self, initial: Duration, max: Duration) -> OutboxWorkerBuilder {
-        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
         self
     }
 
     /// Timeout of a handler call unless the handler sets its own (default 30 s).
     pub fn handler_timeout(mut self, timeout: Duration) -> OutboxWorkerBuilder {
-        self.handler_timeout = timeout;
+        self.policy.handler_timeout = timeout;
         self
     }
 
     /// How long a cancelled worker lets running handlers finish (default 8 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> OutboxWorkerBuilder {
-        self.shutdown_grace = grace;
+        self.policy.shutdown_grace = grace;
         self
     }
 
@@ -198,7 +185,7 @@ impl OutboxWorkerBuilder {
     /// Largest payload handed to a handler (default 1 MiB); a larger message is dead-lettered
     /// as `payload_too_large` without being decoded.
     pub fn max_payload_bytes(mut self, max: usize) -> OutboxWorkerBuilder {
-        self.max_payload_bytes = max;
+        self.policy.max_payload_bytes = max;
         self
     }
 
@@ -215,37 +202,14 @@ impl OutboxWorkerBuilder {
         self
     }
 
-    /// Applies the environment's settings (see `docs/configuration.md`): the process defaults
-    /// of `hexeract::run`.
-    pub(crate) fn configure(mut self, settings: &EnvSettings) -> OutboxWorkerBuilder {
-        self.batch_size = settings.relay_batch_size.unwrap_or(100);
-        self.poll_interval = settings
-            .relay_poll_interval
-            .unwrap_or(Duration::from_millis(500));
-        if let Some(max) = settings.max_deliveries {
-            self.max_deliveries = max.get();
-        }
-        if let Some(delay) = settings.retry_max_delay {
-            self.retry = self.retry.max_delay(delay);
-        }
-        if let Some(timeout) = settings.handler_timeout {
-            self.handler_timeout = timeout;
-        }
-        if let Some(grace) = settings.shutdown_grace {
-            self.shutdown_grace = grace;
-        }
-        self
-    }
-
     /// Checks the knobs and registers the handlers.
     pub fn build(self) -> Result<OutboxWorker, Error> {
-        KnobChecks::default()
-            .at_least_one("batch_size", self.batch_size.into())
-            .not_zero("lease", self.lease)
-            .at_least_one("max_deliveries", self.max_deliveries.into())
-            .not_zero("handler_timeout", self.handler_timeout)
+        let policy = self.policy;
+        policy
+            .checks("max_deliveries")
+            .at_least_one("batch_size", policy.batch_size.into())
+            .not_zero("lease", policy.lease)
             .not_zero("store_timeout", self.store_timeout)
-            .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
             .finish()?;
         let mut registry = match self.registry {
             Some(registry) => registry,
@@ -255,12 +219,12 @@ impl OutboxWorkerBuilder {
             registration(&mut registry)?;
         }
         for info in registry.handlers() {
-            let timeout = info.timeout.unwrap_or(self.handler_timeout);
-            if timeout > self.lease {
+            let timeout = info.timeout.unwrap_or(policy.handler_timeout);
+            if timeout > policy.lease {
                 tracing::warn!(
                     handler = %info.name,
                     timeout = ?timeout,
-                    lease = ?self.lease,
+                    lease = ?policy.lease,
                     "the handler's timeout is longer than the lease: while a slow call still \
                      runs, another worker may claim the same delivery; raise the lease"
                 );
@@ -270,32 +234,25 @@ impl OutboxWorkerBuilder {
             .handlers()
             .filter_map(|info| registry.get(&info.name))
             .map(|handler| {
-                let runner = Runner {
-                    name: Arc::from(&*handler.info().name),
-                    metrics: Metrics::global().handler(&handler.info().name),
-                    permits: handler
-                        .info()
-                        .concurrency
-                        .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
-                    handler: handler.clone(),
-                };
-                (handler.info().name.to_string(), runner)
+                let slot = Slot::handler(
+                    handler,
+                    policy.handler_timeout,
+                    policy.concurrency_limit(),
+                    Metrics::global(),
+                );
+                (handler.info().name.to_string(), slot)
             })
             .collect();
         Ok(OutboxWorker {
             routes: Routes::from_registry(&registry),
             handlers,
+            engine: Engine::new(policy.retry, policy.max_payload_bytes, self.store.kind()),
             store: self.store,
-            poll_interval: self.poll_interval,
-            batch_size: self.batch_size,
-            lease: self.lease,
-            retry: self
-                .retry
-                .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
-            handler_timeout: self.handler_timeout,
+            poll_interval: policy.poll_interval,
+            batch_size: policy.batch_size,
+            lease: policy.lease,
             store_timeout: self.store_timeout,
-            shutdown_grace: self.shutdown_grace,
-            max_payload_bytes: self.max_payload_bytes,
+            shutdown_grace: policy.shutdown_grace,
             wake: self.wake,
             polling_only: self.polling_only,
             health: self
@@ -308,10 +265,10 @@ impl OutboxWorkerBuilder {
 impl fmt::Debug for OutboxWorkerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutboxWorkerBuilder")
-            .field("poll_interval", &self.poll_interval)
-            .field("batch_size", &self.batch_size)
-            .field("lease", &self.lease)
-            .field("max_deliveries", &self.max_deliveries)
+            .field("poll_interval", &self.policy.poll_interval)
+            .field("batch_size", &self.policy.batch_size)
+            .field("lease", &self.policy.lease)
+            .field("max_deliveries", &self.policy.retry.max_deliveries_value())
             .finish_non_exhaustive()
     }
 }
@@ -324,15 +281,13 @@ impl fmt::Debug for OutboxWorkerBuilder {
 pub struct OutboxWorker {
     store: Arc<dyn DeliveryStore>,
     routes: Routes,
-    handlers: HashMap<String, Runner>,
+    handlers: HashMap<String, Slot>,
+    engine: Engine,
     poll_interval: Duration,
     batch_size: u32,
     lease: Duration,
-    retry: RetryPolicy,
-    handler_timeout: Duration,
     store_timeout: Duration,
     shutdown_grace: Duration,
-    max_payload_bytes: usize,
     wake: Option<Arc<Notify>>,
     polling_only: bool,
     health: Probe,
@@ -346,38 +301,6 @@ impl fmt::Debug for OutboxWorker {
             .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
-}
-
-/// A handler as the worker calls it: with its own concurrency limit, when it has one
-/// (`#[handler(concurrency = N)]`); otherwise a whole batch may run at once.
-struct Runner {
-    handler: Arc<RegisteredHandler>,
-    /// The handler's name as contexts carry it, shared by every call.
-    name: Arc<str>,
-    permits: Option<Arc<Semaphore>>,
-    metrics: Arc<HandlerMetrics>,
-}
-
-/// How one claimed delivery is to be settled.
-enum Settlement {
-    Ack(i64),
-    Retry {
-        id: i64,
-        delay: Duration,
-        detail: String,
-    },
-    DeadLetter {
-        id: i64,
-        reason: Reason,
-        detail: String,
-        /// Handler calls made.
-        calls: u32,
-    },
-    /// Given up on at a shutdown past the grace: the call may still be running, so the
-    /// delivery comes due again only after a lease, with the attempt counted. It is settled
-    /// like a retry, not left claimed: this worker knows why it stopped, so the delivery is
-    /// not suspected of crashing a process (which would make it run alone).
-    Abandoned(i64),
 }
 
 impl OutboxWorker {
@@ -475,19 +398,20 @@ impl OutboxWorker {
         if count == 0 {
             return Ok(0);
         }
-        let settlements = join_all(
-            claimed
-                .into_iter()
-                .map(|delivery| self.handle(delivery, cancel, interrupt, publisher)),
-        )
+        let verdicts = join_all(claimed.into_iter().map(|delivery| async move {
+            let target = self.target(&delivery.handler);
+            let verdict = self
+                .engine
+                .deliver(target, &delivery.envelope, cancel, interrupt, publisher)
+                .await;
+            (delivery.id, verdict)
+        }))
         .await;
 
-        let acks: Vec<i64> = settlements
+        let acks: Vec<i64> = verdicts
             .iter()
-            .filter_map(|settlement| match settlement {
-                Settlement::Ack(id) => Some(*id),
-                _ => None,
-            })
+            .filter(|(_, verdict)| *verdict == Verdict::Ack)
+            .map(|(id, _)| *id)
             .collect();
         let acked = self.timed("ack", self.store.ack(token, &acks)).await?;
         if acked != acks.len() as u64 {
@@ -497,191 +421,77 @@ impl OutboxWorker {
                 "some acked deliveries were no longer ours (their lease ended): they will run again"
             );
         }
-        for settlement in settlements {
-            let kept = match settlement {
-                Settlement::Ack(_) => true,
-                Settlement::Abandoned(id) => {
-                    let detail = "the call was still running when the worker stopped \
-                                  (shutdown grace exceeded)";
-                    self.timed("retry", self.store.retry(token, id, self.lease, detail))
-                        .await?
-                }
-                Settlement::Retry { id, delay, detail } => {
-                    self.timed("retry", self.store.retry(token, id, delay, &detail))
-                        .await?
-                }
-                Settlement::DeadLetter {
-                    id,
-                    reason,
-                    detail,
-                    calls,
-                } => {
-                    self.timed(
-                        "dead letter",
-                        self.store.dead_letter(token, id, &reason, &detail, calls),
-                    )
-                    .await?
-                }
-            };
-            if !kept {
+        let world = Claims {
+            worker: self,
+            token,
+        };
+        for (id, verdict) in verdicts {
+            if !world.settle(id, verdict).await? {
                 tracing::warn!("a delivery's lease ended before it was settled: it will run again");
             }
         }
         Ok(count)
     }
 
-    /// Calls the delivery's handler once and decides how to settle it; counts the outcome in
-    /// the handler's metrics.
-    async fn handle(
-        &self,
-        delivery: Claimed,
-        cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-    ) -> Settlement {
-        let mut took = None;
-        let metrics = self
-            .handlers
-            .get(&delivery.handler)
-            .map(|runner| runner.metrics.clone());
-        let settlement = self
-            .decide(delivery, cancel, interrupt, publisher, &mut took)
-            .await;
-        let metrics = metrics.unwrap_or_else(|| Metrics::global().handler(crate::metrics::UNKNOWN));
-        match (&settlement, took) {
-            (Settlement::Ack(_), Some(took)) => metrics.handled(took),
-            (Settlement::Retry { .. }, Some(took)) => metrics.retried(took),
-            (Settlement::Retry { .. }, None) => metrics.retried_without_call(),
-            (Settlement::DeadLetter { .. }, took) => metrics.dead_lettered(took),
-            _ => {}
+    /// Where a delivery for `handler` goes.
+    fn target<'a>(&'a self, handler: &'a str) -> Target<'a> {
+        match self.handlers.get(handler) {
+            Some(slot) => Target::Slot(slot),
+            None if handler == NO_HANDLER => Target::NoHandlerForType(None),
+            None => Target::NoSuchHandler(handler),
         }
-        settlement
     }
+}
 
-    async fn decide(
-        &self,
-        delivery: Claimed,
-        cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-        took: &mut Option<Duration>,
-    ) -> Settlement {
-        let Claimed {
-            id,
-            handler,
-            envelope,
-            ..
-        } = delivery;
-        let max = self.retry.max_deliveries_value();
-        if envelope.attempt > max {
-            // Attempts are counted at claim: the previous claims never settled (a crash, or a
-            // shutdown past its grace), and the budget is spent.
-            return Settlement::DeadLetter {
-                id,
-                reason: Reason::MAX_DELIVERIES_EXCEEDED,
-                detail: format!(
-                    "the last {max} call(s) never finished: the worker died or was stopped during the call \
-                     (a message that crashes the process?)"
-                ),
-                calls: max,
-            };
-        }
-        if envelope.payload.len() > self.max_payload_bytes {
-            let detail = format!(
-                "payload is {} bytes, more than max_payload_bytes ({}); it was not decoded",
-                envelope.payload.len(),
-                self.max_payload_bytes
-            );
-            tracing::error!(message_id = %envelope.id, %handler, detail, "message dead-lettered");
-            return Settlement::DeadLetter {
-                id,
-                reason: Reason::PAYLOAD_TOO_LARGE,
-                detail,
-                calls: envelope.attempt - 1,
-            };
-        }
-        let outcome = match self.handlers.get(&handler) {
-            Some(Runner {
-                handler: registered,
-                name,
-                permits,
-                ..
-            }) => {
-                let _permit = match permits {
-                    Some(permits) => Some(permits.acquire().await.expect("never closed")),
-                    None => None,
-                };
-                let info = registered.info();
-                let ctx = Context::new(
-                    envelope.clone(),
-                    name.clone(),
-                    cancel.child_token(),
-                    publisher.clone(),
-                );
-                let span = tracing::info_span!(
-                    "hexeract.handle",
-                    message_id = %envelope.id,
-                    message_type = %envelope.message_type,
-                    handler = %handler,
-                    attempt = envelope.attempt,
-                    trace_id = envelope.trace_id().map(tracing::field::display),
-                );
-                let timeout = info.timeout.unwrap_or(self.handler_timeout);
-                let started = std::time::Instant::now();
-                let call = call_handler(registered.clone(), ctx, timeout, interrupt);
-                let call = call.instrument(span).await;
-                *took = Some(started.elapsed());
-                match call {
-                    Call::Finished(outcome) => outcome,
-                    Call::Interrupted => return Settlement::Abandoned(id),
-                }
+/// The deliveries of one claim: verdicts become row updates under the claim's token.
+struct Claims<'a> {
+    worker: &'a OutboxWorker,
+    token: Uuid,
+}
+
+impl World for Claims<'_> {
+    type Delivery = i64;
+    /// `false` when the claim was lost (its lease ended and another worker took it).
+    type Settled = Result<bool, crate::store::StoreError>;
+
+    async fn settle(&self, id: i64, verdict: Verdict) -> Self::Settled {
+        let (worker, token) = (self.worker, self.token);
+        let store = &worker.store;
+        match verdict {
+            // Acked in one statement for the whole batch, before the others are settled.
+            Verdict::Ack => Ok(true),
+            Verdict::Retry { delay, detail, .. } => {
+                worker
+                    .timed("retry", store.retry(token, id, delay, &detail))
+                    .await
             }
-            None if handler == NO_HANDLER => HandlerOutcome::Retry {
-                reason: Reason::UNKNOWN_MESSAGE_TYPE,
-                detail: format!(
-                    "no handler is registered for message type {:?}",
-                    envelope.message_type
-                ),
-                after: None,
-            },
-            None => HandlerOutcome::Retry {
-                reason: Reason::UNKNOWN_MESSAGE_TYPE,
-                detail: format!(
-                    "the delivery is for handler `{handler}`, which this worker does not have \
-                     (renamed or removed?)"
-                ),
-                after: None,
-            },
-        };
-        match outcome {
-            HandlerOutcome::Ack => Settlement::Ack(id),
-            HandlerOutcome::DeadLetter { reason, detail } => {
-                tracing::error!(message_id = %envelope.id, %handler, %reason, detail, "message dead-lettered");
-                Settlement::DeadLetter {
-                    id,
-                    reason,
-                    detail,
-                    calls: envelope.attempt,
-                }
-            }
-            HandlerOutcome::Retry {
+            Verdict::DeadLetter {
                 reason,
                 detail,
-                after,
+                calls,
             } => {
-                if self.retry.is_exhausted(envelope.attempt) {
-                    tracing::error!(message_id = %envelope.id, %handler, %reason, detail, attempts = envelope.attempt, "message dead-lettered");
-                    return Settlement::DeadLetter {
-                        id,
-                        reason,
-                        detail,
-                        calls: envelope.attempt,
-                    };
-                }
-                let delay = self.retry.delay_after(envelope.attempt, after);
-                tracing::warn!(message_id = %envelope.id, %handler, attempt = envelope.attempt, retry_in = ?delay, detail, "handler failed; will retry");
-                Settlement::Retry { id, delay, detail }
+                worker
+                    .timed(
+                        "dead letter",
+                        store.dead_letter(token, id, &reason, &detail, calls),
+                    )
+                    .await
             }
+            // The call may still be running: due again only after a lease, with the attempt
+            // counted. Settled like a retry, not left claimed: this worker knows why it
+            // stopped, so the delivery is not suspected of crashing a process (which would
+            // make it run alone).
+            Verdict::Abandoned => {
+                let detail = "the call was still running when the worker stopped \
+                              (shutdown grace exceeded)";
+                worker
+                    .timed("retry", store.retry(token, id, worker.lease, detail))
+                    .await
+            }
+            Verdict::Release => worker
+                .timed("release", store.release(token, &[id]))
+                .await
+                .map(|released| released == 1),
         }
     }
 }

@@ -284,5 +284,5 @@ pub(crate) fn tls_settings(url: &str) -> Result<(String, OwnedTLSConfig), BusErr
 /// assert_eq!(redact_url("amqp://broker"), "amqp://broker");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    crate::config::redact_url(url)
+    crate::redact::redact_url(url)
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::delivery::Policy;
 use crate::envelope::Envelope;
 use crate::health::Probe;
 use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher};
@@ -54,8 +55,8 @@ impl OutboxRelay {
         Ok(OutboxRelay {
             store,
             publisher: RabbitMqPublisher::new(connection).await?,
-            batch_size: 10,
-            poll_interval: Duration::from_millis(100),
+            batch_size: Policy::library().batch_size,
+            poll_interval: Policy::library().poll_interval,
             connection: connection.clone(),
             health: Probe::detached("outbox relay"),
         })

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{EnvSettings, IfSet};
+use crate::delivery::Policy;
 use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::health::{Health, Probe};
 use crate::outbox::StorePublisher;
@@ -43,7 +44,8 @@ pub(crate) async fn run_on_broker(
     let wake = crate::store::wake_signal(&*store).await;
     let ctx_publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(store.clone(), wake));
     let worker = |connection: RabbitMqConnection| {
-        let builder = RabbitMqWorkerBuilder::new(connection)
+        let policy = Policy::process().with_env(settings);
+        let builder = RabbitMqWorkerBuilder::with_policy(connection, policy)
             .from_registry()
             .exchange(broker.exchange.clone())
             .prefix(broker.prefix.clone());
@@ -73,7 +75,7 @@ pub(crate) async fn run_on_broker(
     })?;
     let queues = topology.queues().len();
     tracing::info!(
-        broker = %crate::config::redact_url(&broker.url),
+        broker = %crate::redact::redact_url(&broker.url),
         exchange = %broker.exchange,
         queues,
         "delivering through RabbitMQ"
@@ -130,20 +132,14 @@ pub(crate) async fn run_on_broker(
     Ok(())
 }
 
-/// The bus worker's knobs under `hexeract::run`: `configure` (attempts, retries, timeout,
-/// grace), then the prefetch and the payload limit where set.
+/// The bus worker's own knob under `hexeract::run`, beyond the variables every world reads:
+/// `AMQP_PREFETCH` where set.
 fn configure_bus_worker(
     builder: RabbitMqWorkerBuilder,
     settings: &EnvSettings,
 ) -> RabbitMqWorkerBuilder {
     let prefetch = settings.amqp.as_ref().and_then(|amqp| amqp.prefetch);
-    builder
-        .configure(settings)
-        .if_set(prefetch, RabbitMqWorkerBuilder::prefetch)
-        .if_set(
-            settings.max_payload_bytes,
-            RabbitMqWorkerBuilder::max_payload_bytes,
-        )
+    builder.if_set(prefetch, RabbitMqWorkerBuilder::prefetch)
 }
 
 /// Connects, retrying with backoff until it succeeds or `cancel` fires.

@@ -150,10 +150,9 @@ pub(crate) fn read(
     if delivery.data.len() > max_payload_bytes {
         return Err(Unreadable {
             reason: Reason::PAYLOAD_TOO_LARGE,
-            detail: format!(
-                "payload is {} bytes, more than max_payload_bytes ({max_payload_bytes}); it was \
-                 not decoded",
-                delivery.data.len()
+            detail: crate::delivery::payload_too_large_detail(
+                delivery.data.len(),
+                max_payload_bytes,
             ),
         });
     }

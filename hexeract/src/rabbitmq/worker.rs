@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,20 +15,16 @@ use lapin::options::{
     BasicRejectOptions,
 };
 use lapin::types::FieldTable;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::context::Context;
-use crate::dispatch::{call_handler, spawn_grace_timer, Call};
+use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
 use crate::envelope::Envelope;
-use crate::error::{ConfigError, ConfigProblem, Error, KnobChecks};
+use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::handler::Handler;
 use crate::health::Probe;
 use crate::message::Message;
-use crate::metrics::{HandlerMetrics, Metrics};
-use crate::outcome::HandlerOutcome;
+use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
 use crate::rabbitmq::acks::{AckTracker, Acks};
 use crate::rabbitmq::topology::{parking_queue, short, Queue};
@@ -38,10 +33,8 @@ use crate::rabbitmq::{
     ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology, DEFAULT_EXCHANGE,
     DEFAULT_PREFIX,
 };
-use crate::reason::Reason;
+use crate::registry::Registration;
 use crate::registry::{HandlerOptions, RegisteredHandler, Registry};
-use crate::retry::RetryPolicy;
-use crate::runtime::Registration;
 use crate::store::DeliveryStore;
 
 /// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
@@ -91,12 +84,7 @@ pub struct RabbitMqWorkerBuilder {
     wait_tiers: Option<Vec<Duration>>,
     queue: Option<String>,
     dead_letter_routing_key: Option<String>,
-    prefetch: u32,
-    max_attempts: u32,
-    max_payload_bytes: usize,
-    retry: RetryPolicy,
-    handler_timeout: Duration,
-    shutdown_grace: Duration,
+    policy: Policy,
     confirm_timeout: Duration,
     declare: bool,
     dead_letters: Option<Arc<dyn DeliveryStore>>,
@@ -107,6 +95,14 @@ pub struct RabbitMqWorkerBuilder {
 impl RabbitMqWorkerBuilder {
     /// A worker on `connection`, with no handlers yet.
     pub fn new(connection: RabbitMqConnection) -> RabbitMqWorkerBuilder {
+        RabbitMqWorkerBuilder::with_policy(connection, Policy::library())
+    }
+
+    /// A worker on `connection` that starts from `policy`'s defaults.
+    pub(crate) fn with_policy(
+        connection: RabbitMqConnection,
+        policy: Policy,
+    ) -> RabbitMqWorkerBuilder {
         RabbitMqWorkerBuilder {
             connection,
             registry: Some(Registry::new()),
@@ -116,12 +112,7 @@ impl RabbitMqWorkerBuilder {
             wait_tiers: None,
             queue: None,
             dead_letter_routing_key: None,
-            prefetch: 16,
-            max_attempts: 5,
-            max_payload_bytes: 1024 * 1024,
-            retry: RetryPolicy::default(),
-            handler_timeout: Duration::from_secs(30),
-            shutdown_grace: Duration::from_secs(8),
+            policy,
             confirm_timeout: Duration::from_secs(30),
             declare: true,
             dead_letters: None,
@@ -203,13 +194,13 @@ impl RabbitMqWorkerBuilder {
     /// Deliveries the broker may have in flight per queue at once (default 16, at most
     /// 65 535): the most handler calls of one queue running together.
     pub fn prefetch(mut self, prefetch: u32) -> RabbitMqWorkerBuilder {
-        self.prefetch = prefetch;
+        self.policy.prefetch = prefetch;
         self
     }
 
     /// Handler calls per message in total (default 5); then the message is parked.
     pub fn max_attempts(mut self, max_attempts: u32) -> RabbitMqWorkerBuilder {
-        self.max_attempts = max_attempts;
+        self.policy.max_deliveries(max_attempts);
         self
     }
 
@@ -217,26 +208,26 @@ impl RabbitMqWorkerBuilder {
     /// copied or decoded; a larger one is parked as `payload_too_large`. Pair it with the
     /// broker's `max_message_size`: the broker has buffered the frame already.
     pub fn max_payload_bytes(mut self, max: usize) -> RabbitMqWorkerBuilder {
-        self.max_payload_bytes = max;
+        self.policy.max_payload_bytes = max;
         self
     }
 
     /// First and longest delay between calls (default 1 s and 300 s).
     pub fn retry_delays(mut self, initial: Duration, max: Duration) -> RabbitMqWorkerBuilder {
-        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
         self
     }
 
     /// Timeout of a handler call unless the handler sets its own (default 30 s).
     pub fn handler_timeout(mut self, timeout: Duration) -> RabbitMqWorkerBuilder {
-        self.handler_timeout = timeout;
+        self.policy.handler_timeout = timeout;
         self
     }
 
     /// How long a cancelled worker lets running handlers finish (default 8 s). Calls still
     /// running then are given back to the queue.
     pub fn shutdown_grace(mut self, grace: Duration) -> RabbitMqWorkerBuilder {
-        self.shutdown_grace = grace;
+        self.policy.shutdown_grace = grace;
         self
     }
 
@@ -287,43 +278,21 @@ impl RabbitMqWorkerBuilder {
         self
     }
 
-    /// Applies the environment's settings (see `docs/configuration.md`): what
-    /// `hexeract::run` uses.
-    pub(crate) fn configure(
-        mut self,
-        settings: &crate::config::EnvSettings,
-    ) -> RabbitMqWorkerBuilder {
-        if let Some(max) = settings.max_deliveries {
-            self.max_attempts = max.get();
-        }
-        if let Some(delay) = settings.retry_max_delay {
-            self.retry = self.retry.max_delay(delay);
-        }
-        if let Some(timeout) = settings.handler_timeout {
-            self.handler_timeout = timeout;
-        }
-        if let Some(grace) = settings.shutdown_grace {
-            self.shutdown_grace = grace;
-        }
-        self
-    }
-
     /// Checks the knobs and registers the handlers.
     pub fn build(self) -> Result<RabbitMqWorker, Error> {
-        let mut checks = KnobChecks::default()
-            .at_least_one("prefetch", self.prefetch.into())
-            .at_least_one("max_attempts", self.max_attempts.into())
-            .at_least_one("max_payload_bytes", self.max_payload_bytes as u64)
-            .not_zero("handler_timeout", self.handler_timeout)
+        let policy = self.policy;
+        let mut checks = policy
+            .checks("max_attempts")
+            .at_least_one("prefetch", policy.prefetch.into())
             .not_zero("confirm_timeout", self.confirm_timeout);
-        if self.prefetch > u32::from(u16::MAX) {
+        if policy.prefetch > u32::from(u16::MAX) {
             checks = checks.problem(
                 "prefetch",
-                self.prefetch.to_string(),
+                policy.prefetch.to_string(),
                 "at most 65535 (AMQP's limit)",
             );
         }
-        let (initial, longest) = self.retry.delays();
+        let (initial, longest) = policy.retry.delays();
         let wait_tiers = self
             .wait_tiers
             .clone()
@@ -373,14 +342,13 @@ impl RabbitMqWorkerBuilder {
                 &error.to_string(),
             )
         })?;
-        let runner = |handler: &Arc<RegisteredHandler>| Runner {
-            name: Arc::from(&*handler.info().name),
-            metrics: Metrics::global().handler(&handler.info().name),
-            permits: handler
-                .info()
-                .concurrency
-                .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
-            handler: handler.clone(),
+        let runner = |handler: &Arc<RegisteredHandler>| {
+            Slot::handler(
+                handler,
+                policy.handler_timeout,
+                policy.concurrency_limit(),
+                Metrics::global(),
+            )
         };
         let consumers = match &self.queue {
             Some(queue) => {
@@ -437,13 +405,10 @@ impl RabbitMqWorkerBuilder {
                 topology,
                 exchange: self.exchange,
                 consumers,
-                prefetch: u16::try_from(self.prefetch).expect("checked above"),
-                max_payload_bytes: self.max_payload_bytes,
-                retry: self
-                    .retry
-                    .max_deliveries(NonZeroU32::new(self.max_attempts).expect("checked above")),
-                handler_timeout: self.handler_timeout,
-                shutdown_grace: self.shutdown_grace,
+                prefetch: u16::try_from(policy.prefetch).expect("checked above"),
+                engine: Engine::new(policy.retry, policy.max_payload_bytes, "rabbitmq"),
+                max_payload_bytes: policy.max_payload_bytes,
+                shutdown_grace: policy.shutdown_grace,
                 confirm_timeout: self.confirm_timeout,
                 declare: self.declare,
                 dead_letters: self.dead_letters,
@@ -472,8 +437,8 @@ impl fmt::Debug for RabbitMqWorkerBuilder {
             .field("exchange", &self.exchange)
             .field("prefix", &self.prefix)
             .field("queue", &self.queue)
-            .field("prefetch", &self.prefetch)
-            .field("max_attempts", &self.max_attempts)
+            .field("prefetch", &self.policy.prefetch)
+            .field("max_attempts", &self.policy.retry.max_deliveries_value())
             .finish_non_exhaustive()
     }
 }
@@ -504,9 +469,8 @@ struct Shared {
     exchange: String,
     consumers: Vec<QueueConsumer>,
     prefetch: u16,
+    engine: Engine,
     max_payload_bytes: usize,
-    retry: RetryPolicy,
-    handler_timeout: Duration,
     shutdown_grace: Duration,
     confirm_timeout: Duration,
     declare: bool,
@@ -525,16 +489,13 @@ struct QueueConsumer {
 
 enum Route {
     /// A handler's own queue.
-    One {
-        message_type: String,
-        runner: Runner,
-    },
+    One { message_type: String, runner: Slot },
     /// A queue of several types, each to its handler.
-    ByType(HashMap<String, Runner>),
+    ByType(HashMap<String, Slot>),
 }
 
 impl Route {
-    fn runner(&self, message_type: &str) -> Option<&Runner> {
+    fn runner(&self, message_type: &str) -> Option<&Slot> {
         match self {
             Route::One {
                 message_type: own,
@@ -546,17 +507,10 @@ impl Route {
 
     fn handler_name(&self) -> Option<&str> {
         match self {
-            Route::One { runner, .. } => Some(&runner.name),
+            Route::One { runner, .. } => Some(runner.name()),
             Route::ByType(_) => None,
         }
     }
-}
-
-struct Runner {
-    handler: Arc<RegisteredHandler>,
-    name: Arc<str>,
-    permits: Option<Arc<Semaphore>>,
-    metrics: Arc<HandlerMetrics>,
 }
 
 /// How a delivery ended, for its ack.
@@ -869,166 +823,40 @@ impl ConsumeLoop<'_> {
         if self.lost.load(Ordering::SeqCst) {
             return (tag, Settled::GiveBack);
         }
-        let envelope = match wire::read(&delivery, &shared.exchange, shared.max_payload_bytes) {
-            Ok(envelope) => envelope,
-            Err(unreadable) => {
-                self.count_dead_letter();
-                let salvaged = wire::salvage(&delivery, &shared.exchange);
-                let info = ParkedInfo {
-                    reason: &unreadable.reason,
-                    detail: &unreadable.detail,
-                    handler: self.consumer.route.handler_name(),
-                    queue: &self.consumer.queue,
-                    attempts: salvaged.attempt,
-                };
-                return (tag, self.park(&delivery, salvaged, &info).await);
-            }
-        };
-        let max = shared.retry.max_deliveries_value();
-        if envelope.attempt > max {
-            // The broker redelivered it after calls that never finished (the consumer died or
-            // lost its connection mid-call), and the budget is spent.
-            let detail = format!(
-                "the last {max} call(s) never finished: the consumer died or lost its connection \
-                 during the call (a message that crashes the process?)"
-            );
-            self.count_dead_letter();
-            let info = ParkedInfo {
-                reason: &Reason::MAX_DELIVERIES_EXCEEDED,
-                detail: &detail,
-                handler: self.consumer.route.handler_name(),
-                queue: &self.consumer.queue,
-                attempts: max,
-            };
-            return (tag, self.park(&delivery, envelope, &info).await);
-        }
-        let runner = self.consumer.route.runner(&envelope.message_type);
-        let mut took = None;
-        let outcome = match runner {
-            Some(runner) => {
-                let started = std::time::Instant::now();
-                let call = self.call(runner, &envelope).await;
-                took = Some(started.elapsed());
-                match call {
-                    Ok(outcome) => outcome,
-                    // The call never started: the message goes back with the count it came with.
-                    Err(Settled::GiveBack) => return (tag, self.hand_back(&delivery).await),
-                    Err(settled) => return (tag, settled),
-                }
-            }
-            None => {
-                let missing = BusError::MissingHandler {
-                    message_type: envelope.message_type.clone(),
-                };
-                tracing::warn!(message_id = %envelope.id, queue = %self.consumer.queue, %missing, "no handler");
-                HandlerOutcome::Retry {
-                    reason: Reason::UNKNOWN_MESSAGE_TYPE,
-                    detail: format!("{missing} on queue {:?}", self.consumer.queue),
-                    after: None,
-                }
-            }
-        };
-        let handler = runner
-            .map(|runner| &*runner.name)
-            .or_else(|| self.consumer.route.handler_name());
-        let metrics = match runner {
-            Some(runner) => runner.metrics.clone(),
-            None => Metrics::global().handler(handler.unwrap_or(crate::metrics::UNKNOWN)),
-        };
-        match outcome {
-            HandlerOutcome::Ack => {
-                metrics.handled(took.unwrap_or_default());
-                (tag, Settled::Ack)
-            }
-            HandlerOutcome::DeadLetter { reason, detail } => {
-                metrics.dead_lettered(took);
-                let info = ParkedInfo {
-                    reason: &reason,
-                    detail: &detail,
-                    handler,
-                    queue: &self.consumer.queue,
-                    attempts: envelope.attempt,
-                };
-                (tag, self.park(&delivery, envelope, &info).await)
-            }
-            HandlerOutcome::Retry {
-                reason,
-                detail,
-                after,
-            } => {
-                if shared.retry.is_exhausted(envelope.attempt) {
-                    metrics.dead_lettered(took);
-                    let info = ParkedInfo {
-                        reason: &reason,
-                        detail: &detail,
-                        handler,
-                        queue: &self.consumer.queue,
-                        attempts: envelope.attempt,
+        let queue_handler = self.consumer.route.handler_name();
+        let (envelope, verdict) =
+            match wire::read(&delivery, &shared.exchange, shared.max_payload_bytes) {
+                Ok(envelope) => {
+                    let target = match self.consumer.route.runner(&envelope.message_type) {
+                        Some(slot) => Target::Slot(slot),
+                        None => Target::NoHandlerForType(queue_handler),
                     };
-                    return (tag, self.park(&delivery, envelope, &info).await);
+                    let verdict = shared
+                        .engine
+                        .deliver(
+                            target,
+                            &envelope,
+                            self.stop,
+                            self.interrupt,
+                            self.ctx_publisher,
+                        )
+                        .await;
+                    (envelope, verdict)
                 }
-                match took {
-                    Some(took) => metrics.retried(took),
-                    None => metrics.retried_without_call(),
+                Err(unreadable) => {
+                    let salvaged = wire::salvage(&delivery, &shared.exchange);
+                    let attempts = salvaged.attempt;
+                    let verdict = shared.engine.reject(
+                        Target::NoHandlerForType(queue_handler),
+                        &salvaged,
+                        unreadable.reason,
+                        unreadable.detail,
+                        attempts,
+                    );
+                    (salvaged, verdict)
                 }
-                let delay = shared.retry.delay_after(envelope.attempt, after);
-                (tag, self.retry(&delivery, &envelope, delay, &detail).await)
-            }
-        }
-    }
-
-    /// Counts a message parked before any call (unreadable, or its budget spent).
-    fn count_dead_letter(&self) {
-        let handler = self
-            .consumer
-            .route
-            .handler_name()
-            .unwrap_or(crate::metrics::UNKNOWN);
-        Metrics::global().handler(handler).dead_lettered(None);
-    }
-
-    /// Calls the handler; `Err` with how to give the delivery back when the worker stopped
-    /// before the call started, or gave up on it at shutdown.
-    async fn call(&self, runner: &Runner, envelope: &Envelope) -> Result<HandlerOutcome, Settled> {
-        let _permit = match &runner.permits {
-            // A delivery still waiting for its handler's permit when the worker stops has not
-            // started: it goes back to the queue.
-            Some(permits) => tokio::select! {
-                biased;
-                permit = permits.acquire() => Some(permit.expect("never closed")),
-                () = self.stop.cancelled() => return Err(Settled::GiveBack),
-            },
-            None => None,
-        };
-        if self.interrupt.is_cancelled() || self.lost.load(Ordering::SeqCst) {
-            return Err(Settled::GiveBack);
-        }
-        let ctx = Context::new(
-            envelope.clone(),
-            runner.name.clone(),
-            self.stop.child_token(),
-            self.ctx_publisher.clone(),
-        );
-        let span = tracing::info_span!(
-            "hexeract.handle",
-            message_id = %envelope.id,
-            message_type = %envelope.message_type,
-            handler = %runner.name,
-            attempt = envelope.attempt,
-            trace_id = envelope.trace_id().map(tracing::field::display),
-        );
-        let timeout = runner
-            .handler
-            .info()
-            .timeout
-            .unwrap_or(self.shared.handler_timeout);
-        match call_handler(runner.handler.clone(), ctx, timeout, self.interrupt)
-            .instrument(span)
-            .await
-        {
-            Call::Finished(outcome) => Ok(outcome),
-            Call::Interrupted => Err(Settled::Requeue),
-        }
+            };
+        (tag, self.settle((delivery, envelope), verdict).await)
     }
 
     /// After a republish the broker refused: a second before the delivery goes back, so that a
@@ -1107,13 +935,13 @@ impl ConsumeLoop<'_> {
         }
         match published {
             Ok(()) => {
-                tracing::warn!(
+                tracing::debug!(
                     message_id = %envelope.id,
                     queue = %self.consumer.queue,
-                    attempt = envelope.attempt,
+                    wait_queue = %wait,
                     retry_in = ?tier,
                     detail,
-                    "handler failed; will retry"
+                    "retry waiting"
                 );
                 Settled::Ack
             }
@@ -1215,12 +1043,10 @@ impl ConsumeLoop<'_> {
             self.pause_before_requeue().await;
             return Settled::Requeue;
         }
-        tracing::error!(
+        tracing::debug!(
             message_id = %envelope.id,
             queue = %self.consumer.queue,
-            reason = %info.reason,
-            detail = info.detail,
-            attempts = info.attempts,
+            parking = %self.consumer.parking,
             "message parked"
         );
         if let Some(store) = &shared.dead_letters {
@@ -1235,6 +1061,50 @@ impl ConsumeLoop<'_> {
             }
         }
         Settled::Ack
+    }
+}
+
+/// One queue's deliveries: verdicts become acks, wait-queue republishes, parks and
+/// hand-backs.
+impl World for ConsumeLoop<'_> {
+    type Delivery = (Delivery, Envelope);
+    type Settled = Settled;
+
+    async fn settle(
+        &self,
+        (delivery, envelope): (Delivery, Envelope),
+        verdict: Verdict,
+    ) -> Settled {
+        match verdict {
+            Verdict::Ack => Settled::Ack,
+            Verdict::Retry { delay, detail, .. } => {
+                self.retry(&delivery, &envelope, delay, &detail).await
+            }
+            Verdict::DeadLetter {
+                reason,
+                detail,
+                calls,
+            } => {
+                let handler = self
+                    .consumer
+                    .route
+                    .runner(&envelope.message_type)
+                    .map(|slot| &**slot.name())
+                    .or_else(|| self.consumer.route.handler_name());
+                let info = ParkedInfo {
+                    reason: &reason,
+                    detail: &detail,
+                    handler,
+                    queue: &self.consumer.queue,
+                    attempts: calls,
+                };
+                self.park(&delivery, envelope, &info).await
+            }
+            // The broker delivers it again, counting the delivery.
+            Verdict::Abandoned => Settled::Requeue,
+            // No call (or a call the stop made fail): back with the count it came with.
+            Verdict::Release => self.hand_back(&delivery).await,
+        }
     }
 }
 

@@ -3,28 +3,22 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, FutureExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::context::Context;
-use crate::dispatch::{call_boxed, spawn_grace_timer, Call};
+use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
 use crate::envelope::Envelope;
+use crate::envelope::FIRE_TIME_HEADER;
 use crate::error::{Error, KnobChecks};
 use crate::health::Probe;
-use crate::metrics::{HandlerMetrics, Metrics};
 use crate::outbox::StorePublisher;
-use crate::outcome::HandlerOutcome;
 use crate::publish::Publish;
-use crate::reason::Reason;
-use crate::retry::RetryPolicy;
-use crate::schedule::{jobs_from_inventory, ScheduledJob, Spec, FIRE_TIME_HEADER};
+use crate::schedule::{jobs_from_inventory, ScheduledJob, Spec};
 use crate::store::{
     ClaimedOccurrence, Plan, ScheduleDefinition, ScheduleStore, StoreError, SCHEDULE_MESSAGE_TYPE,
 };
@@ -51,15 +45,9 @@ pub struct SchedulerBuilder {
     store: Arc<dyn ScheduleStore>,
     jobs: Vec<ScheduledJob>,
     from_inventory: bool,
-    poll_interval: Duration,
-    batch_size: u32,
-    min_cycle_delay: Duration,
-    dispatch_timeout: Duration,
-    lease: Duration,
-    max_deliveries: u32,
-    retry: RetryPolicy,
+    /// Its `handler_timeout` is the `dispatch_timeout`.
+    policy: Policy,
     catch_up_grace: Duration,
-    shutdown_grace: Duration,
     release_messages: bool,
     health: Option<Probe>,
 }
@@ -71,15 +59,8 @@ impl SchedulerBuilder {
             store,
             jobs: Vec::new(),
             from_inventory: false,
-            poll_interval: Duration::from_millis(100),
-            batch_size: 10,
-            min_cycle_delay: Duration::from_millis(5),
-            dispatch_timeout: Duration::from_secs(30),
-            lease: Duration::from_secs(30),
-            max_deliveries: 5,
-            retry: RetryPolicy::default(),
+            policy: Policy::library(),
             catch_up_grace: Duration::from_secs(60),
-            shutdown_grace: Duration::from_secs(8),
             release_messages: true,
             health: None,
         }
@@ -100,47 +81,47 @@ impl SchedulerBuilder {
 
     /// Wait after a cycle that claimed nothing, or failed (default 100 ms).
     pub fn poll_interval(mut self, interval: Duration) -> SchedulerBuilder {
-        self.poll_interval = interval;
+        self.policy.poll_interval = interval;
         self
     }
 
     /// Occurrences claimed per cycle, and delayed messages moved per cycle (default 10).
     pub fn batch_size(mut self, batch_size: u32) -> SchedulerBuilder {
-        self.batch_size = batch_size;
+        self.policy.batch_size = batch_size;
         self
     }
 
     /// Wait between two cycles that found work (default 5 ms): a backlog drains quickly
     /// without a busy loop.
     pub fn min_cycle_delay(mut self, delay: Duration) -> SchedulerBuilder {
-        self.min_cycle_delay = delay;
+        self.policy.min_cycle_delay = delay;
         self
     }
 
     /// Deadline of one run of a job (default 30 s); a run slower than this is a failed attempt
     /// (`handler_timeout`) and follows the retry path. A job's own `timeout` takes precedence.
     pub fn dispatch_timeout(mut self, timeout: Duration) -> SchedulerBuilder {
-        self.dispatch_timeout = timeout;
+        self.policy.handler_timeout = timeout;
         self
     }
 
     /// How long a claim holds an occurrence (default 30 s): past it, another worker may take
     /// it over. Keep it above the dispatch timeout, with room for the settle that follows.
     pub fn lease(mut self, lease: Duration) -> SchedulerBuilder {
-        self.lease = lease;
+        self.policy.lease = lease;
         self
     }
 
     /// Runs of one occurrence in all, counting those that never finished (default 5); then it
     /// is dead-lettered.
     pub fn max_deliveries(mut self, max: u32) -> SchedulerBuilder {
-        self.max_deliveries = max;
+        self.policy.max_deliveries(max);
         self
     }
 
     /// Retry delays: from `initial`, doubling, up to `max` (default 1 s to 300 s, jittered).
     pub fn retry_delays(mut self, initial: Duration, max: Duration) -> SchedulerBuilder {
-        self.retry = self.retry.initial_delay(initial).max_delay(max);
+        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
         self
     }
 
@@ -153,7 +134,7 @@ impl SchedulerBuilder {
 
     /// How long a cancelled scheduler lets running jobs finish (default 8 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> SchedulerBuilder {
-        self.shutdown_grace = grace;
+        self.policy.shutdown_grace = grace;
         self
     }
 
@@ -171,23 +152,25 @@ impl SchedulerBuilder {
     }
 
     pub(crate) fn configure(mut self, settings: &crate::config::EnvSettings) -> SchedulerBuilder {
+        // HANDLER_TIMEOUT_MS is not a job's: SCHEDULER_DISPATCH_TIMEOUT_MS is.
         if let Some(max) = settings.max_deliveries {
-            self.max_deliveries = max.get();
+            self.policy.retry = self.policy.retry.max_deliveries(max);
         }
         if let Some(max) = settings.retry_max_delay {
-            self.retry = self.retry.max_delay(max);
+            self.policy.retry = self.policy.retry.max_delay(max);
         }
         self
     }
 
     /// Checks the knobs (all problems at once) and the jobs' names.
     pub fn build(self) -> Result<SchedulerWorker, Error> {
+        let policy = self.policy;
         KnobChecks::default()
-            .not_zero("lease", self.lease)
-            .not_zero("dispatch_timeout", self.dispatch_timeout)
-            .not_zero("poll_interval", self.poll_interval)
-            .at_least_one("batch_size", self.batch_size.into())
-            .at_least_one("max_deliveries", self.max_deliveries.into())
+            .not_zero("lease", policy.lease)
+            .not_zero("dispatch_timeout", policy.handler_timeout)
+            .not_zero("poll_interval", policy.poll_interval)
+            .at_least_one("batch_size", policy.batch_size.into())
+            .at_least_one("max_deliveries", policy.retry.max_deliveries_value().into())
             .finish()?;
         let mut jobs = self.jobs;
         if self.from_inventory {
@@ -205,8 +188,8 @@ impl SchedulerBuilder {
                     )));
                 }
             }
-            let timeout = job.own_timeout().unwrap_or(self.dispatch_timeout);
-            if timeout >= self.lease {
+            let timeout = job.own_timeout().unwrap_or(policy.handler_timeout);
+            if timeout >= policy.lease {
                 without_headroom.push(format!("{} ({timeout:?})", job.name()));
             }
             if let Some(other) = by_name.insert(job.name().to_owned(), job) {
@@ -219,7 +202,7 @@ impl SchedulerBuilder {
         if !without_headroom.is_empty() {
             without_headroom.sort();
             tracing::warn!(
-                lease = ?self.lease,
+                lease = ?policy.lease,
                 jobs = %without_headroom.join(", "),
                 "the lease does not exceed these jobs' timeouts: a run that takes its whole \
                  timeout outlasts its claim, and another worker may run the same fire time at \
@@ -228,27 +211,33 @@ impl SchedulerBuilder {
         }
         let mut names: Vec<String> = by_name.keys().cloned().collect();
         names.sort();
+        let slots = by_name
+            .iter()
+            .map(|(name, job)| {
+                let timeout = job.own_timeout().unwrap_or(policy.handler_timeout);
+                (
+                    name.clone(),
+                    Slot::job(job.shared_name(), job.runner(), timeout),
+                )
+            })
+            .collect();
         Ok(SchedulerWorker {
             shared: Arc::new(Shared {
                 store: self.store,
                 jobs: by_name,
-                names: names.clone(),
-                poll_interval: self.poll_interval,
-                batch_size: self.batch_size,
-                min_cycle_delay: self.min_cycle_delay,
-                dispatch_timeout: self.dispatch_timeout,
-                lease: self.lease,
-                retry: self
-                    .retry
-                    .max_deliveries(NonZeroU32::new(self.max_deliveries).expect("checked above")),
+                slots,
+                names,
+                // The scheduler's own small payloads: no cap.
+                engine: Engine::new(policy.retry, usize::MAX, "scheduler"),
+                poll_interval: policy.poll_interval,
+                batch_size: policy.batch_size,
+                min_cycle_delay: policy.min_cycle_delay,
+                dispatch_timeout: policy.handler_timeout,
+                lease: policy.lease,
                 catch_up_grace: self.catch_up_grace,
-                shutdown_grace: self.shutdown_grace,
+                shutdown_grace: policy.shutdown_grace,
                 release_messages: self.release_messages,
                 health: self.health.unwrap_or_else(|| Probe::detached("scheduler")),
-                metrics: names
-                    .iter()
-                    .map(|name| (name.clone(), Metrics::global().handler(name)))
-                    .collect(),
             }),
         })
     }
@@ -258,10 +247,10 @@ impl fmt::Debug for SchedulerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SchedulerBuilder")
             .field("jobs", &self.jobs)
-            .field("poll_interval", &self.poll_interval)
-            .field("batch_size", &self.batch_size)
-            .field("lease", &self.lease)
-            .field("dispatch_timeout", &self.dispatch_timeout)
+            .field("poll_interval", &self.policy.poll_interval)
+            .field("batch_size", &self.policy.batch_size)
+            .field("lease", &self.policy.lease)
+            .field("dispatch_timeout", &self.policy.handler_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -281,18 +270,19 @@ pub struct SchedulerWorker {
 struct Shared {
     store: Arc<dyn ScheduleStore>,
     jobs: HashMap<String, ScheduledJob>,
+    /// Each job as the engine calls it.
+    slots: HashMap<String, Slot>,
     names: Vec<String>,
+    engine: Engine,
     poll_interval: Duration,
     batch_size: u32,
     min_cycle_delay: Duration,
     dispatch_timeout: Duration,
     lease: Duration,
-    retry: RetryPolicy,
     catch_up_grace: Duration,
     shutdown_grace: Duration,
     release_messages: bool,
     health: Probe,
-    metrics: HashMap<String, Arc<HandlerMetrics>>,
 }
 
 impl SchedulerWorker {
@@ -609,138 +599,87 @@ impl Shared {
         interrupt: &CancellationToken,
         publisher: &Arc<dyn Publish>,
     ) -> Result<bool, StoreError> {
-        let max = self.retry.max_deliveries_value();
-        if occurrence.attempts > max {
-            let detail = format!(
-                "the last {max} run(s) never finished: the worker died or lost its lease during \
-                 the run"
-            );
-            self.dead_letter(
-                token,
-                occurrence,
-                &Reason::MAX_DELIVERIES_EXCEEDED,
-                &detail,
-                max,
-            )
-            .await?;
-            return Ok(false);
-        }
-        let Some(job) = self.jobs.get(&occurrence.schedule) else {
+        let Some(slot) = self.slots.get(&occurrence.schedule) else {
             // Claims only take this worker's schedules.
             return Ok(false);
         };
-        let span = tracing::info_span!(
-            "hexeract.schedule",
-            job = %occurrence.schedule,
-            fire_at = %occurrence.fire_at,
-            attempt = occurrence.attempts,
-        );
-        let ctx = Context::new(
-            envelope_of(occurrence),
-            job.shared_name(),
-            cancel.child_token(),
-            publisher.clone(),
-        );
-        let run = job.runner();
-        let cancelled = ctx.cancellation().clone();
-        let call = Box::pin(async move { run(&ctx).await });
-        let timeout = job.own_timeout().unwrap_or(self.dispatch_timeout);
-        let metrics = &self.metrics[&occurrence.schedule];
-        let started = std::time::Instant::now();
-        let call = call_boxed(call, cancelled, timeout, interrupt)
-            .instrument(span)
+        let envelope = envelope_of(occurrence);
+        let verdict = self
+            .engine
+            .deliver(Target::Slot(slot), &envelope, cancel, interrupt, publisher)
             .await;
-        let took = started.elapsed();
-        let outcome = match call {
-            Call::Finished(outcome) => outcome,
-            Call::Interrupted => {
-                // Still running in its task: due again only once this lease would have ended,
-                // so that no other worker runs it at the same time.
-                let settled = self
-                    .store
-                    .retry_occurrence(token, occurrence.id, self.lease, "interrupted at shutdown")
-                    .await?;
-                self.check(settled, occurrence);
-                return Ok(false);
-            }
+        let world = Occurrence {
+            shared: self,
+            token,
+            occurrence,
         };
-        let settled = match outcome {
-            HandlerOutcome::Ack => {
-                metrics.handled(took);
-                return Ok(true);
-            }
-            HandlerOutcome::DeadLetter { reason, detail } => {
-                metrics.dead_lettered(Some(took));
-                self.dead_letter(token, occurrence, &reason, &detail, occurrence.attempts)
-                    .await?;
-                return Ok(false);
-            }
-            HandlerOutcome::Retry {
+        world.settle((), verdict).await
+    }
+}
+
+/// One claimed occurrence: verdicts become occurrence updates under the claim's token.
+struct Occurrence<'a> {
+    shared: &'a Shared,
+    token: Uuid,
+    occurrence: &'a ClaimedOccurrence,
+}
+
+impl World for Occurrence<'_> {
+    type Delivery = ();
+    /// `Ok(true)`: ack it (acks of a batch go in one statement); `Ok(false)`: settled.
+    type Settled = Result<bool, StoreError>;
+
+    async fn settle(&self, (): (), verdict: Verdict) -> Self::Settled {
+        let Occurrence {
+            shared,
+            token,
+            occurrence,
+        } = *self;
+        let store = &shared.store;
+        let settled = match verdict {
+            Verdict::Ack => return Ok(true),
+            Verdict::Retry {
+                delay,
                 reason,
                 detail,
-                after,
             } => {
-                if self.retry.is_exhausted(occurrence.attempts) {
-                    metrics.dead_lettered(Some(took));
-                    self.dead_letter(token, occurrence, &reason, &detail, occurrence.attempts)
-                        .await?;
-                    return Ok(false);
-                }
-                metrics.retried(took);
-                let delay = self.retry.delay_after(occurrence.attempts, after);
-                tracing::warn!(
-                    job = %occurrence.schedule,
-                    fire_at = %occurrence.fire_at,
-                    attempt = occurrence.attempts,
-                    retry_in = ?delay,
-                    %reason,
-                    detail,
-                    "scheduled job failed; will retry"
-                );
-                self.store
+                store
                     .retry_occurrence(token, occurrence.id, delay, &format!("{reason}: {detail}"))
                     .await?
             }
+            Verdict::DeadLetter {
+                reason,
+                detail,
+                calls,
+            } => {
+                store
+                    .dead_letter_occurrence(token, occurrence.id, &reason, &detail, calls)
+                    .await?
+            }
+            // Still running in its task: due again only once this lease would have ended, so
+            // that no other worker runs it at the same time.
+            Verdict::Abandoned => {
+                store
+                    .retry_occurrence(
+                        token,
+                        occurrence.id,
+                        shared.lease,
+                        "interrupted at shutdown",
+                    )
+                    .await?
+            }
+            Verdict::Release => store.release_occurrences(token, &[occurrence.id]).await? == 1,
         };
-        self.check(settled, occurrence);
-        Ok(false)
-    }
-
-    async fn dead_letter(
-        &self,
-        token: Uuid,
-        occurrence: &ClaimedOccurrence,
-        reason: &Reason,
-        detail: &str,
-        calls: u32,
-    ) -> Result<(), StoreError> {
-        tracing::error!(
-            job = %occurrence.schedule,
-            fire_at = %occurrence.fire_at,
-            %reason,
-            detail,
-            attempts = calls,
-            "scheduled run dead-lettered"
-        );
-        let settled = self
-            .store
-            .dead_letter_occurrence(token, occurrence.id, reason, detail, calls)
-            .await?;
-        self.check(settled, occurrence);
-        Ok(())
-    }
-
-    /// A settle that found the claim gone: the lease ran out and another worker took over.
-    fn check(&self, settled: bool, occurrence: &ClaimedOccurrence) {
         if !settled {
             tracing::warn!(
                 job = %occurrence.schedule,
                 fire_at = %occurrence.fire_at,
-                lease = ?self.lease,
+                lease = ?shared.lease,
                 "the lease ended before the run was settled: another worker took it over, and \
                  this outcome is dropped"
             );
         }
+        Ok(false)
     }
 }
 

@@ -988,6 +988,10 @@ impl DeliveryStore for PgStore {
         })
     }
 
+    fn kind(&self) -> &'static str {
+        "postgresql"
+    }
+
     fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
         Box::pin(async move {
             self.wake

@@ -3,8 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use uuid::Uuid;
+
 use crate::config::{Database, EnvSettings};
+use crate::envelope::Envelope;
 use crate::error::Error;
+use crate::message::Message;
+use crate::publish::PublishError;
 use crate::store::{DeliveryStore, ScheduleStore, StoreError};
 
 /// The store `hexeract::run` delivers from and `hexeract::publish` writes to: PostgreSQL when
@@ -87,4 +92,37 @@ pub async fn wait_until_drained(
         tokio::time::sleep(poll).await;
     }
     Ok(())
+}
+
+/// Publishes `message` through the process's outbox store
+/// ([`default_store`](crate::store::default_store)), in a transaction of its own, and wakes the
+/// worker of this process. Returns the message id. [`hexeract::run`](crate::run) delivers it to
+/// every handler of its type, in this process or another one sharing the database.
+///
+/// To publish together with your own data, atomically, use
+/// [`outbox::enqueue`](crate::outbox::enqueue) inside your transaction instead.
+///
+/// ```no_run
+/// # use hexeract::Message;
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+/// # #[message(type = "OrderPlaced")]
+/// # struct OrderPlaced { order_id: u64 }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), hexeract::PublishError> {
+/// let id = hexeract::publish(&OrderPlaced { order_id: 7 }).await?;
+/// println!("published {id}");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn publish<M: Message>(message: &M) -> Result<Uuid, PublishError> {
+    let envelope = Envelope::new(message)?;
+    let id = envelope.id;
+    let store = default_store()
+        .await
+        .map_err(|error| PublishError::Store(error.to_string()))?;
+    store
+        .publish(vec![envelope])
+        .await
+        .map_err(|error| PublishError::Store(error.to_string()))?;
+    Ok(id)
 }

@@ -1034,6 +1034,10 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
     fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
         Box::pin(async move { Ok(Some(self.wake.clone())) })
     }

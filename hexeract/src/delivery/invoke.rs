@@ -1,0 +1,265 @@
+//! One handler call, made safe to run: the permit, the context, the span, the timeout, a panic
+//! caught, and a call given up on left to finish, never dropped mid-way.
+
+use std::any::Any;
+use std::num::NonZeroU32;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::context::Context;
+use crate::delivery::verdict::Call;
+use crate::envelope::Envelope;
+use crate::metrics::HandlerMetrics;
+use crate::outcome::HandlerOutcome;
+use crate::publish::Publish;
+use crate::reason::Reason;
+use crate::registry::RegisteredHandler;
+
+/// A scheduled job's body, as `#[scheduled]` registers it.
+pub(crate) type JobFn = for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome>;
+
+/// What a slot calls.
+enum Callee {
+    Handler(Arc<RegisteredHandler>),
+    Job(JobFn),
+}
+
+/// One handler (or scheduled job) as every world calls it: its name as contexts carry it, its
+/// concurrency permits when it is limited, its timeout and its metrics.
+pub(crate) struct Slot {
+    name: Arc<str>,
+    callee: Callee,
+    permits: Option<Arc<Semaphore>>,
+    timeout: Duration,
+    metrics: Arc<HandlerMetrics>,
+}
+
+impl Slot {
+    /// A slot for `handler`: its own timeout and concurrency, or else `timeout` and
+    /// `concurrency`.
+    pub(crate) fn handler(
+        handler: &Arc<RegisteredHandler>,
+        timeout: Duration,
+        concurrency: Option<NonZeroU32>,
+        metrics: &crate::metrics::Metrics,
+    ) -> Slot {
+        let info = handler.info();
+        Slot {
+            name: Arc::from(&*info.name),
+            permits: info
+                .concurrency
+                .or(concurrency)
+                .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
+            timeout: info.timeout.unwrap_or(timeout),
+            metrics: metrics.handler(&info.name),
+            callee: Callee::Handler(handler.clone()),
+        }
+    }
+
+    /// A slot for a scheduled job's runs (no concurrency limit: one run per occurrence).
+    pub(crate) fn job(name: Arc<str>, run: JobFn, timeout: Duration) -> Slot {
+        Slot {
+            metrics: crate::metrics::Metrics::global().handler(&name),
+            name,
+            callee: Callee::Job(run),
+            permits: None,
+            timeout,
+        }
+    }
+
+    /// The handler's (or job's) name.
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The registered handler, for a handler's slot.
+    pub(crate) fn registered(&self) -> Option<&Arc<RegisteredHandler>> {
+        match &self.callee {
+            Callee::Handler(handler) => Some(handler),
+            Callee::Job(_) => None,
+        }
+    }
+
+    pub(crate) fn metrics(&self) -> &Arc<HandlerMetrics> {
+        &self.metrics
+    }
+}
+
+/// Calls `slot` once with `envelope`: waits for a permit (unless `stop` fires first: then no
+/// call is made), builds the context and the span, and runs the call under the slot's timeout
+/// until it ends or `interrupt` fires. Returns how the call ended and how long it ran.
+pub(crate) async fn invoke(
+    slot: &Slot,
+    envelope: &Envelope,
+    stop: &CancellationToken,
+    interrupt: &CancellationToken,
+    publisher: &Arc<dyn Publish>,
+) -> (Call, Option<Duration>) {
+    let _permit = match &slot.permits {
+        Some(permits) => tokio::select! {
+            biased;
+            permit = permits.acquire() => Some(permit.expect("never closed")),
+            () = stop.cancelled() => return (Call::NotStarted, None),
+        },
+        None => None,
+    };
+    if interrupt.is_cancelled() {
+        return (Call::NotStarted, None);
+    }
+    let ctx = Context::new(
+        envelope.clone(),
+        slot.name.clone(),
+        stop.child_token(),
+        publisher.clone(),
+    );
+    let call_cancelled = ctx.cancellation().clone();
+    let started = Instant::now();
+    let call = match &slot.callee {
+        Callee::Handler(handler) => {
+            let span = tracing::info_span!(
+                "hexeract.handle",
+                message_id = %envelope.id,
+                message_type = %envelope.message_type,
+                handler = %slot.name,
+                attempt = envelope.attempt,
+                trace_id = envelope.trace_id().map(tracing::field::display),
+            );
+            let handler = handler.clone();
+            // The context carries the envelope: one copy per call.
+            let call: BoxFuture<'static, HandlerOutcome> =
+                Box::pin(async move { handler.handler().handle(ctx.envelope(), &ctx).await });
+            call_boxed(call, call_cancelled, slot.timeout, interrupt)
+                .instrument(span)
+                .await
+        }
+        Callee::Job(run) => {
+            let span = tracing::info_span!(
+                "hexeract.schedule",
+                job = %slot.name,
+                fire_at = ctx.scheduled_for().map(tracing::field::display),
+                attempt = envelope.attempt,
+            );
+            let run = *run;
+            let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move { run(&ctx).await });
+            call_boxed(call, call_cancelled, slot.timeout, interrupt)
+                .instrument(span)
+                .await
+        }
+    };
+    (call, Some(started.elapsed()))
+}
+
+/// Calls `handler` once, outside any world (the test harness): [`call_boxed`] with the
+/// handler's own future.
+pub(crate) async fn call_handler(
+    handler: Arc<RegisteredHandler>,
+    ctx: Context,
+    timeout: Duration,
+    interrupt: &CancellationToken,
+) -> Call {
+    let call_cancelled = ctx.cancellation().clone();
+    let call: BoxFuture<'static, HandlerOutcome> =
+        Box::pin(async move { handler.handler().handle(ctx.envelope(), &ctx).await });
+    call_boxed(call, call_cancelled, timeout, interrupt).await
+}
+
+/// Runs one call to its end.
+///
+/// The call is polled once where it stands: a handler that does not wait (most do their work
+/// and return) finishes there, at the cost of a function call. One that waits moves into a task
+/// of its own and runs there under its timeout.
+///
+/// A call that times out or is interrupted is *abandoned*, not dropped: its task runs on, and
+/// `call_cancelled` (what its context's `cancellation()` returns) fires so that a cooperative
+/// handler stops. Dropping a handler's future in the middle of `pool.begin()` can return a
+/// pooled connection still inside a transaction (sqlx #4393), which would poison the pool for
+/// everyone; an abandoned call ends its transaction itself. A panic, wherever it happens in the
+/// call, is caught.
+async fn call_boxed(
+    mut call: BoxFuture<'static, HandlerOutcome>,
+    call_cancelled: CancellationToken,
+    timeout: Duration,
+    interrupt: &CancellationToken,
+) -> Call {
+    let first_poll = std::future::poll_fn(|cx| {
+        Poll::Ready(panic::catch_unwind(AssertUnwindSafe(|| {
+            call.as_mut().poll(cx)
+        })))
+    })
+    .await;
+    match first_poll {
+        Ok(Poll::Ready(outcome)) => return Call::Finished(outcome),
+        Err(panic) => {
+            // A future that panicked is not polled again; dropping it may panic too.
+            let _ = panic::catch_unwind(AssertUnwindSafe(move || drop(call)));
+            return Call::Finished(panicked(&*panic));
+        }
+        Ok(Poll::Pending) => {}
+    }
+    let mut task = tokio::spawn(call.instrument(tracing::Span::current()));
+    let finished = tokio::select! {
+        biased;
+        () = interrupt.cancelled() => None,
+        result = tokio::time::timeout(timeout, &mut task) => Some(result),
+    };
+    match finished {
+        Some(Ok(Ok(outcome))) => Call::Finished(outcome),
+        Some(Ok(Err(error))) if error.is_panic() => Call::Finished(panicked(&*error.into_panic())),
+        // The executor is shutting down and cancelled the task.
+        Some(Ok(Err(_))) => Call::Interrupted,
+        Some(Err(_elapsed)) => {
+            call_cancelled.cancel();
+            Call::Finished(HandlerOutcome::Retry {
+                reason: Reason::HANDLER_TIMEOUT,
+                detail: format!("handler did not finish within {timeout:?}"),
+                after: None,
+            })
+        }
+        None => {
+            call_cancelled.cancel();
+            Call::Interrupted
+        }
+    }
+}
+
+fn panicked(panic: &(dyn Any + Send)) -> HandlerOutcome {
+    HandlerOutcome::Retry {
+        reason: Reason::HANDLER_PANICKED,
+        detail: format!("handler panicked: {}", panic_message(panic)),
+        after: None,
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> &str {
+    if let Some(message) = panic.downcast_ref::<&'static str>() {
+        message
+    } else if let Some(message) = panic.downcast_ref::<String>() {
+        message
+    } else {
+        "(a panic payload that is not a string)"
+    }
+}
+
+/// Fires `interrupt` once `grace` has passed after `cancel`.
+pub(crate) fn spawn_grace_timer(
+    cancel: CancellationToken,
+    interrupt: CancellationToken,
+    grace: Duration,
+) -> tokio_util::sync::DropGuard {
+    let stop_timer = CancellationToken::new();
+    let guard = stop_timer.clone().drop_guard();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = stop_timer.cancelled() => {}
+            () = async { cancel.cancelled().await; tokio::time::sleep(grace).await } => interrupt.cancel(),
+        }
+    });
+    guard
+}

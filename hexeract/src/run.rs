@@ -1,0 +1,409 @@
+//! [`run`]: the whole process from the environment: the store, the scheduler, the outbox worker
+//! or a broker's relay and consumers, health and metrics on `WORKER_PORT`, retention and
+//! SIGTERM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{EnvSettings, IfSet, SchedulerSettings};
+use crate::delivery::Policy;
+use crate::error::Error;
+use crate::outbox::OutboxWorkerBuilder;
+use crate::registry::Registry;
+use crate::schedule::{SchedulerBuilder, SchedulerWorker};
+
+/// Runs every registered handler until `cancel` fires (or SIGTERM / Ctrl-C arrives), with the
+/// configuration taken from the environment.
+///
+/// Messages come from the process's outbox store ([`default_store`](crate::store::default_store)):
+/// an SQLite file unless `DATABASE_URL` names a PostgreSQL database. An [`OutboxWorker`]
+/// delivers them to every handler, with the process defaults of `docs/configuration.md`
+/// (batches of 100, polls every 500 ms when idle, woken at once by publishes).
+///
+/// With `AMQP_URL` set, the broker does the fan-out instead: an
+/// [`OutboxRelay`](crate::rabbitmq::OutboxRelay) publishes the outbox to the exchange (a row is
+/// deleted once the broker confirmed it), and a [`RabbitMqWorker`](crate::rabbitmq::RabbitMqWorker)
+/// consumes every handler's queue; both are restarted after a lost connection
+/// (`docs/rabbitmq.md`).
+///
+/// Returns `Ok(())` after a cancellation, once the handlers running have finished (up to the
+/// shutdown grace, 8 s), and only then; an invalid configuration, an unreachable database or
+/// two handlers with the same name are an error before anything starts.
+///
+/// ```no_run
+/// use hexeract::CancellationToken;
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), hexeract::Error> {
+///     hexeract::run(CancellationToken::new()).await
+/// }
+/// ```
+pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
+    let settings = EnvSettings::from_env()?;
+    let store = crate::store::default_schedule_store().await?;
+    // Served on WORKER_PORT; its changes (ready, not ready and why) are logged too.
+    let health = crate::health::Health::new();
+    // Not ready until every loop has added its component: served before they exist, an empty
+    // list would read as ready.
+    let startup = health.probe("startup");
+    let stop = cancel.child_token();
+    let listener = bind_worker_port(settings.worker_port).await?;
+    let http = tokio::spawn(crate::health::serve(
+        listener,
+        health.clone(),
+        Some(store.clone()),
+        stop.clone(),
+    ));
+    warn_about_unowned(&*store).await;
+    let hygiene = tokio::spawn(retention(
+        store.clone(),
+        settings.inbox_retention,
+        settings.dead_letter_retention,
+        stop.clone(),
+    ));
+    let result = run_loops(&settings, store, &health, startup, &stop).await;
+    stop.cancel();
+    let _ = hygiene.await;
+    // A client holding a connection open would keep the server's graceful shutdown waiting.
+    let mut http = http;
+    match tokio::time::timeout(Duration::from_secs(2), &mut http).await {
+        Ok(Ok(Err(error))) => tracing::warn!(%error, "the health endpoint stopped with an error"),
+        Ok(_) => {}
+        Err(_) => http.abort(),
+    }
+    result
+}
+
+/// Pending deliveries no registered handler owns: `(handler, count)`; `""` stands for message
+/// types no handler knew.
+pub(crate) async fn unowned_deliveries(
+    store: &dyn crate::store::DeliveryStore,
+) -> Result<Vec<(String, u64)>, Error> {
+    let registry = Registry::from_inventory()?;
+    Ok(store
+        .pending_by_handler()
+        .await?
+        .into_iter()
+        .filter(|(handler, _)| registry.get(handler).is_none())
+        .collect())
+}
+
+/// Says at startup which pending deliveries nobody will handle (a handler renamed or removed).
+async fn warn_about_unowned(store: &dyn crate::store::DeliveryStore) {
+    match unowned_deliveries(store).await {
+        Ok(unowned) => {
+            for (handler, count) in unowned {
+                if handler.is_empty() {
+                    tracing::warn!(count, "deliveries of message types no handler knows are waiting; they retry and then go to the dead letters");
+                } else {
+                    tracing::warn!(%handler, count, "deliveries for a handler this program does not have (renamed or removed?) are waiting; they retry and then go to the dead letters");
+                }
+            }
+        }
+        Err(error) => tracing::warn!(%error, "could not look for deliveries no handler owns"),
+    }
+}
+
+/// Deletes expired inbox marks and dead letters: a minute after startup, then every hour.
+async fn retention(
+    store: Arc<dyn crate::store::ScheduleStore>,
+    inbox: Option<Duration>,
+    dead_letters: Option<Duration>,
+    stop: CancellationToken,
+) {
+    let mut wait = Duration::from_secs(60);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = Duration::from_secs(3_600);
+        if let Some(age) = inbox {
+            match store.purge_inbox_before(age).await {
+                Ok(0) => {}
+                Ok(purged) => tracing::info!(purged, ?age, "expired inbox marks deleted"),
+                Err(error) => tracing::warn!(%error, "could not delete expired inbox marks"),
+            }
+        }
+        if let Some(age) = dead_letters {
+            match store.purge_dead_letters_before(age).await {
+                Ok(0) => {}
+                Ok(purged) => tracing::info!(purged, ?age, "expired dead letters deleted"),
+                Err(error) => tracing::warn!(%error, "could not delete expired dead letters"),
+            }
+        }
+    }
+}
+
+/// Binds the health and metrics endpoints, or says which variable to change.
+async fn bind_worker_port(port: u16) -> Result<tokio::net::TcpListener, Error> {
+    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port))
+        .await
+        .map_err(|error| {
+            Error::Config(crate::error::ConfigError {
+                problems: vec![crate::error::ConfigProblem {
+                    setting: "WORKER_PORT".to_owned(),
+                    value: port.to_string(),
+                    expected: format!(
+                        "a port this process can listen on for /health and /metrics ({error})"
+                    ),
+                }],
+            })
+        })?;
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, "health and metrics on http://{address}/health/ready and /metrics");
+    }
+    Ok(listener)
+}
+
+/// Every loop of `run`: the scheduler, and the outbox worker or the relay and bus worker.
+async fn run_loops(
+    settings: &EnvSettings,
+    store: Arc<dyn crate::store::ScheduleStore>,
+    health: &crate::health::Health,
+    startup: crate::health::Probe,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
+    let stop = stop.clone();
+    // Scheduled jobs and delayed messages, beside whatever delivers the messages.
+    let scheduler = configure_scheduler(
+        SchedulerWorker::builder_shared(store.clone()).from_inventory(),
+        settings,
+    )
+    .health(health.probe("scheduler"))
+    .build()?;
+    let store: Arc<dyn crate::store::DeliveryStore> = store;
+    #[cfg(feature = "rabbitmq")]
+    if let Some(amqp) = &settings.amqp {
+        tokio::spawn(stop_on_signal(stop.clone()));
+        let broker = crate::rabbitmq::supervisor::BrokerSettings {
+            url: amqp.url.clone(),
+            exchange: amqp.exchange.clone(),
+            prefix: amqp.queue_prefix.clone(),
+        };
+        let delivering = crate::rabbitmq::supervisor::run_on_broker(
+            broker,
+            settings,
+            store,
+            health,
+            startup,
+            stop.clone(),
+        );
+        let (delivered, scheduled) = tokio::join!(
+            stop_all_on_error(delivering, &stop),
+            scheduler.run(stop.clone()),
+        );
+        return delivered.and(scheduled);
+    }
+    #[cfg(feature = "kafka")]
+    if let Some(kafka) = &settings.kafka {
+        tokio::spawn(stop_on_signal(stop.clone()));
+        let delivering = crate::kafka::supervisor::run_on_kafka(
+            kafka,
+            settings,
+            store,
+            health,
+            startup,
+            stop.clone(),
+        );
+        let (delivered, scheduled) = tokio::join!(
+            stop_all_on_error(delivering, &stop),
+            scheduler.run(stop.clone()),
+        );
+        return delivered.and(scheduled);
+    }
+    #[cfg(not(feature = "kafka"))]
+    if settings.kafka.is_some() {
+        return Err(Error::Unsupported(
+            "KAFKA_BROKERS is set, but this build of hexeract lacks its `kafka` feature (it is \
+             not among the default features: add `features = [\"kafka\"]` to the dependency)"
+                .to_owned(),
+        ));
+    }
+    #[cfg(not(feature = "rabbitmq"))]
+    if settings.amqp.is_some() {
+        return Err(Error::Unsupported(
+            "AMQP_URL is set, but this build of hexeract lacks its `rabbitmq` feature".to_owned(),
+        ));
+    }
+    let worker = outbox_worker_of_run(store, settings)
+        .from_registry()
+        .health(health.probe("outbox worker"))
+        .build()?;
+    startup.pass();
+    tokio::spawn(stop_on_signal(stop.clone()));
+    let (delivered, scheduled) = tokio::join!(
+        stop_all_on_error(worker.run(stop.clone()), &stop),
+        scheduler.run(stop.clone())
+    );
+    delivered.and(scheduled)
+}
+
+/// The scheduler's knobs under `hexeract::run`: every variable that is set; the others keep
+/// the builder's defaults.
+fn configure_scheduler(builder: SchedulerBuilder, settings: &EnvSettings) -> SchedulerBuilder {
+    // Every field named: a knob added to the settings does not compile until it is named here,
+    // and warns as unused until it is applied.
+    let SchedulerSettings {
+        poll_interval,
+        batch_size,
+        min_cycle_delay,
+        dispatch_timeout,
+        lease,
+    } = settings.scheduler;
+    // `configure` takes MAX_DELIVERIES and RETRY_MAX_DELAY_MS.
+    builder
+        .configure(settings)
+        .if_set(poll_interval, SchedulerBuilder::poll_interval)
+        .if_set(batch_size, SchedulerBuilder::batch_size)
+        .if_set(min_cycle_delay, SchedulerBuilder::min_cycle_delay)
+        .if_set(dispatch_timeout, SchedulerBuilder::dispatch_timeout)
+        .lease(lease.unwrap_or_else(|| run_scheduler_lease(dispatch_timeout)))
+        .if_set(settings.shutdown_grace, SchedulerBuilder::shutdown_grace)
+}
+
+/// The scheduler's lease under `hexeract::run` when `SCHEDULER_LEASE_MS` is unset: the dispatch
+/// timeout and 5 s of room for the settle after a timeout (35 s with the defaults), so that a
+/// run that takes its whole timeout still holds its claim.
+fn run_scheduler_lease(dispatch_timeout: Option<std::time::Duration>) -> std::time::Duration {
+    // The builder's default dispatch timeout (the seed's 30 s).
+    dispatch_timeout.unwrap_or(Policy::library().handler_timeout) + Duration::from_secs(5)
+}
+
+/// The outbox worker of `hexeract::run`: the process's defaults, the variables every world
+/// reads, then `RELAY_BATCH_SIZE`, `RELAY_POLL_INTERVAL_MS` and `DELIVERY_LEASE_MS` where set.
+fn outbox_worker_of_run(
+    store: Arc<dyn crate::store::DeliveryStore>,
+    settings: &EnvSettings,
+) -> OutboxWorkerBuilder {
+    OutboxWorkerBuilder::with_policy(store, Policy::process().with_env(settings))
+        .if_set(settings.relay_batch_size, OutboxWorkerBuilder::batch_size)
+        .if_set(
+            settings.relay_poll_interval,
+            OutboxWorkerBuilder::poll_interval,
+        )
+        .if_set(settings.delivery_lease, OutboxWorkerBuilder::lease)
+}
+
+/// Runs `part` of the process; if it fails, stops the other parts too.
+async fn stop_all_on_error(
+    part: impl std::future::Future<Output = Result<(), Error>>,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
+    let result = part.await;
+    if result.is_err() {
+        stop.cancel();
+    }
+    result
+}
+
+/// Cancels `stop` on SIGTERM or Ctrl-C; returns when `stop` is cancelled either way.
+pub(crate) async fn stop_on_signal(stop: CancellationToken) {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    let interrupt = async {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => {}
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for Ctrl-C");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = stop.cancelled() => return,
+        () = interrupt => tracing::info!("Ctrl-C received, shutting down"),
+        () = terminate => tracing::info!("SIGTERM received, shutting down"),
+    }
+    stop.cancel();
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    fn settings(vars: &'static [(&'static str, &'static str)]) -> EnvSettings {
+        EnvSettings::from_lookup(|name| {
+            vars.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        })
+        .unwrap()
+    }
+
+    async fn store() -> Arc<crate::store::sqlite::SqliteStore> {
+        Arc::new(
+            crate::store::sqlite::SqliteStore::in_memory()
+                .await
+                .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_scheduler_of_run_takes_its_variables() {
+        let set = settings(&[
+            ("SCHEDULER_POLL_INTERVAL_MS", "250"),
+            ("SCHEDULER_BATCH_SIZE", "7"),
+            ("SCHEDULER_DISPATCH_TIMEOUT_MS", "1234"),
+            ("SCHEDULER_LEASE_MS", "4321"),
+        ]);
+        let scheduler = configure_scheduler(SchedulerWorker::builder_shared(store().await), &set);
+        // The builder shows these four of its knobs.
+        let shown = format!("{scheduler:?}");
+        for knob in [
+            "poll_interval: 250ms",
+            "batch_size: 7",
+            "lease: 4.321s",
+            "dispatch_timeout: 1.234s",
+        ] {
+            assert!(shown.contains(knob), "{knob} not in {shown}");
+        }
+    }
+
+    #[tokio::test]
+    async fn unset_variables_leave_the_builders_defaults_under_run() {
+        let unset = settings(&[]);
+        let store = store().await;
+        // All but the lease, which `run` gives 5 s of room above the dispatch timeout.
+        assert_eq!(
+            format!(
+                "{:?}",
+                configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &unset)
+            ),
+            format!(
+                "{:?}",
+                SchedulerWorker::builder_shared(store.clone()).lease(Duration::from_secs(35))
+            ),
+        );
+        let longer = settings(&[("SCHEDULER_DISPATCH_TIMEOUT_MS", "60000")]);
+        let scheduler =
+            configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &longer);
+        assert!(
+            format!("{scheduler:?}").contains("lease: 65s"),
+            "{scheduler:?}"
+        );
+        let worker = outbox_worker_of_run(store, &unset);
+        assert!(format!("{worker:?}").contains("lease: 30s"), "{worker:?}");
+    }
+
+    #[tokio::test]
+    async fn the_outbox_worker_of_run_takes_the_delivery_lease() {
+        let set = settings(&[("DELIVERY_LEASE_MS", "90000")]);
+        let worker = outbox_worker_of_run(store().await, &set);
+        assert!(format!("{worker:?}").contains("lease: 90s"), "{worker:?}");
+    }
+}
