@@ -19,8 +19,9 @@ pub struct DeadLetter {
     pub id: Uuid,
     /// The message as it was received, payload bytes unchanged.
     pub envelope: Envelope,
-    /// The handler that gave up; `None` when no handler could be chosen (unknown type, payload
-    /// too large to look at).
+    /// The handler the delivery was for (each handler has its own delivery, so a payload too
+    /// large or undecodable is one letter per handler); `None` when no handler knows the
+    /// message's type, except on RabbitMQ, where it is the handler whose queue it arrived in.
     pub handler: Option<String>,
     /// Why, from [`Reason`] or the handler's own word.
     pub reason: Reason,

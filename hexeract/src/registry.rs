@@ -103,7 +103,78 @@ impl HandlerOptions {
 }
 
 /// A handler registered in code, applied to a registry when a builder builds.
-pub(crate) type Registration = Box<dyn FnOnce(&mut Registry) -> Result<(), RegistryError> + Send>;
+type Registration = Box<dyn FnOnce(&mut Registry) -> Result<(), RegistryError> + Send>;
+
+/// The handlers a worker's builder was given: every `#[handler]` of the program or a registry
+/// of the caller's, plus those registered in code. Every builder keeps one.
+pub(crate) struct HandlerSet {
+    /// `None`: every `#[handler]` of the program.
+    base: Option<Registry>,
+    added: Vec<Registration>,
+}
+
+impl HandlerSet {
+    /// No handlers but those registered in code.
+    pub(crate) fn none() -> HandlerSet {
+        HandlerSet {
+            base: Some(Registry::new()),
+            added: Vec::new(),
+        }
+    }
+
+    /// Every `#[handler]` of the program.
+    pub(crate) fn program() -> HandlerSet {
+        HandlerSet {
+            base: None,
+            added: Vec::new(),
+        }
+    }
+
+    /// Starts from every `#[handler]` of the program.
+    pub(crate) fn use_program(&mut self) {
+        self.base = None;
+    }
+
+    /// Starts from `registry`.
+    pub(crate) fn use_registry(&mut self, registry: Registry) {
+        self.base = Some(registry);
+    }
+
+    /// Adds a handler written as a type.
+    pub(crate) fn add<M: Message, H: Handler<M>>(&mut self, handler: H, options: HandlerOptions) {
+        self.added.push(Box::new(move |registry| {
+            registry.register::<M, H>(handler, options)
+        }));
+    }
+
+    /// The registry: the base with the handlers added, those `keep` refuses left out. Every
+    /// duplicate name is reported at once.
+    pub(crate) fn build(
+        self,
+        keep: Option<&dyn Fn(&HandlerInfo) -> bool>,
+    ) -> Result<Registry, RegistryError> {
+        let mut registry = match self.base {
+            Some(registry) => registry,
+            None => Registry::from_inventory()?,
+        };
+        if let Some(keep) = keep {
+            registry.retain(|info| keep(info));
+        }
+        let mut duplicates = Vec::new();
+        for registration in self.added {
+            match registration(&mut registry) {
+                Ok(()) => {}
+                Err(RegistryError::DuplicateNames(found)) => duplicates.extend(found),
+                Err(other) => return Err(other),
+            }
+        }
+        if duplicates.is_empty() {
+            Ok(registry)
+        } else {
+            Err(RegistryError::DuplicateNames(duplicates))
+        }
+    }
+}
 
 /// One handler in the registry: its description and the erased handler to call.
 pub struct RegisteredHandler {

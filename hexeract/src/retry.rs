@@ -124,6 +124,38 @@ impl RetryPolicy {
     }
 }
 
+/// The delays of a loop that tries an operation again until it succeeds (connecting,
+/// declaring, writing a dead letter): from `first`, doubling up to `longest`, each shortened at
+/// random by up to a fifth, as [`RetryPolicy::backoff`] does, so that the processes that lost a
+/// broker together do not all knock again at the same instant.
+#[derive(Clone, Debug)]
+pub(crate) struct Backoff {
+    policy: RetryPolicy,
+    tries: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(first: Duration, longest: Duration) -> Backoff {
+        Backoff {
+            policy: RetryPolicy::default()
+                .initial_delay(first)
+                .max_delay(longest),
+            tries: 0,
+        }
+    }
+
+    /// The wait before the next try.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        self.tries = self.tries.saturating_add(1);
+        self.policy.backoff(self.tries)
+    }
+
+    /// Starts over from the first delay.
+    pub(crate) fn reset(&mut self) {
+        self.tries = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +179,25 @@ mod tests {
             policy.clone().jitter(0.0).backoff(40),
             Duration::from_secs(10)
         );
+    }
+
+    #[test]
+    fn a_backoff_doubles_with_jitter_up_to_its_longest_and_starts_over() {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let delays: Vec<Duration> = (0..8).map(|_| backoff.next_delay()).collect();
+        for (n, (delay, exact)) in delays
+            .iter()
+            .zip([100u64, 200, 400, 800, 1_000, 1_000])
+            .enumerate()
+        {
+            let exact = Duration::from_millis(exact);
+            assert!(
+                *delay <= exact && *delay >= exact.mul_f64(0.8),
+                "delay {n}: {delay:?} against {exact:?}"
+            );
+        }
+        assert!(delays.iter().all(|delay| *delay <= Duration::from_secs(1)));
+        backoff.reset();
+        assert!(backoff.next_delay() <= Duration::from_millis(100));
     }
 }

@@ -20,7 +20,7 @@ use crate::memory::{InMemoryStore, Pending};
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::publish::Publish;
-use crate::registry::{HandlerInfo, HandlerOptions, Registration, Registry, RegistryError};
+use crate::registry::{HandlerInfo, HandlerOptions, HandlerSet, Registry};
 use crate::retry::RetryPolicy;
 use crate::run::stop_on_signal;
 
@@ -43,8 +43,7 @@ type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 /// ```
 #[must_use]
 pub struct RuntimeBuilder {
-    registry: Option<Registry>,
-    registrations: Vec<Registration>,
+    handlers: HandlerSet,
     filter: Option<Filter>,
     store: Option<InMemoryStore>,
     policy: Policy,
@@ -55,8 +54,7 @@ pub struct RuntimeBuilder {
 impl Default for RuntimeBuilder {
     fn default() -> RuntimeBuilder {
         RuntimeBuilder {
-            registry: None,
-            registrations: Vec::new(),
+            handlers: HandlerSet::program(),
             filter: None,
             store: None,
             policy: Policy {
@@ -89,7 +87,7 @@ impl RuntimeBuilder {
 
     /// Uses these handlers instead of every `#[handler]` in the program.
     pub fn registry(mut self, registry: Registry) -> RuntimeBuilder {
-        self.registry = Some(registry);
+        self.handlers.use_registry(registry);
         self
     }
 
@@ -113,9 +111,7 @@ impl RuntimeBuilder {
         handler: H,
         options: HandlerOptions,
     ) -> RuntimeBuilder {
-        self.registrations.push(Box::new(move |registry| {
-            registry.register::<M, H>(handler, options)
-        }));
+        self.handlers.add::<M, H>(handler, options);
         self
     }
 
@@ -201,24 +197,11 @@ impl RuntimeBuilder {
         let policy = self.policy;
         policy.checks("max_deliveries").finish()?;
 
-        let mut registry = match self.registry {
-            Some(registry) => registry,
-            None => Registry::from_inventory()?,
-        };
-        if let Some(keep) = &self.filter {
-            registry.retain(|info| keep(info));
-        }
-        let mut duplicates = Vec::new();
-        for registration in self.registrations {
-            match registration(&mut registry) {
-                Ok(()) => {}
-                Err(RegistryError::DuplicateNames(found)) => duplicates.extend(found),
-                Err(other) => return Err(other.into()),
-            }
-        }
-        if !duplicates.is_empty() {
-            return Err(RegistryError::DuplicateNames(duplicates).into());
-        }
+        let keep = self
+            .filter
+            .as_ref()
+            .map(|keep| keep as &dyn Fn(&HandlerInfo) -> bool);
+        let registry = self.handlers.build(keep)?;
 
         let store = self
             .store

@@ -10,6 +10,7 @@ use crate::delivery::Policy;
 use crate::error::Error;
 use crate::health::Health;
 use crate::kafka::{ensure_topics, KafkaConfig, KafkaRelay, KafkaWorkerBuilder};
+use crate::retry::Backoff;
 use crate::store::DeliveryStore;
 
 /// The client settings `hexeract::run` uses.
@@ -57,18 +58,18 @@ pub(crate) async fn run_on_kafka(
         .health(relay_probe.clone());
     // The consumers subscribe once their topics exist; the relay creates the topics of other
     // aggregates as it meets them.
-    let mut delay = Duration::from_millis(250);
+    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
     loop {
         match ensure_topics(&config, &aggregates).await {
             Ok(()) => break,
             Err(error) => {
+                let delay = backoff.next_delay();
                 tracing::error!(%error, retry_in = ?delay, "could not create the Kafka topics; trying again");
                 relay_probe.fail(format!("cannot create the topics: {error}"));
                 tokio::select! {
                     () = cancel.cancelled() => return Ok(()),
                     () = tokio::time::sleep(delay) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     }

@@ -36,8 +36,8 @@ use crate::metrics::Metrics;
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
 use crate::reason::Reason;
-use crate::registry::Registration;
-use crate::registry::{HandlerOptions, Registry};
+use crate::registry::{HandlerOptions, HandlerSet, Registry};
+use crate::retry::Backoff;
 use crate::store::DeliveryStore;
 
 /// What one record counts for in a partition's queue besides its key and payload.
@@ -49,8 +49,7 @@ const RECORD_OVERHEAD: usize = 256;
 pub struct KafkaWorkerBuilder {
     config: KafkaConfig,
     store: Arc<dyn DeliveryStore>,
-    registry: Option<Registry>,
-    registrations: Vec<Registration>,
+    handlers: HandlerSet,
     publisher: Option<Arc<dyn Publish>>,
     policy: Policy,
     check_interval: Duration,
@@ -74,8 +73,7 @@ impl KafkaWorkerBuilder {
         KafkaWorkerBuilder {
             config,
             store,
-            registry: Some(Registry::new()),
-            registrations: Vec::new(),
+            handlers: HandlerSet::none(),
             publisher: None,
             policy,
             check_interval: Duration::from_secs(5),
@@ -87,13 +85,13 @@ impl KafkaWorkerBuilder {
     /// Every `#[handler]` in the program (plus those registered with
     /// [`register_handler`](KafkaWorkerBuilder::register_handler)).
     pub fn from_registry(mut self) -> KafkaWorkerBuilder {
-        self.registry = None;
+        self.handlers.use_program();
         self
     }
 
     /// These handlers (plus those registered with `register_handler`).
     pub fn registry(mut self, registry: Registry) -> KafkaWorkerBuilder {
-        self.registry = Some(registry);
+        self.handlers.use_registry(registry);
         self
     }
 
@@ -108,9 +106,7 @@ impl KafkaWorkerBuilder {
         handler: H,
         options: HandlerOptions,
     ) -> KafkaWorkerBuilder {
-        self.registrations.push(Box::new(move |registry| {
-            registry.register::<M, H>(handler, options)
-        }));
+        self.handlers.add::<M, H>(handler, options);
         self
     }
 
@@ -187,13 +183,7 @@ impl KafkaWorkerBuilder {
             .not_zero("check_interval", self.check_interval)
             .at_least_one("partition_queue_bytes", self.partition_queue_bytes as u64)
             .finish()?;
-        let mut registry = match self.registry {
-            Some(registry) => registry,
-            None => Registry::from_inventory()?,
-        };
-        for registration in self.registrations {
-            registration(&mut registry)?;
-        }
+        let registry = self.handlers.build(None)?;
         let health = self.health.unwrap_or_default();
         let mut groups = Vec::new();
         for info in registry.handlers() {
@@ -777,7 +767,7 @@ impl PartitionTask {
             letter.envelope.id,
         );
         letter.attempts = calls;
-        let mut wait = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             match self.shared.store.insert_dead_letter(&letter).await {
                 Ok(()) => return Settled::Done,
@@ -789,11 +779,10 @@ impl PartitionTask {
                 }
             }
             tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(backoff.next_delay()) => {}
                 () = cancel.cancelled() => return Settled::Left,
                 () = self.state.revoked.cancelled() => return Settled::Left,
             }
-            wait = (wait * 2).min(Duration::from_secs(5));
         }
     }
 }

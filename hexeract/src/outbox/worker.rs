@@ -18,8 +18,7 @@ use crate::health::Probe;
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
-use crate::registry::Registration;
-use crate::registry::{HandlerOptions, Registry};
+use crate::registry::{HandlerOptions, HandlerSet, Registry};
 use crate::store::{DeliveryStore, Routes, NO_HANDLER};
 
 /// Builds an [`OutboxWorker`]. The defaults are the library's: `poll_interval` 100 ms,
@@ -27,8 +26,7 @@ use crate::store::{DeliveryStore, Routes, NO_HANDLER};
 #[must_use]
 pub struct OutboxWorkerBuilder {
     store: Arc<dyn DeliveryStore>,
-    registry: Option<Registry>,
-    registrations: Vec<Registration>,
+    handlers: HandlerSet,
     policy: Policy,
     store_timeout: Duration,
     wake: Option<Arc<Notify>>,
@@ -55,8 +53,7 @@ impl OutboxWorkerBuilder {
     ) -> OutboxWorkerBuilder {
         OutboxWorkerBuilder {
             store,
-            registry: Some(Registry::new()),
-            registrations: Vec::new(),
+            handlers: HandlerSet::none(),
             policy,
             store_timeout: Duration::from_secs(30),
             wake: None,
@@ -68,13 +65,13 @@ impl OutboxWorkerBuilder {
     /// Every `#[handler]` in the program (plus those registered with
     /// [`register_handler`](OutboxWorkerBuilder::register_handler)).
     pub fn from_registry(mut self) -> OutboxWorkerBuilder {
-        self.registry = None;
+        self.handlers.use_program();
         self
     }
 
     /// These handlers (plus those registered with `register_handler`).
     pub fn registry(mut self, registry: Registry) -> OutboxWorkerBuilder {
-        self.registry = Some(registry);
+        self.handlers.use_registry(registry);
         self
     }
 
@@ -89,9 +86,7 @@ impl OutboxWorkerBuilder {
         handler: H,
         options: HandlerOptions,
     ) -> OutboxWorkerBuilder {
-        self.registrations.push(Box::new(move |registry| {
-            registry.register::<M, H>(handler, options)
-        }));
+        self.handlers.add::<M, H>(handler, options);
         self
     }
 
@@ -211,13 +206,7 @@ impl OutboxWorkerBuilder {
             .not_zero("lease", policy.lease)
             .not_zero("store_timeout", self.store_timeout)
             .finish()?;
-        let mut registry = match self.registry {
-            Some(registry) => registry,
-            None => Registry::from_inventory()?,
-        };
-        for registration in self.registrations {
-            registration(&mut registry)?;
-        }
+        let registry = self.handlers.build(None)?;
         for info in registry.handlers() {
             let timeout = info.timeout.unwrap_or(policy.handler_timeout);
             if timeout > policy.lease {

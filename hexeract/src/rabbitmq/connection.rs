@@ -133,7 +133,7 @@ impl RabbitMqConnection {
         attempts: u32,
         delay: Duration,
     ) -> Result<RabbitMqConnection, BusError> {
-        let mut delay = delay;
+        let mut backoff = crate::retry::Backoff::new(delay, Duration::from_secs(30));
         let mut tries = 0;
         loop {
             tries += 1;
@@ -141,9 +141,9 @@ impl RabbitMqConnection {
                 Ok(connection) => return Ok(connection),
                 Err(error) if tries >= attempts.max(1) => return Err(error),
                 Err(error) => {
+                    let delay = backoff.next_delay();
                     tracing::warn!(%error, attempt = tries, retry_in = ?delay, "RabbitMQ connection failed");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(30));
                 }
             }
         }

@@ -17,6 +17,7 @@ use crate::publish::Publish;
 use crate::rabbitmq::ownership;
 use crate::rabbitmq::{BusError, OutboxRelay, RabbitMqConnection, RabbitMqWorkerBuilder, Topology};
 use crate::registry::Registry;
+use crate::retry::Backoff;
 use crate::store::DeliveryStore;
 
 /// The broker settings `hexeract::run` uses.
@@ -149,18 +150,18 @@ async fn connect(
     probe: &Probe,
     cancel: &CancellationToken,
 ) -> Result<RabbitMqConnection, BusError> {
-    let mut delay = Duration::from_millis(500);
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         match RabbitMqConnection::connect_named(url, name).await {
             Ok(connection) => return Ok(connection),
             Err(error) => {
+                let delay = backoff.next_delay();
                 tracing::warn!(%error, connection = name, retry_in = ?delay, "cannot reach RabbitMQ");
                 probe.fail(&error);
                 tokio::select! {
                     () = cancel.cancelled() => return Err(error),
                     () = tokio::time::sleep(delay) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     }
@@ -174,8 +175,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<(), BusError>>,
 {
-    const FIRST_DELAY: Duration = Duration::from_millis(250);
-    let mut delay = FIRST_DELAY;
+    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
     loop {
         let started = tokio::time::Instant::now();
         match start().await {
@@ -185,8 +185,9 @@ where
                 // A loop that ran a while before failing starts its backoff over: an outage
                 // days after the last one is not met with the longest delay.
                 if started.elapsed() > Duration::from_secs(30) {
-                    delay = FIRST_DELAY;
+                    backoff.reset();
                 }
+                let delay = backoff.next_delay();
                 let name = probe.name();
                 tracing::error!(%error, retry_in = ?delay, "{name} stopped; restarting");
                 probe.fail(format_args!("{error}; restarting"));
@@ -194,7 +195,6 @@ where
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     }

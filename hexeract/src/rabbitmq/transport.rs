@@ -155,9 +155,11 @@ impl RabbitMqTransport {
             return Ok(current.clone());
         }
         let deadline = tokio::time::Instant::now() + self.reconnect_timeout;
-        let mut delay = Duration::from_millis(100);
+        let mut backoff =
+            crate::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut connection = self.connection.lock().await;
         loop {
+            let delay = backoff.next_delay();
             let attempt = async {
                 let fresh = connection.reconnect().await?;
                 let publisher = open_publisher(&fresh, &self.exchange).await?;
@@ -180,7 +182,6 @@ impl RabbitMqTransport {
                 Err(error) => {
                     tracing::warn!(%error, retry_in = ?delay, "publisher reconnect failed");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }

@@ -33,8 +33,7 @@ use crate::rabbitmq::{
     ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology, DEFAULT_EXCHANGE,
     DEFAULT_PREFIX,
 };
-use crate::registry::Registration;
-use crate::registry::{HandlerOptions, RegisteredHandler, Registry};
+use crate::registry::{HandlerOptions, HandlerSet, RegisteredHandler, Registry};
 use crate::store::DeliveryStore;
 
 /// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
@@ -77,8 +76,7 @@ use crate::store::DeliveryStore;
 #[must_use]
 pub struct RabbitMqWorkerBuilder {
     connection: RabbitMqConnection,
-    registry: Option<Registry>,
-    registrations: Vec<Registration>,
+    handlers: HandlerSet,
     exchange: String,
     prefix: String,
     wait_tiers: Option<Vec<Duration>>,
@@ -105,8 +103,7 @@ impl RabbitMqWorkerBuilder {
     ) -> RabbitMqWorkerBuilder {
         RabbitMqWorkerBuilder {
             connection,
-            registry: Some(Registry::new()),
-            registrations: Vec::new(),
+            handlers: HandlerSet::none(),
             exchange: DEFAULT_EXCHANGE.to_owned(),
             prefix: DEFAULT_PREFIX.to_owned(),
             wait_tiers: None,
@@ -124,13 +121,13 @@ impl RabbitMqWorkerBuilder {
     /// Every `#[handler]` in the program (plus those registered with
     /// [`register_handler`](RabbitMqWorkerBuilder::register_handler)).
     pub fn from_registry(mut self) -> RabbitMqWorkerBuilder {
-        self.registry = None;
+        self.handlers.use_program();
         self
     }
 
     /// These handlers (plus those registered with `register_handler`).
     pub fn registry(mut self, registry: Registry) -> RabbitMqWorkerBuilder {
-        self.registry = Some(registry);
+        self.handlers.use_registry(registry);
         self
     }
 
@@ -145,9 +142,7 @@ impl RabbitMqWorkerBuilder {
         handler: H,
         options: HandlerOptions,
     ) -> RabbitMqWorkerBuilder {
-        self.registrations.push(Box::new(move |registry| {
-            registry.register::<M, H>(handler, options)
-        }));
+        self.handlers.add::<M, H>(handler, options);
         self
     }
 
@@ -324,13 +319,7 @@ impl RabbitMqWorkerBuilder {
             );
         }
         checks.finish()?;
-        let mut registry = match self.registry {
-            Some(registry) => registry,
-            None => Registry::from_inventory()?,
-        };
-        for registration in self.registrations {
-            registration(&mut registry)?;
-        }
+        let registry = self.handlers.build(None)?;
         let topology = Topology::from_registry(&registry)
             .exchange(self.exchange.clone())
             .prefix(self.prefix)
