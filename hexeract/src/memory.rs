@@ -1,12 +1,12 @@
 //! [`InMemoryStore`]: pending messages and dead letters kept in the process.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::future::BoxFuture;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -41,28 +41,64 @@ pub struct InMemoryStore {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
-    queue: Mutex<VecDeque<Pending>>,
-    ready: Notify,
+    /// Pending messages go through a channel, which takes them without a lock per message.
+    sender: UnboundedSender<Pending>,
+    /// Its receiving end, while no runtime takes messages (one that does holds it).
+    receiver: Mutex<Option<UnboundedReceiver<Pending>>>,
+    /// Messages in the channel.
+    queued: AtomicUsize,
     dead_letters: Mutex<Vec<DeadLetter>>,
     /// Deliveries not settled yet: a message waiting to be fanned out counts once, then once
     /// per handler until that handler acks or dead-letters it.
     outstanding: AtomicUsize,
     idle: Notify,
-    /// A runtime is taking messages from this store.
-    consumed: AtomicBool,
 }
 
-/// Marks a store as taken by one runtime until dropped.
+impl Default for Inner {
+    fn default() -> Inner {
+        let (sender, receiver) = unbounded_channel();
+        Inner {
+            sender,
+            receiver: Mutex::new(Some(receiver)),
+            queued: AtomicUsize::new(0),
+            dead_letters: Mutex::default(),
+            outstanding: AtomicUsize::new(0),
+            idle: Notify::new(),
+        }
+    }
+}
+
+/// A store taken by one runtime: its pending messages come out here. Dropped, it gives the
+/// store back, messages left in it included.
 pub(crate) struct Consumer {
     store: InMemoryStore,
+    receiver: Option<UnboundedReceiver<Pending>>,
+}
+
+impl Consumer {
+    /// Takes the next pending message, waiting for one. Cancel-safe: dropping the future loses
+    /// nothing.
+    pub(crate) async fn next(&mut self) -> Pending {
+        let receiver = self.receiver.as_mut().expect("held until dropped");
+        let pending = receiver
+            .recv()
+            .await
+            .expect("the store keeps a sender while it lives");
+        self.store.inner.queued.fetch_sub(1, Ordering::SeqCst);
+        pending
+    }
 }
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        self.store.inner.consumed.store(false, Ordering::SeqCst);
+        *lock(&self.store.inner.receiver) = self.receiver.take();
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these locks cannot leave its value half-updated: recover.
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 /// A message waiting for a runtime: for every handler of its type, or for one handler (a retry
@@ -106,7 +142,7 @@ impl InMemoryStore {
     /// counted, even while its handler waits for a concurrency permit or a retry:
     /// [`is_idle`](InMemoryStore::is_idle) tells whether everything is settled.
     pub fn pending(&self) -> usize {
-        self.lock_queue().len()
+        self.inner.queued.load(Ordering::SeqCst)
     }
 
     /// `true` when every published message has been acked or dead-lettered by every handler.
@@ -160,26 +196,11 @@ impl InMemoryStore {
 
     /// Takes the store for one runtime, or `None` when another runtime has it.
     pub(crate) fn claim_consumer(&self) -> Option<Consumer> {
-        self.inner
-            .consumed
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-            .ok()
-            .map(|_| Consumer {
-                store: self.clone(),
-            })
-    }
-
-    /// Takes the next pending message, waiting for one. Cancel-safe: dropping the future loses
-    /// nothing.
-    pub(crate) async fn next(&self) -> Pending {
-        loop {
-            let mut notified = pin!(self.inner.ready.notified());
-            notified.as_mut().enable();
-            if let Some(pending) = self.lock_queue().pop_front() {
-                return pending;
-            }
-            notified.await;
-        }
+        let receiver = lock(&self.inner.receiver).take()?;
+        Some(Consumer {
+            store: self.clone(),
+            receiver: Some(receiver),
+        })
     }
 
     /// Puts back a message a runtime took but did not settle (shutdown), keeping its attempts.
@@ -208,23 +229,16 @@ impl InMemoryStore {
     }
 
     fn push(&self, pending: Pending) {
-        self.lock_queue().push_back(pending);
-        self.inner.ready.notify_one();
-    }
-
-    fn lock_queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
-        // A panic while holding this lock cannot leave the queue half-updated: recover it.
+        self.inner.queued.fetch_add(1, Ordering::SeqCst);
+        // The receiver lives as long as the store: in it, or in the consumer that took it.
         self.inner
-            .queue
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+            .sender
+            .send(pending)
+            .expect("the store keeps its receiver while it lives");
     }
 
     fn lock_dead_letters(&self) -> std::sync::MutexGuard<'_, Vec<DeadLetter>> {
-        self.inner
-            .dead_letters
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        lock(&self.inner.dead_letters)
     }
 }
 

@@ -18,9 +18,10 @@ use crate::schedule::{SchedulerBuilder, SchedulerWorker};
 /// configuration taken from the environment.
 ///
 /// Messages come from the process's outbox store ([`default_store`](crate::store::default_store)):
-/// an SQLite file unless `DATABASE_URL` names a PostgreSQL database. An [`OutboxWorker`]
-/// delivers them to every handler, with the process defaults of `docs/configuration.md`
-/// (batches of 100, polls every 500 ms when idle, woken at once by publishes).
+/// an SQLite file unless `DATABASE_URL` names a PostgreSQL database. An
+/// [`OutboxWorker`](crate::outbox::OutboxWorker) delivers them to every handler, with the process
+/// defaults of `docs/configuration.md` (batches of 100, polls every 500 ms when idle, woken at
+/// once by publishes).
 ///
 /// With `AMQP_URL` set, the broker does the fan-out instead: an
 /// [`OutboxRelay`](crate::rabbitmq::OutboxRelay) publishes the outbox to the exchange (a row is

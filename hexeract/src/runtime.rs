@@ -337,7 +337,7 @@ impl Runtime {
     /// One runtime runs on a store at a time (it fans messages out to its own handlers): a
     /// second `run` on the same store returns [`Error::StoreBusy`].
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
-        let _consumer = self.shared.store.claim_consumer().ok_or(Error::StoreBusy)?;
+        let mut consumer = self.shared.store.claim_consumer().ok_or(Error::StoreBusy)?;
         let stop = cancel.child_token();
         if self.shared.handle_signals {
             tokio::spawn(stop_on_signal(stop.clone()));
@@ -355,7 +355,7 @@ impl Runtime {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
-                pending = self.shared.store.next() => {
+                pending = consumer.next() => {
                     self.shared.accept(pending, &tracker, &stop, &abort).await;
                 }
             }
