@@ -606,6 +606,75 @@ async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
     broker.delete(&topology).await;
 }
 
+/// Issue 17, item 3: a delivery whose type comes from its routing key alone (no `type`
+/// property), handed back at shutdown while it waited for its handler's permit, keeps its type:
+/// the copy is handled by the next worker, not parked as `unknown_message_type`.
+#[tokio::test]
+async fn typeless_deliveries_given_back_at_shutdown_keep_their_type() {
+    let broker = TestBroker::new().await;
+    let calls = Calls::default();
+    let build = |connection, pause| {
+        worker(&broker, connection)
+            .register_handler_with::<OrderPlaced, _>(
+                Pausing(calls.clone(), pause),
+                HandlerOptions::new()
+                    .name("typeless_one_at_a_time")
+                    .concurrency(std::num::NonZeroU32::new(1).unwrap()),
+            )
+            .prefetch(8)
+            .build()
+            .unwrap()
+    };
+    let running = Running::start(build(
+        broker.connect("hexeract-tests-typeless-handback-1").await,
+        Duration::from_millis(300),
+    ));
+    declared(&broker, &running.topology).await;
+    for n in 0..8u32 {
+        // Only the routing key says what it is.
+        broker
+            .publish_raw(
+                "test.OrderPlaced",
+                format!("{{\"order_id\":{n}}}").as_bytes(),
+                BasicProperties::default()
+                    .with_message_id(Uuid::now_v7().to_string().as_str().into())
+                    .with_content_type("application/json".into()),
+            )
+            .await;
+    }
+    // One call runs; the other seven wait for the handler's only permit, and are handed back.
+    calls.wait_for(1, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let parking = running.topology.parking_queue_for("typeless_one_at_a_time");
+    running.stop().await;
+    assert_eq!(
+        calls.all().len(),
+        1,
+        "the stopping worker started no other call"
+    );
+
+    let running = Running::start(build(
+        broker.connect("hexeract-tests-typeless-handback-2").await,
+        Duration::ZERO,
+    ));
+    calls.wait_for(8, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let topology = running.stop().await;
+    let mut seen: Vec<u32> = calls.all().into_iter().map(|(n, _, _)| n).collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        (0..8).collect::<Vec<_>>(),
+        "every message handled once"
+    );
+    assert_eq!(
+        broker.ready(&parking).await,
+        0,
+        "nothing parked as unknown_message_type"
+    );
+    broker.delete(&topology).await;
+}
+
 #[tokio::test]
 async fn build_rejects_invalid_knobs_all_at_once() {
     let broker = TestBroker::new().await;

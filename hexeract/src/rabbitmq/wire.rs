@@ -184,12 +184,7 @@ pub(crate) fn read(
             });
         }
     }
-    let message_type = match properties.kind() {
-        Some(kind) => kind.to_string(),
-        // Published straight to the message exchange, whose routing key is the type.
-        None if delivery.exchange.as_str() == exchange => delivery.routing_key.to_string(),
-        None => String::new(),
-    };
+    let message_type = message_type_of(delivery, exchange);
     // Built whole: `Envelope::from_raw` would draw a fresh id and read the clock, both
     // overwritten here (a `getrandom` call per delivery).
     let mut envelope = Envelope {
@@ -252,21 +247,21 @@ pub(crate) fn read(
     Ok(envelope)
 }
 
+/// A delivery's message type: its `type` property or, for a message published straight to the
+/// message `exchange` without one, its routing key; empty when neither says.
+pub(crate) fn message_type_of(delivery: &Delivery, exchange: &str) -> String {
+    match delivery.properties.kind() {
+        Some(kind) => kind.to_string(),
+        None if delivery.exchange.as_str() == exchange => delivery.routing_key.to_string(),
+        None => String::new(),
+    }
+}
+
 /// What a dead-letter record can keep of a delivery that could not be read.
 pub(crate) fn salvage(delivery: &Delivery, exchange: &str) -> Envelope {
     let properties = &delivery.properties;
     let mut envelope = Envelope::from_raw(
-        properties
-            .kind()
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_else(|| {
-                if delivery.exchange.as_str() == exchange {
-                    delivery.routing_key.to_string()
-                } else {
-                    String::new()
-                }
-            }),
+        message_type_of(delivery, exchange),
         Bytes::from(delivery.data.clone()),
     );
     if let Some(id) = properties.message_id() {

@@ -959,11 +959,9 @@ impl ConsumeLoop<'_> {
         if self.lost.load(Ordering::SeqCst) || self.shared.connection.is_blocked() {
             return Settled::GiveBack;
         }
-        let message_type = delivery
-            .properties
-            .kind()
-            .as_ref()
-            .map_or_else(String::new, |kind| kind.to_string());
+        // The copy goes through the default exchange: a type that only its routing key gave
+        // (no `type` property) would be lost on the way.
+        let message_type = wire::message_type_of(delivery, &self.shared.exchange);
         // Every call made so far, the broker's redeliveries included: this delivery's own
         // attempt has not happened.
         let properties = wire::retry_properties(
