@@ -274,7 +274,9 @@ fn run_scheduler_lease(dispatch_timeout: Option<std::time::Duration>) -> std::ti
 }
 
 /// The outbox worker of `hexeract::run`: the process's defaults, the variables every world
-/// reads, then `RELAY_BATCH_SIZE`, `RELAY_POLL_INTERVAL_MS` and `DELIVERY_LEASE_MS` where set.
+/// reads, then `RELAY_BATCH_SIZE`, `CONSUMER_POLL_INTERVAL_MS` (its idle poll: it is the
+/// consumer when no broker is; `RELAY_POLL_INTERVAL_MS` is the broker relays' alone) and
+/// `DELIVERY_LEASE_MS` where set.
 fn outbox_worker_of_run(
     store: Arc<dyn crate::store::DeliveryStore>,
     settings: &EnvSettings,
@@ -282,7 +284,7 @@ fn outbox_worker_of_run(
     OutboxWorkerBuilder::with_policy(store, Policy::process().with_env(settings))
         .if_set(settings.relay_batch_size, OutboxWorkerBuilder::batch_size)
         .if_set(
-            settings.relay_poll_interval,
+            settings.consumer_poll_interval,
             OutboxWorkerBuilder::poll_interval,
         )
         .if_set(settings.delivery_lease, OutboxWorkerBuilder::lease)
@@ -399,6 +401,22 @@ mod tests {
         );
         let worker = outbox_worker_of_run(store, &unset);
         assert!(format!("{worker:?}").contains("lease: 30s"), "{worker:?}");
+    }
+
+    #[tokio::test]
+    async fn the_outbox_worker_polls_at_the_consumer_interval_and_the_relay_interval_is_not_its() {
+        let consumer = settings(&[("CONSUMER_POLL_INTERVAL_MS", "250")]);
+        let worker = outbox_worker_of_run(store().await, &consumer);
+        assert!(
+            format!("{worker:?}").contains("poll_interval: 250ms"),
+            "{worker:?}"
+        );
+        let relay = settings(&[("RELAY_POLL_INTERVAL_MS", "300")]);
+        let worker = outbox_worker_of_run(store().await, &relay);
+        assert!(
+            format!("{worker:?}").contains("poll_interval: 500ms"),
+            "the process default, not the relays' interval: {worker:?}"
+        );
     }
 
     #[tokio::test]

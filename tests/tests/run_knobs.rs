@@ -81,6 +81,7 @@ async fn run_gives_the_outbox_worker_and_the_scheduler_their_variables() {
         ),
         ("WORKER_PORT", "0"),
         ("RELAY_POLL_INTERVAL_MS", "50"),
+        ("CONSUMER_POLL_INTERVAL_MS", "50"),
         ("MAX_DELIVERIES", "1"),
         ("MAX_PAYLOAD_BYTES", "64"),
         ("DELIVERY_LEASE_MS", "1500"),

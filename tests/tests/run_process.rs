@@ -37,6 +37,7 @@ async fn sigterm_while_a_handler_sleeps_lets_it_finish_acks_its_message_and_exit
         .env("HEXERACT_SQLITE_PATH", &path)
         .env("WORKER_PORT", port.to_string())
         .env("RELAY_POLL_INTERVAL_MS", "50")
+        .env("CONSUMER_POLL_INTERVAL_MS", "50")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
