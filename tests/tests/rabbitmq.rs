@@ -732,6 +732,70 @@ impl Handler<OrderPlaced> for Reject {
     }
 }
 
+/// Issue 17, item 1: while `dead_letters` cannot take a row (here its table is renamed away),
+/// nothing is parked or acked: the deliveries wait and try again, and once the table is back,
+/// every message has exactly one row and one parked copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_parked_only_once_its_dead_letter_row_is_written() {
+    const MESSAGES: u32 = 3;
+    let broker = TestBroker::new().await;
+    let schema = hexeract_tests::pg::TestSchema::new("hexeract-tests-dead-letter-row").await;
+    let store: Arc<dyn hexeract::store::DeliveryStore> = Arc::new(schema.migrated_store().await);
+    let worker = worker(
+        &broker,
+        broker.connect("hexeract-tests-dead-letter-row").await,
+    )
+    .register_handler_with::<OrderPlaced, _>(Reject, HandlerOptions::new().name("reject_row"))
+    .dead_letters(store.clone())
+    .build()
+    .unwrap();
+    let running = Running::start(worker);
+    declared(&broker, &running.topology).await;
+    let parking = running.topology.parking_queue_for("reject_row");
+    let rename =
+        |from: &str, to: &str| format!("ALTER TABLE \"{}\".{from} RENAME TO {to}", schema.schema);
+    sqlx::query(&rename("dead_letters", "dead_letters_away"))
+        .execute(&schema.pool)
+        .await
+        .unwrap();
+    let publisher = publisher(&broker).await;
+    let mut sent = Vec::new();
+    for order_id in 0..MESSAGES {
+        let envelope = Envelope::new(&OrderPlaced { order_id }).unwrap();
+        sent.push(envelope.id);
+        publisher.publish(&envelope).await.unwrap();
+    }
+    // Each delivery was called and dead-lettered, and its row refused: none is parked.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        broker.ready(&parking).await,
+        0,
+        "nothing parked while its row cannot be written"
+    );
+    sqlx::query(&rename("dead_letters_away", "dead_letters"))
+        .execute(&schema.pool)
+        .await
+        .unwrap();
+    let parked = broker
+        .wait_for(&parking, MESSAGES as usize, Duration::from_secs(20))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let topology = running.stop().await;
+    assert_eq!(parked.len(), MESSAGES as usize, "one parked copy each");
+    let mut recorded: Vec<Uuid> = store
+        .dead_letters(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|letter| letter.envelope.id)
+        .collect();
+    recorded.sort();
+    sent.sort();
+    assert_eq!(recorded, sent, "one row each, none missing, none twice");
+    broker.delete(&topology).await;
+    schema.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_outcome_parks_at_once_and_is_recorded_in_dead_letters() {
     let broker = TestBroker::new().await;

@@ -461,15 +461,28 @@ pub(crate) struct ParkedInfo<'a> {
 }
 
 impl ParkedInfo<'_> {
-    /// The same, as a record for the `dead_letters` table.
+    /// The same, as a record for the `dead_letters` table. Its id depends on the queue, the
+    /// message and the attempt only, so that writing it again (the delivery came back after a
+    /// park that failed) keeps one row; a delivery without a message id cannot be told from
+    /// another, and gets a fresh one.
     pub(crate) fn dead_letter(&self, mut envelope: Envelope) -> DeadLetter {
         envelope.attempt = self.attempts;
-        DeadLetter::new(
+        let id = (*self.reason != Reason::MESSAGE_ID_MISSING).then(|| {
+            derived_id(&format!(
+                "dead-letter/{}/{}/{}",
+                self.queue, envelope.id, self.attempts
+            ))
+        });
+        let mut letter = DeadLetter::new(
             envelope,
             self.handler.map(str::to_owned),
             self.reason.clone(),
             self.detail,
-        )
+        );
+        if let Some(id) = id {
+            letter.id = id;
+        }
+        letter
     }
 }
 

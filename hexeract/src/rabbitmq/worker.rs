@@ -18,6 +18,7 @@ use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::dead_letter::DeadLetter;
 use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
 use crate::envelope::Envelope;
 use crate::error::{ConfigError, ConfigProblem, Error};
@@ -34,6 +35,7 @@ use crate::rabbitmq::{
     DEFAULT_PREFIX,
 };
 use crate::registry::{HandlerOptions, HandlerSet, RegisteredHandler, Registry};
+use crate::retry::Backoff;
 use crate::store::DeliveryStore;
 
 /// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
@@ -999,6 +1001,14 @@ impl ConsumeLoop<'_> {
         if self.lost.load(Ordering::SeqCst) {
             return Settled::Requeue;
         }
+        // The row first: a delivery leaves its queue only once its reason is in
+        // `dead_letters`. While the store cannot take it, the delivery waits, unacked.
+        if let Some(store) = &shared.dead_letters {
+            let letter = info.dead_letter(envelope.clone());
+            if !self.write_dead_letter(&**store, &letter).await {
+                return Settled::Requeue;
+            }
+        }
         let publish = || {
             self.publisher.publish_raw(
                 "",
@@ -1036,18 +1046,28 @@ impl ConsumeLoop<'_> {
             parking = %self.consumer.parking,
             "message parked"
         );
-        if let Some(store) = &shared.dead_letters {
-            let letter = info.dead_letter(envelope);
-            if let Err(error) = store.insert_dead_letter(&letter).await {
-                // The parking queue holds it: nothing is lost, the table misses a row.
-                tracing::error!(
+        Settled::Ack
+    }
+
+    /// Writes `letter`, trying again with backoff while the store refuses it; `false` when the
+    /// worker stopped first (the delivery then goes back to its queue, and comes again).
+    async fn write_dead_letter(&self, store: &dyn DeliveryStore, letter: &DeadLetter) -> bool {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            match store.insert_dead_letter(letter).await {
+                Ok(()) => return true,
+                Err(error) => tracing::warn!(
                     message_id = %letter.envelope.id,
+                    queue = %self.consumer.queue,
                     %error,
-                    "parked message not recorded in dead_letters"
-                );
+                    "could not write a dead letter; the delivery waits, unacked, and tries again"
+                ),
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return false,
+                () = tokio::time::sleep(backoff.next_delay()) => {}
             }
         }
-        Settled::Ack
     }
 }
 
