@@ -115,7 +115,8 @@ impl TestBroker {
         messages
     }
 
-    /// Waits until `queue` holds at least `count` messages (up to `limit`), then takes them.
+    /// Waits until `queue` holds at least `count` messages (up to `limit`), then takes them. A
+    /// queue that does not exist yet (a worker is about to declare it) counts as empty.
     pub async fn wait_for(
         &self,
         queue: &str,
@@ -125,7 +126,9 @@ impl TestBroker {
         let deadline = tokio::time::Instant::now() + limit;
         let mut messages = Vec::new();
         loop {
-            messages.extend(self.drain(queue).await);
+            if self.inspect(queue).await.is_some() {
+                messages.extend(self.drain(queue).await);
+            }
             if messages.len() >= count {
                 return messages;
             }
