@@ -538,11 +538,13 @@ impl Handler<OrderPlaced> for Pausing {
     }
 }
 
-/// Deliveries a stopping worker holds but never started a call on go back uncharged (on
-/// RabbitMQ < 4.3 a plain `nack` would count each one as an attempt), keeping the calls made
-/// before: the next worker calls every message at attempt 2.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
+/// Eight messages (each with `properties`) for a handler with one permit; the worker stops
+/// while the first call runs, so the other seven, waiting for the permit, are handed back; a
+/// second worker then takes them. Returns every call and what the parking queue holds.
+async fn hand_back_at_shutdown(
+    name: &'static str,
+    properties: impl Fn() -> BasicProperties,
+) -> (Vec<Call>, u32) {
     let broker = TestBroker::new().await;
     let calls = Calls::default();
     let build = |connection, pause| {
@@ -550,7 +552,7 @@ async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
             .register_handler_with::<OrderPlaced, _>(
                 Pausing(calls.clone(), pause),
                 HandlerOptions::new()
-                    .name("one_at_a_time")
+                    .name(name)
                     .concurrency(std::num::NonZeroU32::new(1).unwrap()),
             )
             .prefetch(8)
@@ -558,30 +560,23 @@ async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
             .unwrap()
     };
     let running = Running::start(build(
-        broker.connect("hexeract-tests-handback-1").await,
+        broker.connect(&format!("hexeract-tests-{name}-1")).await,
         Duration::from_millis(300),
     ));
     declared(&broker, &running.topology).await;
-    // Each message was called once already (a failed call, retried): the next call is the
-    // second.
     for n in 0..8u32 {
-        let mut headers = lapin::types::FieldTable::default();
-        headers.insert(headers::ATTEMPTS.into(), AMQPValue::LongLongInt(1));
         broker
             .publish_raw(
                 "test.OrderPlaced",
                 format!("{{\"order_id\":{n}}}").as_bytes(),
-                BasicProperties::default()
-                    .with_message_id(Uuid::now_v7().to_string().as_str().into())
-                    .with_type("test.OrderPlaced".into())
-                    .with_content_type("application/json".into())
-                    .with_headers(headers),
+                properties(),
             )
             .await;
     }
     // One call runs; the other seven wait for the handler's only permit.
     calls.wait_for(1, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
+    let parking = running.topology.parking_queue_for(name);
     running.stop().await;
     assert_eq!(
         calls.all().len(),
@@ -590,20 +585,41 @@ async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
     );
 
     let running = Running::start(build(
-        broker.connect("hexeract-tests-handback-2").await,
+        broker.connect(&format!("hexeract-tests-{name}-2")).await,
         Duration::ZERO,
     ));
     calls.wait_for(8, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let topology = running.stop().await;
+    let parked = broker.ready(&parking).await;
+    broker.delete(&topology).await;
     let mut seen = calls.all();
     seen.sort();
+    (seen, parked)
+}
+
+/// Deliveries a stopping worker holds but never started a call on go back uncharged (on
+/// RabbitMQ < 4.3 a plain `nack` would count each one as an attempt), keeping the calls made
+/// before: the next worker calls every message at attempt 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
+    // Each message was called once already (a failed call, retried): the next call is the
+    // second.
+    let (seen, _) = hand_back_at_shutdown("one_at_a_time", || {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(headers::ATTEMPTS.into(), AMQPValue::LongLongInt(1));
+        BasicProperties::default()
+            .with_message_id(Uuid::now_v7().to_string().as_str().into())
+            .with_type("test.OrderPlaced".into())
+            .with_content_type("application/json".into())
+            .with_headers(headers)
+    })
+    .await;
     assert_eq!(
         seen,
         (0..8).map(|n| (n, "pausing", 2)).collect::<Vec<_>>(),
         "each message called once more, at attempt 2: the hand-back cost nothing"
     );
-    broker.delete(&topology).await;
 }
 
 /// Issue 17, item 3: a delivery whose type comes from its routing key alone (no `type`
@@ -611,68 +627,20 @@ async fn deliveries_given_back_at_shutdown_are_not_charged_an_attempt() {
 /// the copy is handled by the next worker, not parked as `unknown_message_type`.
 #[tokio::test]
 async fn typeless_deliveries_given_back_at_shutdown_keep_their_type() {
-    let broker = TestBroker::new().await;
-    let calls = Calls::default();
-    let build = |connection, pause| {
-        worker(&broker, connection)
-            .register_handler_with::<OrderPlaced, _>(
-                Pausing(calls.clone(), pause),
-                HandlerOptions::new()
-                    .name("typeless_one_at_a_time")
-                    .concurrency(std::num::NonZeroU32::new(1).unwrap()),
-            )
-            .prefetch(8)
-            .build()
-            .unwrap()
-    };
-    let running = Running::start(build(
-        broker.connect("hexeract-tests-typeless-handback-1").await,
-        Duration::from_millis(300),
-    ));
-    declared(&broker, &running.topology).await;
-    for n in 0..8u32 {
-        // Only the routing key says what it is.
-        broker
-            .publish_raw(
-                "test.OrderPlaced",
-                format!("{{\"order_id\":{n}}}").as_bytes(),
-                BasicProperties::default()
-                    .with_message_id(Uuid::now_v7().to_string().as_str().into())
-                    .with_content_type("application/json".into()),
-            )
-            .await;
-    }
-    // One call runs; the other seven wait for the handler's only permit, and are handed back.
-    calls.wait_for(1, Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let parking = running.topology.parking_queue_for("typeless_one_at_a_time");
-    running.stop().await;
+    // Only the routing key says what it is.
+    let (seen, parked) = hand_back_at_shutdown("typeless_one_at_a_time", || {
+        BasicProperties::default()
+            .with_message_id(Uuid::now_v7().to_string().as_str().into())
+            .with_content_type("application/json".into())
+    })
+    .await;
+    let orders: Vec<u32> = seen.into_iter().map(|(n, _, _)| n).collect();
     assert_eq!(
-        calls.all().len(),
-        1,
-        "the stopping worker started no other call"
-    );
-
-    let running = Running::start(build(
-        broker.connect("hexeract-tests-typeless-handback-2").await,
-        Duration::ZERO,
-    ));
-    calls.wait_for(8, Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let topology = running.stop().await;
-    let mut seen: Vec<u32> = calls.all().into_iter().map(|(n, _, _)| n).collect();
-    seen.sort();
-    assert_eq!(
-        seen,
+        orders,
         (0..8).collect::<Vec<_>>(),
         "every message handled once"
     );
-    assert_eq!(
-        broker.ready(&parking).await,
-        0,
-        "nothing parked as unknown_message_type"
-    );
-    broker.delete(&topology).await;
+    assert_eq!(parked, 0, "nothing parked as unknown_message_type");
 }
 
 #[tokio::test]

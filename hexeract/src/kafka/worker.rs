@@ -691,7 +691,7 @@ impl PartitionTask {
                 let verdict =
                     engine.reject(target, &envelope, unreadable.reason, unreadable.detail, 0);
                 // A verdict reached without a call is a dead letter, never a retry.
-                return match self.carry_out(record, envelope, verdict, cancel).await {
+                return match self.carry_out(record, &envelope, verdict, cancel).await {
                     Step::Settled(settled) => settled,
                     Step::Again => Settled::Left,
                 };
@@ -720,10 +720,7 @@ impl PartitionTask {
             let verdict = engine
                 .deliver(target, &envelope, cancel, interrupt, &self.publisher)
                 .await;
-            match self
-                .carry_out(record, envelope.clone(), verdict, cancel)
-                .await
-            {
+            match self.carry_out(record, &envelope, verdict, cancel).await {
                 Step::Settled(settled) => return settled,
                 Step::Again => {}
             }
@@ -734,7 +731,7 @@ impl PartitionTask {
     async fn carry_out(
         &self,
         record: &OwnedMessage,
-        envelope: Envelope,
+        envelope: &Envelope,
         verdict: Verdict,
         cancel: &CancellationToken,
     ) -> Step {
@@ -801,11 +798,12 @@ struct InPartition<'a> {
     cancel: &'a CancellationToken,
 }
 
-impl World for InPartition<'_> {
-    type Delivery = Envelope;
+impl<'a> World for InPartition<'a> {
+    /// Only a dead letter takes a copy of it.
+    type Delivery = &'a Envelope;
     type Settled = Step;
 
-    async fn settle(&self, envelope: Envelope, verdict: Verdict) -> Step {
+    async fn settle(&self, envelope: &'a Envelope, verdict: Verdict) -> Step {
         let InPartition {
             task,
             record,
@@ -818,7 +816,7 @@ impl World for InPartition<'_> {
                 detail,
                 calls,
             } => Step::Settled(
-                task.dead_letter(record, envelope, reason, &detail, calls, cancel)
+                task.dead_letter(record, envelope.clone(), reason, &detail, calls, cancel)
                     .await,
             ),
             // The records behind it in its partition wait with it.

@@ -1001,10 +1001,11 @@ impl ConsumeLoop<'_> {
         if self.lost.load(Ordering::SeqCst) {
             return Settled::Requeue;
         }
+        let message_id = envelope.id;
         // The row first: a delivery leaves its queue only once its reason is in
         // `dead_letters`. While the store cannot take it, the delivery waits, unacked.
         if let Some(store) = &shared.dead_letters {
-            let letter = info.dead_letter(envelope.clone());
+            let letter = info.dead_letter(envelope);
             if !self.write_dead_letter(&**store, &letter).await {
                 return Settled::Requeue;
             }
@@ -1031,7 +1032,7 @@ impl ConsumeLoop<'_> {
         }
         if let Err(error) = published {
             tracing::error!(
-                message_id = %envelope.id,
+                %message_id,
                 parking = %self.consumer.parking,
                 %error,
                 "could not park a message; the delivery goes back to its queue"
@@ -1041,7 +1042,7 @@ impl ConsumeLoop<'_> {
             return Settled::Requeue;
         }
         tracing::debug!(
-            message_id = %envelope.id,
+            %message_id,
             queue = %self.consumer.queue,
             parking = %self.consumer.parking,
             "message parked"
