@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use hexeract::kafka::{ensure_topics, KafkaConfig, KafkaRelay, KafkaWorker};
-use hexeract::store::DeliveryStore;
+use hexeract::store::Store;
 use hexeract::{CancellationToken, Context, Envelope, Handler, HandlerOptions, Message};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
@@ -162,7 +162,7 @@ async fn run_hexeract(brokers: &Brokers, messages: &[Envelope]) -> Duration {
     let config = brokers.config(&prefix);
     brokers.create_topic(&prefix).await;
     let count = Count::new(messages.len() as u64);
-    let store: Arc<dyn DeliveryStore> = Arc::new(store);
+    let store: Arc<dyn Store> = Arc::new(store);
     let worker = KafkaWorker::builder(config.clone(), store.clone())
         .register_handler_with::<AccountCredited, _>(
             count.clone(),

@@ -41,7 +41,7 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::error::Error;
 use crate::registry::Registry;
-use crate::store::{DeliveryStore, ScheduleStore, SCHEDULE_MESSAGE_TYPE};
+use crate::store::{Store, SCHEDULE_MESSAGE_TYPE};
 
 /// Runs the command named by the process's arguments and returns the exit code: 0 on success,
 /// 1 when the command failed (the error is printed to stderr), 2 for a usage error.
@@ -202,7 +202,7 @@ async fn handlers(out: &mut String) -> Result<(), CliError> {
 async fn unowned_queues(
     amqp: &crate::config::Amqp,
     registry: &Registry,
-    store: &dyn crate::store::DeliveryStore,
+    store: &dyn Store,
     out: &mut String,
 ) -> Result<(), CliError> {
     let connection = crate::rabbitmq::RabbitMqConnection::connect_named(
@@ -422,7 +422,7 @@ fn parse_id(text: &str) -> Result<Uuid, CliError> {
         .map_err(|_| CliError::Usage(format!("{text:?} is not a dead letter id (a UUID)")))
 }
 
-async fn find(store: &dyn DeliveryStore, id: &Uuid) -> Result<DeadLetter, CliError> {
+async fn find(store: &dyn Store, id: &Uuid) -> Result<DeadLetter, CliError> {
     store
         .dead_letters(SCAN)
         .await?
@@ -434,7 +434,7 @@ async fn find(store: &dyn DeliveryStore, id: &Uuid) -> Result<DeadLetter, CliErr
 /// The dead letters `selection` picks among the oldest [`SCAN`], oldest first, and whether
 /// there were that many (then newer ones were not looked at).
 async fn select(
-    store: &dyn DeliveryStore,
+    store: &dyn Store,
     selection: &Selection,
 ) -> Result<(Vec<DeadLetter>, bool), CliError> {
     let scanned = store.dead_letters(SCAN).await?;
@@ -621,7 +621,7 @@ fn refuse_letters_nothing_here_handles(
 /// Where `replay` sends dead letters back: job runs to the scheduler's occurrences; messages
 /// to the outbox, or under `AMQP_URL` to the broker (connected once, at the first message).
 struct Resend<'a> {
-    store: &'a dyn ScheduleStore,
+    store: &'a dyn Store,
     #[cfg(feature = "rabbitmq")]
     amqp: Option<&'a crate::config::Amqp>,
     #[cfg(feature = "rabbitmq")]
@@ -632,7 +632,7 @@ struct Resend<'a> {
 }
 
 impl<'a> Resend<'a> {
-    fn new(settings: &'a crate::config::EnvSettings, store: &'a dyn ScheduleStore) -> Resend<'a> {
+    fn new(settings: &'a crate::config::EnvSettings, store: &'a dyn Store) -> Resend<'a> {
         let _ = settings;
         Resend {
             store,

@@ -80,7 +80,7 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
 /// Pending deliveries no registered handler owns: `(handler, count)`; `""` stands for message
 /// types no handler knew.
 pub(crate) async fn unowned_deliveries(
-    store: &dyn crate::store::DeliveryStore,
+    store: &dyn crate::store::Housekeeping,
 ) -> Result<Vec<(String, u64)>, Error> {
     let registry = Registry::from_inventory()?;
     Ok(store
@@ -92,7 +92,7 @@ pub(crate) async fn unowned_deliveries(
 }
 
 /// Says at startup which pending deliveries nobody will handle (a handler renamed or removed).
-async fn warn_about_unowned(store: &dyn crate::store::DeliveryStore) {
+async fn warn_about_unowned(store: &dyn crate::store::Housekeeping) {
     match unowned_deliveries(store).await {
         Ok(unowned) => {
             for (handler, count) in unowned {
@@ -109,7 +109,7 @@ async fn warn_about_unowned(store: &dyn crate::store::DeliveryStore) {
 
 /// Deletes expired inbox marks and dead letters: a minute after startup, then every hour.
 async fn retention(
-    store: Arc<dyn crate::store::ScheduleStore>,
+    store: Arc<dyn crate::store::Store>,
     inbox: Option<Duration>,
     dead_letters: Option<Duration>,
     stop: CancellationToken,
@@ -162,7 +162,7 @@ async fn bind_worker_port(port: u16) -> Result<tokio::net::TcpListener, Error> {
 /// Every loop of `run`: the scheduler, and the outbox worker or the relay and bus worker.
 async fn run_loops(
     settings: &EnvSettings,
-    store: Arc<dyn crate::store::ScheduleStore>,
+    store: Arc<dyn crate::store::Store>,
     health: &crate::health::Health,
     startup: crate::health::Probe,
     stop: &CancellationToken,
@@ -175,7 +175,6 @@ async fn run_loops(
     )
     .health(health.probe("scheduler"))
     .build()?;
-    let store: Arc<dyn crate::store::DeliveryStore> = store;
     #[cfg(feature = "rabbitmq")]
     if let Some(amqp) = &settings.amqp {
         tokio::spawn(stop_on_signal(stop.clone()));

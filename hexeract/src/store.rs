@@ -1,9 +1,11 @@
 //! Durable stores for the transactional outbox: where published messages wait, where each
 //! handler's delivery is claimed and settled, and where dead letters are kept.
 //!
-//! One trait, [`DeliveryStore`], with a PostgreSQL and a SQLite implementation. Workers use the
-//! trait only; `outbox::enqueue` writes into the caller's own transaction with the backend's
-//! connection type.
+//! A small core trait, [`DeliveryStore`], and capabilities beside it ([`RelayStore`],
+//! [`DeadLetterStore`], [`Housekeeping`], [`DeclaredQueues`], [`ScheduleStore`]), with a
+//! PostgreSQL and a SQLite implementation of each. Workers ask for the traits they use only;
+//! `outbox::enqueue` writes into the caller's own transaction with the backend's connection
+//! type.
 //!
 //! The model: `enqueue` writes one `outbox` row. A worker that knows the handlers *expands* it:
 //! the row moves into `deliveries`, one row per (message, handler), each with its own attempts
@@ -36,6 +38,11 @@ pub use schedules::{
 
 pub(crate) mod process;
 pub use process::{default_schedule_store, default_store, wait_until_drained};
+mod queues;
+pub use queues::{DeclaredQueue, DeclaredQueues};
+mod relay;
+pub(crate) use relay::unpublishable_letters;
+pub use relay::{RelaySink, RelayStore, Unpublishable};
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -62,20 +69,6 @@ impl Routes {
     }
 }
 
-/// A handler queue a broker worker declared, as the store remembers it
-/// ([`DeliveryStore::record_declared_queues`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeclaredQueue {
-    /// The queue's name on the broker.
-    pub queue: String,
-    /// The handler it was declared for.
-    pub handler: String,
-    /// The message type that handler consumed.
-    pub message_type: String,
-    /// When it was last declared (set by the store; ignored when recording).
-    pub declared_at: DateTime<Utc>,
-}
-
 /// A delivery claimed by a worker: the message as published, with `attempt` set to the call
 /// this claim is for, and the handler it goes to.
 #[derive(Clone, Debug, PartialEq)]
@@ -93,38 +86,14 @@ pub struct Claimed {
     pub recovered: bool,
 }
 
-/// Where [`DeliveryStore::relay`] sends outbox rows: a broker publish that returns `Ok` only
-/// once the broker confirmed every envelope it took.
-pub trait RelaySink: Send + Sync {
-    /// Publishes `envelopes`, in order, and waits for the broker's confirms. Returns the ones
-    /// that can never be published (a message type that cannot be a routing key), with why:
-    /// the store dead-letters those instead of trying them again forever. `Err` when the
-    /// publish failed and may succeed later: every row stays.
-    fn publish<'a>(
-        &'a self,
-        envelopes: &'a [Envelope],
-    ) -> BoxFuture<'a, Result<Vec<Unpublishable>, String>>;
-
-    /// Whether the order of rows must be kept across relays (Kafka keeps each aggregate's
-    /// messages in order; RabbitMQ keeps none). When `true`, the passes of all relays of such
-    /// sinks on one store never overlap: each takes the oldest rows left by the one before, so
-    /// no second relay can publish a later row of an aggregate while an earlier one is still
-    /// in flight. A pass that finds another relay's pass running relays nothing.
-    fn exclusive(&self) -> bool {
-        false
-    }
-}
-
-/// An outbox row the broker can never take, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unpublishable {
-    /// The message's id.
-    pub id: Uuid,
-    /// What is wrong with it.
-    pub detail: String,
-}
-
-/// A store of outbox rows, deliveries and dead letters.
+/// The core of a store: what a worker needs to take messages in, claim each handler's delivery
+/// and settle it. A store offers more as capabilities, each a trait of its own that a component
+/// asks for only when it needs it: [`RelayStore`] (a broker relay reads the outbox),
+/// [`DeadLetterStore`] (the dead letters, for workers that park and for the operations
+/// commands), [`Housekeeping`] (what `run` reads at startup and on a timer), [`DeclaredQueues`]
+/// (the RabbitMQ queues a worker declared) and [`ScheduleStore`] (the scheduler). [`Store`] is
+/// all of them together: what both database stores are, and what
+/// [`default_store`] returns.
 pub trait DeliveryStore: Send + Sync + 'static {
     /// Creates or upgrades the schema. Idempotent; safe to run from several processes at once.
     fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>>;
@@ -138,18 +107,6 @@ pub trait DeliveryStore: Send + Sync + 'static {
         &'a self,
         routes: &'a Routes,
         limit: u32,
-    ) -> BoxFuture<'a, Result<u64, StoreError>>;
-
-    /// Relays up to `limit` outbox rows, oldest first, to a broker: hands them to `sink` and
-    /// deletes them once it returned `Ok` (moving those it could never publish to the dead
-    /// letters as `payload_invalid`), in one transaction that keeps them locked meanwhile,
-    /// so that other relays skip them and a crash or a failed publish leaves them for the next
-    /// pass (a row may then be published twice: at least once). Returns how many it relayed.
-    /// Used instead of [`expand`](DeliveryStore::expand) when a broker does the fan-out.
-    fn relay<'a>(
-        &'a self,
-        limit: u32,
-        sink: &'a dyn RelaySink,
     ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Claims up to `limit` due deliveries under `token`: counts the attempt and makes them due
@@ -190,96 +147,10 @@ pub trait DeliveryStore: Send + Sync + 'static {
     fn release<'a>(&'a self, token: Uuid, ids: &'a [i64])
         -> BoxFuture<'a, Result<u64, StoreError>>;
 
-    /// Records a dead letter that did not come from this store's deliveries: a message a broker
-    /// worker parked. Recording the same letter (same id) twice keeps one.
-    fn insert_dead_letter<'a>(
-        &'a self,
-        letter: &'a DeadLetter,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-
-    /// Dead letters, oldest first, at most `limit`.
-    fn dead_letters(&self, limit: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>>;
-
-    /// Sends a dead letter back to its handler with attempts reset (to every handler of its
-    /// type when it had none). `false` when there is no dead letter with this id.
-    fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
-
-    /// Deletes every dead letter; returns how many there were.
-    fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
-
-    /// Deliveries still owed, counted by handler name (`""` for a message type no handler
-    /// knew when it was expanded): a name no registered handler has is a handler that was
-    /// renamed or removed, and its deliveries wait for nobody.
-    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>>;
-
-    /// Deletes the inbox marks older than `age` and returns how many (see
-    /// [`outbox::inbox`](crate::outbox::inbox)); what `run`'s retention task does with
-    /// `INBOX_RETENTION_DAYS`.
-    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
-
-    /// Deletes the dead letters older than `age` (by when they were dead-lettered) and returns
-    /// how many; what `run`'s retention task does with `DEAD_LETTER_RETENTION_DAYS`.
-    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
-
-    /// Deletes one dead letter (once it was replayed some other way, say to a broker);
-    /// `false` when there is none with this id.
-    fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
-
-    /// Deletes the dead letters with these ids (an id with none is skipped) and returns how
-    /// many it deleted: what `dead-letters purge` with filters does. Both stores do it in one
-    /// statement; this default deletes them one by one.
-    fn delete_dead_letters<'a>(
-        &'a self,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let mut deleted = 0;
-            for id in ids {
-                deleted += u64::from(self.delete_dead_letter(*id).await?);
-            }
-            Ok(deleted)
-        })
-    }
-
-    /// Remembers that a broker worker declared these handler queues (each with the handler and
-    /// message type it was declared for), so that a later start can tell which queues no
-    /// registered handler owns any more (a renamed or removed handler). `declared_at` is set by
-    /// the store. Recording a queue again replaces its owner. This default remembers nothing.
-    fn record_declared_queues<'a>(
-        &'a self,
-        queues: &'a [DeclaredQueue],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let _ = queues;
-        Box::pin(async { Ok(()) })
-    }
-
-    /// Every queue [`record_declared_queues`](Self::record_declared_queues) remembers, by
-    /// name. This default remembers none.
-    fn declared_queues(&self) -> BoxFuture<'_, Result<Vec<DeclaredQueue>, StoreError>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-
-    /// Forgets a declared queue (it was deleted from the broker); `false` when it was not
-    /// remembered.
-    fn forget_declared_queue<'a>(
-        &'a self,
-        queue: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let _ = queue;
-        Box::pin(async { Ok(false) })
-    }
-
     /// Messages still owed: outbox rows not yet expanded plus deliveries not yet settled
     /// (running, due, or waiting for a retry). Zero when everything was handled or
     /// dead-lettered.
     fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
-
-    /// When the oldest message still owed (in the outbox, or with a delivery not settled) was
-    /// published; `None` when nothing is owed, or the store cannot tell. For the
-    /// `hexeract_outbox_oldest_pending_seconds` gauge.
-    fn oldest_pending(&self) -> BoxFuture<'_, Result<Option<DateTime<Utc>>, StoreError>> {
-        Box::pin(async { Ok(None) })
-    }
 
     /// A signal that fires when new messages may be waiting: a publish through this store in
     /// this process, and, where the database can tell (PostgreSQL `LISTEN`), a commit of
@@ -294,6 +165,83 @@ pub trait DeliveryStore: Send + Sync + 'static {
     fn kind(&self) -> &'static str {
         "store"
     }
+}
+
+/// A store's dead letters: recorded, listed, replayed and deleted. Workers that park on a
+/// broker record theirs here; the operations commands and `run`'s retention use the rest.
+pub trait DeadLetterStore: Send + Sync + 'static {
+    /// Records a dead letter that did not come from this store's deliveries: a message a broker
+    /// worker parked. Recording the same letter (same id) twice keeps one.
+    fn insert_dead_letter<'a>(
+        &'a self,
+        letter: &'a DeadLetter,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Dead letters, oldest first, at most `limit`.
+    fn dead_letters(&self, limit: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>>;
+
+    /// Sends a dead letter back to its handler with attempts reset (to every handler of its
+    /// type when it had none). `false` when there is no dead letter with this id.
+    fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Deletes the dead letters with these ids (an id with none is skipped) in one statement
+    /// and returns how many it deleted: what `dead-letters purge` with filters does.
+    fn delete_dead_letters<'a>(&'a self, ids: &'a [Uuid])
+        -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Deletes one dead letter (once it was replayed some other way, say to a broker);
+    /// `false` when there is none with this id.
+    fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move { Ok(self.delete_dead_letters(&[id]).await? == 1) })
+    }
+
+    /// Deletes every dead letter; returns how many there were.
+    fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// Deletes the dead letters older than `age` (by when they were dead-lettered) and returns
+    /// how many; what `run`'s retention task does with `DEAD_LETTER_RETENTION_DAYS`.
+    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
+}
+
+/// What `run` reads of a store at startup and on a timer: who is still owed deliveries, how old
+/// the oldest message owed is, and the inbox's retention.
+pub trait Housekeeping: Send + Sync + 'static {
+    /// Deliveries still owed, counted by handler name (`""` for a message type no handler
+    /// knew when it was expanded): a name no registered handler has is a handler that was
+    /// renamed or removed, and its deliveries wait for nobody.
+    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>>;
+
+    /// When the oldest message still owed (in the outbox, or with a delivery not settled) was
+    /// published; `None` when nothing is owed. For the `hexeract_outbox_oldest_pending_seconds`
+    /// gauge.
+    fn oldest_pending(&self) -> BoxFuture<'_, Result<Option<DateTime<Utc>>, StoreError>>;
+
+    /// Deletes the inbox marks older than `age` and returns how many (see
+    /// [`outbox::inbox`](crate::outbox::inbox)); what `run`'s retention task does with
+    /// `INBOX_RETENTION_DAYS`.
+    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
+}
+
+/// Every capability of a store at once: what `run`, the operations commands and
+/// [`default_store`] work with. Implemented for every type that has them all, as both database
+/// stores do.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), hexeract::Error> {
+/// let store = hexeract::store::default_store().await?;
+/// println!("{} messages owed", store.backlog().await?);
+/// println!("{} dead letters", store.dead_letters(1_000).await?.len());
+/// # Ok(())
+/// # }
+/// ```
+pub trait Store:
+    DeliveryStore + RelayStore + DeadLetterStore + Housekeeping + DeclaredQueues + ScheduleStore
+{
+}
+
+impl<T> Store for T where
+    T: DeliveryStore + RelayStore + DeadLetterStore + Housekeeping + DeclaredQueues + ScheduleStore
+{
 }
 
 /// The store's wake-up signal ([`DeliveryStore::wakeups`]), or one that never fires when the
@@ -321,28 +269,6 @@ pub(crate) async fn idle(
         () = wake.notified() => {}
         () = tokio::time::sleep(interval) => {}
     }
-}
-
-/// The dead letters of the outbox rows a relay could never publish (reason `payload_invalid`,
-/// no handler, no call made): what both stores' `relay` records.
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
-pub(crate) fn unpublishable_letters(
-    envelopes: &[Envelope],
-    unpublishable: &[Unpublishable],
-) -> Vec<DeadLetter> {
-    unpublishable
-        .iter()
-        .filter_map(|rejected| {
-            let envelope = envelopes.iter().find(|envelope| envelope.id == rejected.id)?;
-            tracing::error!(message_id = %envelope.id, detail = %rejected.detail, "outbox row cannot be published; dead-lettered");
-            Some(DeadLetter::new(
-                envelope.clone(),
-                None,
-                Reason::PAYLOAD_INVALID,
-                &rejected.detail,
-            ))
-        })
-        .collect()
 }
 
 /// A store operation failed.

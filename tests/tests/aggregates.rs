@@ -16,9 +16,8 @@ use chrono::Utc;
 use futures_util::future::BoxFuture;
 use hexeract::outbox::OutboxWorker;
 use hexeract::store::sqlite::SqliteStore;
-use hexeract::store::{
-    Claimed, DeliveryStore, Due, RelaySink, Routes, ScheduleStore, Unpublishable, NO_HANDLER,
-};
+use hexeract::store::Store;
+use hexeract::store::{Claimed, DeliveryStore, Due, RelaySink, Routes, Unpublishable, NO_HANDLER};
 use hexeract::{
     CancellationToken, Context, DeadLetter, Envelope, Handler, HandlerOptions, Message, Reason,
     Registry,
@@ -81,7 +80,7 @@ fn routes() -> Routes {
 
 /// The store under test, and what to clean up after it.
 struct TestStore {
-    store: Arc<dyn ScheduleStore>,
+    store: Arc<dyn Store>,
     db: Db,
 }
 
@@ -113,7 +112,7 @@ impl TestStore {
         }
     }
 
-    fn delivery_store(&self) -> Arc<dyn DeliveryStore> {
+    fn delivery_store(&self) -> Arc<dyn Store> {
         self.store.clone()
     }
 
@@ -212,7 +211,7 @@ impl TestStore {
 }
 
 /// Expands the outbox and claims every delivery due, by message id.
-async fn expand_and_claim(store: &dyn DeliveryStore) -> HashMap<Uuid, Claimed> {
+async fn expand_and_claim(store: &dyn Store) -> HashMap<Uuid, Claimed> {
     store.expand(&routes(), 100).await.unwrap();
     store
         .claim(Uuid::now_v7(), 100, Duration::from_secs(30))
@@ -223,7 +222,7 @@ async fn expand_and_claim(store: &dyn DeliveryStore) -> HashMap<Uuid, Claimed> {
         .collect()
 }
 
-async fn dead_letters_by_message(store: &dyn DeliveryStore) -> HashMap<Uuid, DeadLetter> {
+async fn dead_letters_by_message(store: &dyn Store) -> HashMap<Uuid, DeadLetter> {
     store
         .dead_letters(100)
         .await

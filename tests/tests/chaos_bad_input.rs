@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hexeract::rabbitmq::{headers, RabbitMqWorker, RabbitMqWorkerBuilder, Topology};
+use hexeract::store::DeadLetterStore;
 use hexeract::store::DeliveryStore;
 use hexeract::{CancellationToken, Context, Handler, HandlerOptions, Message, Reason, Registry};
 use hexeract_tests::amqp::{amqp_url, TestBroker};

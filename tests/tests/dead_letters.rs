@@ -15,17 +15,18 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use hexeract::outbox::OutboxWorker;
 use hexeract::schedule::{ScheduledJob, SchedulerWorker, Spec};
-use hexeract::store::{DeliveryStore, ScheduleDefinition, ScheduleStore, SCHEDULE_MESSAGE_TYPE};
+use hexeract::store::Store;
+use hexeract::store::{DeliveryStore, ScheduleDefinition, SCHEDULE_MESSAGE_TYPE};
 use hexeract::{CancellationToken, Context, Envelope, HandlerOutcome, Registry};
 use uuid::Uuid;
 
-async fn pg_store() -> (hexeract_tests::pg::TestSchema, Arc<dyn ScheduleStore>) {
+async fn pg_store() -> (hexeract_tests::pg::TestSchema, Arc<dyn Store>) {
     let schema = hexeract_tests::pg::TestSchema::new("hexeract-tests-dead-letters").await;
     let store = schema.migrated_store().await;
     (schema, Arc::new(store))
 }
 
-async fn sqlite_store() -> (std::path::PathBuf, Arc<dyn ScheduleStore>) {
+async fn sqlite_store() -> (std::path::PathBuf, Arc<dyn Store>) {
     let dir = std::env::temp_dir().join(format!("hexeract-dead-letters-{}", Uuid::now_v7()));
     std::fs::create_dir_all(&dir).unwrap();
     let store = hexeract::store::sqlite::SqliteStore::open(dir.join("outbox.db"))
@@ -45,8 +46,8 @@ async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, done: imp
 
 /// Dead-letters `count` messages of a type no handler knows (one delivery allowed) and
 /// returns the dead letters, oldest first.
-async fn dead_messages(store: Arc<dyn ScheduleStore>, count: usize) -> Vec<hexeract::DeadLetter> {
-    let store: Arc<dyn DeliveryStore> = store;
+async fn dead_messages(store: Arc<dyn Store>, count: usize) -> Vec<hexeract::DeadLetter> {
+    let store: Arc<dyn Store> = store;
     let before = store.dead_letters(100).await.unwrap().len();
     let envelopes = (0..count)
         .map(|n| Envelope::from_raw("deadletters.Nobody", format!("{{\"n\":{n}}}").into_bytes()))
@@ -69,7 +70,7 @@ async fn dead_messages(store: Arc<dyn ScheduleStore>, count: usize) -> Vec<hexer
     store.dead_letters(100).await.unwrap()
 }
 
-async fn deletes_exactly_the_dead_letters_listed(store: Arc<dyn ScheduleStore>) {
+async fn deletes_exactly_the_dead_letters_listed(store: Arc<dyn Store>) {
     let letters = dead_messages(store.clone(), 4).await;
     assert_eq!(letters.len(), 4);
     assert_eq!(store.delete_dead_letters(&[]).await.unwrap(), 0);
@@ -133,7 +134,7 @@ fn nightly_export(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
 /// A dead-lettered run comes back through `replay_occurrence` while the scheduler runs: it
 /// runs once more, attempts from 1, with the id and fire time of the run that failed, and the
 /// dead letter is gone. Dead letters of messages, and ids of none, are left alone.
-async fn a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store: Arc<dyn ScheduleStore>) {
+async fn a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store: Arc<dyn Store>) {
     let message = dead_messages(store.clone(), 1).await.remove(0);
     // Daily: its own next fire time does not come during the test; one is due now.
     let job = ScheduledJob::new(
@@ -240,7 +241,7 @@ async fn sqlite_a_dead_lettered_run_replayed_runs_again_with_its_fire_time() {
 
 /// The queues a broker worker declared, as both stores remember them: recorded, replaced
 /// under the same name, listed by name, forgotten.
-async fn remembers_declared_queues(store: Arc<dyn ScheduleStore>) {
+async fn remembers_declared_queues(store: Arc<dyn Store>) {
     let queue = |name: &str, handler: &str| hexeract::store::DeclaredQueue {
         queue: name.to_owned(),
         handler: handler.to_owned(),

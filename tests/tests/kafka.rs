@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hexeract::kafka::{KafkaRelay, KafkaWorker};
-use hexeract::store::DeliveryStore;
+use hexeract::store::Store;
 use hexeract::{
     CancellationToken, Context, Envelope, Error, Handler, HandlerOptions, HandlerOutcome, Message,
     Reason,
@@ -102,7 +102,7 @@ const HANDLER: &str = "kafka_test.steps";
 fn worker(
     kafka: &TestKafka,
     partitions: i32,
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn Store>,
     recorder: Recorder,
 ) -> KafkaWorker {
     KafkaWorker::builder(kafka.config(partitions), store)
@@ -125,7 +125,7 @@ fn start_worker(worker: KafkaWorker) -> (CancellationToken, JoinHandle<()>) {
 fn start_relay(
     kafka: &TestKafka,
     partitions: i32,
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn Store>,
     batch_size: u32,
 ) -> (CancellationToken, JoinHandle<()>) {
     let relay = KafkaRelay::new(store, &kafka.config(partitions))
@@ -142,7 +142,7 @@ fn start_relay(
 
 /// `steps` steps of each of `accounts` accounts, interleaved (step 0 of every account, then
 /// step 1, …), written to the outbox.
-async fn enqueue_steps(store: &dyn DeliveryStore, accounts: u32, steps: u32) -> Vec<Envelope> {
+async fn enqueue_steps(store: &dyn Store, accounts: u32, steps: u32) -> Vec<Envelope> {
     let mut envelopes = Vec::new();
     for seq in 0..steps {
         for account in 0..accounts {
@@ -174,7 +174,7 @@ async fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool)
 }
 
 /// Waits until the relays emptied the outbox.
-async fn relayed_all(store: &dyn DeliveryStore, limit: Duration) {
+async fn relayed_all(store: &dyn Store, limit: Duration) {
     let deadline = Instant::now() + limit;
     while store.backlog().await.unwrap() > 0 {
         assert!(
@@ -257,7 +257,7 @@ on_both_brokers!(
     a_partition_far_behind_is_paused_and_resumed,
 );
 
-async fn store(schema: &TestSchema) -> Arc<dyn DeliveryStore> {
+async fn store(schema: &TestSchema) -> Arc<dyn Store> {
     logs();
     Arc::new(schema.migrated_store().await)
 }
@@ -792,7 +792,7 @@ async fn a_handler_whose_message_has_no_aggregate_cannot_start() {
             Ok(())
         }
     }
-    let store: Arc<dyn DeliveryStore> = Arc::new(
+    let store: Arc<dyn Store> = Arc::new(
         hexeract::store::sqlite::SqliteStore::in_memory()
             .await
             .unwrap(),

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use hexeract::outbox::{OutboxWorker, OutboxWorkerBuilder};
 use hexeract::store::postgres::PgStore;
+use hexeract::store::{DeadLetterStore, RelayStore};
 use hexeract::store::{DeliveryStore, RelaySink, Unpublishable};
 use hexeract::{
     CancellationToken, Context, DeadLetter, Envelope, Handler, HandlerOptions, Message, Reason,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use hexeract::outbox::OutboxWorker;
 use hexeract::store::postgres::PgStore;
+use hexeract::store::{DeadLetterStore, Housekeeping};
 use hexeract::store::{DeliveryStore, Routes, NO_HANDLER};
 use hexeract::{
     CancellationToken, Context, Envelope, Handler, HandlerOptions, HandlerOutcome, Message, Reason,

@@ -13,6 +13,7 @@ use hexeract::health::{Health, Status};
 use hexeract::rabbitmq::{
     headers, RabbitMqPublisher, RabbitMqWorker, RabbitMqWorkerBuilder, Topology,
 };
+use hexeract::store::DeadLetterStore;
 use hexeract::{
     CancellationToken, Context, Envelope, Handler, HandlerOptions, HandlerOutcome, Message,
     Registry,
@@ -708,7 +709,7 @@ async fn a_message_is_parked_only_once_its_dead_letter_row_is_written() {
     const MESSAGES: u32 = 3;
     let broker = TestBroker::new().await;
     let schema = hexeract_tests::pg::TestSchema::new("hexeract-tests-dead-letter-row").await;
-    let store: Arc<dyn hexeract::store::DeliveryStore> = Arc::new(schema.migrated_store().await);
+    let store: Arc<dyn hexeract::store::Store> = Arc::new(schema.migrated_store().await);
     let worker = worker(
         &broker,
         broker.connect("hexeract-tests-dead-letter-row").await,
@@ -795,7 +796,7 @@ async fn a_dead_letter_outcome_parks_at_once_and_is_recorded_in_dead_letters() {
     let topology = running.stop().await;
     assert_eq!(text(header(&parked[0], headers::REASON)), "sku_unknown");
 
-    let letters = hexeract::store::DeliveryStore::dead_letters(&*store, 10)
+    let letters = hexeract::store::DeadLetterStore::dead_letters(&*store, 10)
         .await
         .unwrap();
     assert_eq!(letters.len(), 1);

@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use hexeract::outbox::OutboxWorker;
 use hexeract::store::DeliveryStore;
+use hexeract::store::Store;
+use hexeract::store::{DeadLetterStore, Housekeeping};
 use hexeract::{CancellationToken, Envelope, Registry};
 
 /// Dead-letters one message (a type no handler knows, one delivery allowed).
-async fn one_dead_letter(store: std::sync::Arc<dyn DeliveryStore>) {
+async fn one_dead_letter(store: std::sync::Arc<dyn Store>) {
     store
         .publish(vec![Envelope::from_raw("retention.Nobody", &b"{}"[..])])
         .await

@@ -46,7 +46,7 @@ async fn stuck(_ctx: &Context) -> Result<(), String> {
 }
 
 async fn wait_for_dead_letter(
-    store: &dyn hexeract::store::DeliveryStore,
+    store: &dyn hexeract::store::Store,
     found: impl Fn(&DeadLetter) -> bool,
     what: &str,
 ) -> DeadLetter {

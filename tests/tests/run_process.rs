@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hexeract::store::sqlite::SqliteStore;
+use hexeract::store::DeadLetterStore;
 use hexeract::store::DeliveryStore;
 use hexeract::{Envelope, Message};
 

@@ -15,7 +15,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use hexeract::schedule::{CatchUp, ScheduledJob, SchedulerWorker, Spec};
-use hexeract::store::{DeliveryStore, ScheduleDefinition, ScheduleStore};
+use hexeract::store::Store;
+use hexeract::store::{DeliveryStore, ScheduleDefinition};
 use hexeract::{CancellationToken, Context, HandlerOutcome, Reason};
 use uuid::Uuid;
 
@@ -118,7 +119,7 @@ fn every_day(
 
 /// Writes the schedules of `jobs` with their first fire time `ago` in the past, so each has an
 /// occurrence due at once.
-async fn due_now(store: &dyn ScheduleStore, jobs: &[ScheduledJob], ago: Duration) {
+async fn due_now(store: &dyn Store, jobs: &[ScheduledJob], ago: Duration) {
     let definitions: Vec<ScheduleDefinition> = jobs
         .iter()
         .map(|job| ScheduleDefinition {
@@ -142,14 +143,14 @@ async fn wait_until(what: &str, limit: Duration, done: impl Fn() -> bool) {
     }
 }
 
-async fn pg_store() -> (hexeract_tests::pg::TestSchema, Arc<dyn ScheduleStore>) {
+async fn pg_store() -> (hexeract_tests::pg::TestSchema, Arc<dyn Store>) {
     let schema = hexeract_tests::pg::TestSchema::new("hexeract-tests-scheduler").await;
     let store = schema.store();
     store.migrate().await.unwrap();
     (schema, Arc::new(store))
 }
 
-async fn sqlite_store() -> (std::path::PathBuf, Arc<dyn ScheduleStore>) {
+async fn sqlite_store() -> (std::path::PathBuf, Arc<dyn Store>) {
     let dir = std::env::temp_dir().join(format!("hexeract-scheduler-{}", Uuid::now_v7()));
     std::fs::create_dir_all(&dir).unwrap();
     let store = hexeract::store::sqlite::SqliteStore::open(dir.join("schedules.db"))
@@ -160,7 +161,7 @@ async fn sqlite_store() -> (std::path::PathBuf, Arc<dyn ScheduleStore>) {
 }
 
 /// 3 workers, 1000 jobs due at once: each occurrence runs exactly once, never twice at once.
-async fn three_workers_share_1000_due_occurrences(store: Arc<dyn ScheduleStore>) {
+async fn three_workers_share_1000_due_occurrences(store: Arc<dyn Store>) {
     let jobs: Vec<ScheduledJob> = (0..1000)
         .map(|n| every_day(&format!("job-{n:04}"), short_job))
         .collect();
@@ -258,12 +259,12 @@ impl Tables<'_> {
 /// again in 5 s; the first run's late failure is refused: the outcome on record is the second
 /// run's, and nothing runs a third time meanwhile.
 async fn a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle(
-    store: Arc<dyn ScheduleStore>,
+    store: Arc<dyn Store>,
     tables: Tables<'_>,
 ) {
     let job = every_day("slow", slow_then_fast);
     due_now(&*store, std::slice::from_ref(&job), Duration::from_secs(1)).await;
-    let worker = |store: Arc<dyn ScheduleStore>, retry: Duration| {
+    let worker = |store: Arc<dyn Store>, retry: Duration| {
         SchedulerWorker::builder_shared(store)
             .job(job.clone())
             .lease(Duration::from_millis(300))
@@ -330,7 +331,7 @@ async fn sqlite_a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_set
 
 /// A run slower than the dispatch timeout fails, retries, and is dead-lettered after
 /// `max_deliveries` runs.
-async fn a_timed_out_run_retries_then_is_dead_lettered(store: Arc<dyn ScheduleStore>) {
+async fn a_timed_out_run_retries_then_is_dead_lettered(store: Arc<dyn Store>) {
     let job = every_day("stuck", stuck_job);
     due_now(&*store, std::slice::from_ref(&job), Duration::from_secs(1)).await;
     let cancel = CancellationToken::new();
@@ -660,7 +661,7 @@ fn napping_job(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
 /// A worker that claimed a batch and died (its claims never settled): each occurrence of that
 /// batch may be the one that crashed it, so each runs alone, charged the dead worker's attempt
 /// only; the rest wait uncharged.
-async fn the_batch_of_a_dead_worker_runs_one_occurrence_at_a_time(store: Arc<dyn ScheduleStore>) {
+async fn the_batch_of_a_dead_worker_runs_one_occurrence_at_a_time(store: Arc<dyn Store>) {
     let jobs: Vec<ScheduledJob> = (0..5)
         .map(|n| every_day(&format!("crashed-{n}"), napping_job))
         .collect();
@@ -707,7 +708,7 @@ async fn the_batch_of_a_dead_worker_runs_one_occurrence_at_a_time(store: Arc<dyn
 
 /// Plans the due schedules of `names` as a worker's cycle does; returns how many occurrences
 /// it wrote.
-async fn worker_plan_once(store: &Arc<dyn ScheduleStore>, names: &[String]) -> u64 {
+async fn worker_plan_once(store: &Arc<dyn Store>, names: &[String]) -> u64 {
     let planner = |_: &str, due, _now| hexeract::store::Plan {
         fire_at: Some(due),
         next_fire_at: due + chrono::Duration::days(1),

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use hexeract::schedule::Spec;
+use hexeract::store::DeadLetterStore;
 use hexeract::store::{DeliveryStore, ScheduleDefinition, ScheduleStore};
 use hexeract_tests::pg::{database_url, TestSchema};
 use uuid::Uuid;

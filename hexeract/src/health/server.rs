@@ -12,14 +12,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::health::{Health, Status};
 use crate::metrics::{escape, Metrics};
-use crate::store::DeliveryStore;
+use crate::store::Store;
 
 /// What the endpoints read.
 #[derive(Clone)]
 struct Served {
     health: Health,
     metrics: Metrics,
-    store: Option<Arc<dyn DeliveryStore>>,
+    store: Option<Arc<dyn Store>>,
 }
 
 /// Serves the health and metrics endpoints on `listener` until `cancel` fires:
@@ -48,7 +48,7 @@ struct Served {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     health: Health,
-    store: Option<Arc<dyn DeliveryStore>>,
+    store: Option<Arc<dyn Store>>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let served = Served {

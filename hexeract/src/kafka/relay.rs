@@ -17,7 +17,7 @@ use crate::envelope::Envelope;
 use crate::health::Probe;
 use crate::kafka::logged::{Logged, ProbeSlot};
 use crate::kafka::{wire, KafkaConfig, KafkaError};
-use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
+use crate::store::{self, RelaySink, RelayStore, Unpublishable};
 
 /// Relays the transactional outbox to Kafka: takes the oldest rows, publishes each to its
 /// aggregate's topic (`<prefix>.<aggregate>`) keyed by the aggregate id, waits until the brokers
@@ -34,7 +34,7 @@ use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
 /// `payload_invalid`, with why).
 ///
 /// ```no_run
-/// # async fn example(store: std::sync::Arc<dyn hexeract::store::DeliveryStore>) -> Result<(), hexeract::kafka::KafkaError> {
+/// # async fn example(store: std::sync::Arc<dyn hexeract::store::RelayStore>) -> Result<(), hexeract::kafka::KafkaError> {
 /// use hexeract::kafka::{KafkaConfig, KafkaRelay};
 /// use hexeract::CancellationToken;
 ///
@@ -44,7 +44,7 @@ use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
 /// # }
 /// ```
 pub struct KafkaRelay {
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn RelayStore>,
     producer: FutureProducer<Logged>,
     config: KafkaConfig,
     source: String,
@@ -58,10 +58,7 @@ impl KafkaRelay {
     /// A relay from `store` to the brokers of `config`; `batch_size` 10 and `poll_interval`
     /// 100 ms (the outbox worker's library defaults). Fails only when librdkafka refuses the
     /// configuration: the brokers are first contacted by [`run`](KafkaRelay::run).
-    pub fn new(
-        store: Arc<dyn DeliveryStore>,
-        config: &KafkaConfig,
-    ) -> Result<KafkaRelay, KafkaError> {
+    pub fn new(store: Arc<dyn RelayStore>, config: &KafkaConfig) -> Result<KafkaRelay, KafkaError> {
         let health = Probe::detached("kafka relay");
         let probe_slot = Logged::new("kafka relay", Some(health.clone())).probe_slot();
         let producer = producer(config, &probe_slot)?;

@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::health::Health;
 use crate::kafka::{ensure_topics, KafkaConfig, KafkaRelay, KafkaWorkerBuilder};
 use crate::retry::Backoff;
-use crate::store::DeliveryStore;
+use crate::store::Store;
 
 /// The client settings `hexeract::run` uses.
 pub(crate) fn config(kafka: &Kafka) -> KafkaConfig {
@@ -28,7 +28,7 @@ pub(crate) fn config(kafka: &Kafka) -> KafkaConfig {
 pub(crate) async fn run_on_kafka(
     kafka: &Kafka,
     settings: &EnvSettings,
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn Store>,
     health: &Health,
     startup: crate::health::Probe,
     cancel: CancellationToken,

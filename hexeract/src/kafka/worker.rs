@@ -38,7 +38,7 @@ use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::registry::{HandlerOptions, HandlerSet, Registry};
 use crate::retry::Backoff;
-use crate::store::DeliveryStore;
+use crate::store::Store;
 
 /// What one record counts for in a partition's queue besides its key and payload.
 const RECORD_OVERHEAD: usize = 256;
@@ -48,7 +48,7 @@ const RECORD_OVERHEAD: usize = 256;
 #[must_use]
 pub struct KafkaWorkerBuilder {
     config: KafkaConfig,
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn Store>,
     handlers: HandlerSet,
     publisher: Option<Arc<dyn Publish>>,
     policy: Policy,
@@ -60,14 +60,14 @@ pub struct KafkaWorkerBuilder {
 impl KafkaWorkerBuilder {
     /// A worker on the brokers of `config` whose dead letters go to `store`, with no handlers
     /// yet.
-    pub fn new(config: KafkaConfig, store: Arc<dyn DeliveryStore>) -> KafkaWorkerBuilder {
+    pub fn new(config: KafkaConfig, store: Arc<dyn Store>) -> KafkaWorkerBuilder {
         KafkaWorkerBuilder::with_policy(config, store, Policy::library())
     }
 
     /// A worker that starts from `policy`'s defaults.
     pub(crate) fn with_policy(
         config: KafkaConfig,
-        store: Arc<dyn DeliveryStore>,
+        store: Arc<dyn Store>,
         policy: Policy,
     ) -> KafkaWorkerBuilder {
         KafkaWorkerBuilder {
@@ -251,7 +251,7 @@ impl fmt::Debug for KafkaWorkerBuilder {
 /// passed over.
 ///
 /// ```no_run
-/// # async fn example(store: std::sync::Arc<dyn hexeract::store::DeliveryStore>) -> Result<(), hexeract::Error> {
+/// # async fn example(store: std::sync::Arc<dyn hexeract::store::Store>) -> Result<(), hexeract::Error> {
 /// use hexeract::kafka::{KafkaConfig, KafkaWorker};
 /// use hexeract::CancellationToken;
 ///
@@ -281,7 +281,7 @@ impl fmt::Debug for KafkaWorker {
 
 struct Shared {
     config: KafkaConfig,
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn Store>,
     publisher: Option<Arc<dyn Publish>>,
     engine: Engine,
     max_payload_bytes: usize,
@@ -341,7 +341,7 @@ fn lock(partitions: &Partitions) -> std::sync::MutexGuard<'_, HashMap<i32, Slot>
 
 impl KafkaWorker {
     /// A builder on the brokers of `config`, dead-lettering into `store`.
-    pub fn builder(config: KafkaConfig, store: Arc<dyn DeliveryStore>) -> KafkaWorkerBuilder {
+    pub fn builder(config: KafkaConfig, store: Arc<dyn Store>) -> KafkaWorkerBuilder {
         KafkaWorkerBuilder::new(config, store)
     }
 

@@ -10,7 +10,7 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
 use crate::rabbitmq::{BusError, RabbitMqConnection, Topology};
-use crate::store::{DeclaredQueue, DeliveryStore};
+use crate::store::{DeclaredQueue, DeclaredQueues};
 
 /// A queue declared for a handler this program does not have, still on the broker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub(crate) struct UnownedQueue {
 pub(crate) async fn record_and_find_unowned(
     connection: &RabbitMqConnection,
     topology: &Topology,
-    store: &dyn DeliveryStore,
+    store: &dyn DeclaredQueues,
 ) -> Result<Vec<UnownedQueue>, crate::Error> {
     // `validate` (at startup) refused two handlers sharing a queue, so the names are unique.
     let current: Vec<DeclaredQueue> = topology
@@ -51,7 +51,7 @@ pub(crate) async fn record_and_find_unowned(
 pub(crate) async fn find_unowned(
     connection: &RabbitMqConnection,
     topology: &Topology,
-    store: &dyn DeliveryStore,
+    store: &dyn DeclaredQueues,
 ) -> Result<Vec<UnownedQueue>, crate::Error> {
     let owned: Vec<String> = topology
         .handler_queues()

@@ -12,7 +12,7 @@ use crate::delivery::Policy;
 use crate::envelope::Envelope;
 use crate::health::Probe;
 use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher};
-use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
+use crate::store::{self, RelaySink, RelayStore, Unpublishable};
 
 /// Relays the transactional outbox to RabbitMQ: takes a batch of rows (locked, oldest first),
 /// publishes them to the exchange with confirms, and deletes them in the same transaction once
@@ -26,7 +26,7 @@ use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
 /// [`BusError::Connection`] when the broker connection is gone.
 ///
 /// ```no_run
-/// # async fn example(store: std::sync::Arc<dyn hexeract::store::DeliveryStore>) -> Result<(), hexeract::rabbitmq::BusError> {
+/// # async fn example(store: std::sync::Arc<dyn hexeract::store::RelayStore>) -> Result<(), hexeract::rabbitmq::BusError> {
 /// use hexeract::rabbitmq::{OutboxRelay, RabbitMqConnection};
 /// use hexeract::CancellationToken;
 ///
@@ -37,7 +37,7 @@ use crate::store::{self, DeliveryStore, RelaySink, Unpublishable};
 /// # }
 /// ```
 pub struct OutboxRelay {
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn RelayStore>,
     publisher: RabbitMqPublisher,
     batch_size: u32,
     poll_interval: Duration,
@@ -49,7 +49,7 @@ impl OutboxRelay {
     /// A relay from `store` to the default exchange, publishing on a channel of `connection`;
     /// `batch_size` 10 and `poll_interval` 100 ms (the outbox worker's library defaults).
     pub async fn new(
-        store: Arc<dyn DeliveryStore>,
+        store: Arc<dyn RelayStore>,
         connection: &RabbitMqConnection,
     ) -> Result<OutboxRelay, BusError> {
         Ok(OutboxRelay {

@@ -18,7 +18,7 @@ use crate::rabbitmq::ownership;
 use crate::rabbitmq::{BusError, OutboxRelay, RabbitMqConnection, RabbitMqWorkerBuilder, Topology};
 use crate::registry::Registry;
 use crate::retry::Backoff;
-use crate::store::DeliveryStore;
+use crate::store::Store;
 
 /// The broker settings `hexeract::run` uses.
 #[derive(Clone, Debug)]
@@ -34,7 +34,7 @@ pub(crate) struct BrokerSettings {
 pub(crate) async fn run_on_broker(
     broker: BrokerSettings,
     settings: &EnvSettings,
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn Store>,
     health: &Health,
     startup: Probe,
     cancel: CancellationToken,
@@ -231,7 +231,7 @@ impl BrokerReplay {
     pub(crate) async fn replay(
         &self,
         letter: &crate::dead_letter::DeadLetter,
-        store: &dyn DeliveryStore,
+        store: &dyn Store,
     ) -> Result<String, Error> {
         let properties = crate::rabbitmq::wire::properties(&letter.envelope, 0);
         let (exchange, routing_key, place) = match &letter.handler {

@@ -36,7 +36,7 @@ use crate::rabbitmq::{
 };
 use crate::registry::{HandlerOptions, HandlerSet, RegisteredHandler, Registry};
 use crate::retry::Backoff;
-use crate::store::DeliveryStore;
+use crate::store::DeadLetterStore;
 
 /// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
 /// `max_payload_bytes` 1 MiB, handler timeout 30 s, shutdown grace 8 s, confirm timeout 30 s.
@@ -87,7 +87,7 @@ pub struct RabbitMqWorkerBuilder {
     policy: Policy,
     confirm_timeout: Duration,
     declare: bool,
-    dead_letters: Option<Arc<dyn DeliveryStore>>,
+    dead_letters: Option<Arc<dyn DeadLetterStore>>,
     publisher: Option<Arc<dyn Publish>>,
     health: Option<Probe>,
 }
@@ -241,7 +241,7 @@ impl RabbitMqWorkerBuilder {
     }
 
     /// Also records every parked message in this store's `dead_letters` table.
-    pub fn dead_letters(mut self, store: Arc<dyn DeliveryStore>) -> RabbitMqWorkerBuilder {
+    pub fn dead_letters(mut self, store: Arc<dyn DeadLetterStore>) -> RabbitMqWorkerBuilder {
         self.dead_letters = Some(store);
         self
     }
@@ -465,7 +465,7 @@ struct Shared {
     shutdown_grace: Duration,
     confirm_timeout: Duration,
     declare: bool,
-    dead_letters: Option<Arc<dyn DeliveryStore>>,
+    dead_letters: Option<Arc<dyn DeadLetterStore>>,
     publisher: Option<Arc<dyn Publish>>,
     health: Probe,
     /// Consumers subscribed so far in this run.
@@ -1052,7 +1052,7 @@ impl ConsumeLoop<'_> {
 
     /// Writes `letter`, trying again with backoff while the store refuses it; `false` when the
     /// worker stopped first (the delivery then goes back to its queue, and comes again).
-    async fn write_dead_letter(&self, store: &dyn DeliveryStore, letter: &DeadLetter) -> bool {
+    async fn write_dead_letter(&self, store: &dyn DeadLetterStore, letter: &DeadLetter) -> bool {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             match store.insert_dead_letter(letter).await {

@@ -13,8 +13,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{
+    PgConnectOptions, PgConnection, PgHasArrayType, PgListener, PgPool, PgPoolOptions, PgRow,
+};
 use sqlx::types::Json;
+use sqlx::Postgres;
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -22,7 +25,10 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
-use crate::store::{millis, Claimed, DeclaredQueue, DeliveryStore, Identifier, Routes, StoreError};
+use crate::store::{
+    millis, Claimed, DeadLetterStore, DeliveryStore, Housekeeping, Identifier, RelaySink,
+    RelayStore, Routes, StoreError,
+};
 
 /// The schema Hexeract's tables live in unless another is given.
 pub const DEFAULT_SCHEMA: &str = "hexeract";
@@ -47,6 +53,7 @@ pub struct PgStore {
     wake: Arc<Wake>,
 }
 
+mod queues;
 mod schedules;
 pub(crate) use schedules::insert_scheduled_in;
 
@@ -144,7 +151,7 @@ impl PgStore {
     /// exactly the SQL the worker runs. Not a stable interface.
     #[doc(hidden)]
     pub fn statements_for_benchmarks(&self) -> [&str; 3] {
-        [&self.sql.expand, &self.sql.claim, &self.sql.ack]
+        [&self.sql.expand, &self.sql.claim, &self.sql.settle.ack]
     }
 }
 
@@ -247,14 +254,149 @@ impl From<&[Envelope]> for OutboxColumns {
     }
 }
 
-/// Every statement, with the schema name quoted in once.
-struct Statements {
-    expand: String,
-    claim: String,
+/// How a claim is settled, for deliveries and schedule occurrences alike (one claim model): an
+/// ack deletes the row, a retry makes it due again, a release gives it back with its attempt
+/// not counted, a dead letter moves it to `dead_letters`; each only while the row still holds
+/// the settling worker's token. `I` is the table's id: `bigint` for deliveries, `uuid` for
+/// occurrences.
+pub(super) struct Settle {
     ack: String,
     release: String,
     retry: String,
     dead_letter: String,
+}
+
+impl Settle {
+    /// The statements of `table`, where a claimed row has `id`, `attempts`, `available_at`,
+    /// `lease_owner`, `recovered` and `last_error`. `to_dead_letters` inserts from `gone`, the
+    /// row just deleted, binding `$3` (the letter's id), `$4` (reason), `$5` (detail) and `$6`
+    /// (calls made).
+    pub(super) fn new(schema: &Identifier, table: &str, to_dead_letters: &str) -> Settle {
+        let t = format!("{}.{table}", schema.quoted());
+        Settle {
+            ack: format!("DELETE FROM {t} WHERE id = ANY($1) AND lease_owner = $2"),
+            release: format!(
+                "UPDATE {t}
+                 SET attempts = attempts - 1, lease_owner = NULL, available_at = now()
+                 WHERE id = ANY($1) AND lease_owner = $2"
+            ),
+            retry: format!(
+                "UPDATE {t}
+                 SET available_at = now() + $3::bigint * interval '1 millisecond',
+                     lease_owner = NULL,
+                     recovered = false,
+                     last_error = $4
+                 WHERE id = $1 AND lease_owner = $2"
+            ),
+            dead_letter: format!(
+                "WITH gone AS (
+                     DELETE FROM {t} WHERE id = $1 AND lease_owner = $2 RETURNING *
+                 )
+                 {to_dead_letters}"
+            ),
+        }
+    }
+
+    /// The `ack` or `release` statement over `ids`.
+    async fn each<I: ClaimId>(
+        sql: &str,
+        pool: &PgPool,
+        token: Uuid,
+        ids: &[I],
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(sql).bind(ids).bind(token).execute(pool).await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(super) async fn ack<I: ClaimId>(
+        &self,
+        pool: &PgPool,
+        token: Uuid,
+        ids: &[I],
+    ) -> Result<u64, StoreError> {
+        Settle::each(&self.ack, pool, token, ids).await
+    }
+
+    pub(super) async fn release<I: ClaimId>(
+        &self,
+        pool: &PgPool,
+        token: Uuid,
+        ids: &[I],
+    ) -> Result<u64, StoreError> {
+        Settle::each(&self.release, pool, token, ids).await
+    }
+
+    pub(super) async fn retry<I: ClaimId>(
+        &self,
+        pool: &PgPool,
+        token: Uuid,
+        id: I,
+        delay: Duration,
+        detail: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.retry)
+            .bind(id)
+            .bind(token)
+            .bind(millis(delay))
+            .bind(crate::dead_letter::truncate_detail(detail))
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(super) async fn dead_letter<I: ClaimId>(
+        &self,
+        pool: &PgPool,
+        token: Uuid,
+        id: I,
+        reason: &Reason,
+        detail: &str,
+        calls: u32,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.dead_letter)
+            .bind(id)
+            .bind(token)
+            .bind(Uuid::now_v7())
+            .bind(reason.as_str())
+            .bind(crate::dead_letter::truncate_detail(detail))
+            .bind(i32::try_from(calls).unwrap_or(i32::MAX))
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+/// The id of a claimed row: `bigint` (deliveries) or `uuid` (occurrences).
+pub(super) trait ClaimId:
+    for<'q> sqlx::Encode<'q, Postgres>
+    + sqlx::Type<Postgres>
+    + PgHasArrayType
+    + Send
+    + Sync
+    + Copy
+    + 'static
+{
+}
+
+impl<I> ClaimId for I where
+    I: for<'q> sqlx::Encode<'q, Postgres>
+        + sqlx::Type<Postgres>
+        + PgHasArrayType
+        + Send
+        + Sync
+        + Copy
+        + 'static
+{
+}
+
+/// Every statement, with the schema name quoted in once.
+struct Statements {
+    expand: String,
+    claim: String,
+    settle: Settle,
     dead_letters: String,
     insert_dead_letter: String,
     relay_take: String,
@@ -314,27 +456,14 @@ impl Statements {
                      FOR UPDATE SKIP LOCKED))
                  RETURNING id, message_id, handler, attempts, recovered, {m}"
             ),
-            ack: format!("DELETE FROM {s}.deliveries WHERE id = ANY($1) AND lease_owner = $2"),
-            release: format!(
-                "UPDATE {s}.deliveries
-                 SET attempts = attempts - 1, lease_owner = NULL, available_at = now()
-                 WHERE id = ANY($1) AND lease_owner = $2"
-            ),
-            retry: format!(
-                "UPDATE {s}.deliveries
-                 SET available_at = now() + $3::bigint * interval '1 millisecond',
-                     lease_owner = NULL,
-                     recovered = false,
-                     last_error = $4
-                 WHERE id = $1 AND lease_owner = $2"
-            ),
-            dead_letter: format!(
-                "WITH gone AS (
-                     DELETE FROM {s}.deliveries WHERE id = $1 AND lease_owner = $2 RETURNING *
-                 )
-                 INSERT INTO {s}.dead_letters
-                     (id, message_id, handler, reason, detail, attempts, {m})
-                 SELECT $3, message_id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
+            settle: Settle::new(
+                schema,
+                "deliveries",
+                &format!(
+                    "INSERT INTO {s}.dead_letters
+                         (id, message_id, handler, reason, detail, attempts, {m})
+                     SELECT $3, message_id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
+                ),
             ),
             dead_letters: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
@@ -669,17 +798,7 @@ impl DeliveryStore for PgStore {
     }
 
     fn ack<'a>(&'a self, token: Uuid, ids: &'a [i64]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let done = sqlx::query(&self.sql.ack)
-                .bind(ids)
-                .bind(token)
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
+        Box::pin(self.sql.settle.ack(&self.pool, token, ids))
     }
 
     fn retry<'a>(
@@ -689,16 +808,7 @@ impl DeliveryStore for PgStore {
         delay: Duration,
         detail: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&self.sql.retry)
-                .bind(id)
-                .bind(token)
-                .bind(millis(delay))
-                .bind(crate::dead_letter::truncate_detail(detail))
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(self.sql.settle.retry(&self.pool, token, id, delay, detail))
     }
 
     fn dead_letter<'a>(
@@ -709,18 +819,11 @@ impl DeliveryStore for PgStore {
         detail: &'a str,
         calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&self.sql.dead_letter)
-                .bind(id)
-                .bind(token)
-                .bind(Uuid::now_v7())
-                .bind(reason.as_str())
-                .bind(crate::dead_letter::truncate_detail(detail))
-                .bind(i32::try_from(calls).unwrap_or(i32::MAX))
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(
+            self.sql
+                .settle
+                .dead_letter(&self.pool, token, id, reason, detail, calls),
+        )
     }
 
     fn release<'a>(
@@ -728,46 +831,47 @@ impl DeliveryStore for PgStore {
         token: Uuid,
         ids: &'a [i64],
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.sql.settle.release(&self.pool, token, ids))
+    }
+
+    fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let done = sqlx::query(&self.sql.release)
-                .bind(ids)
-                .bind(token)
-                .execute(&self.pool)
+            let owed: i64 = sqlx::query_scalar(&self.sql.backlog)
+                .fetch_one(&self.pool)
                 .await?;
-            Ok(done.rows_affected())
+            Ok(u64::try_from(owed).unwrap_or(0))
         })
     }
 
-    fn dead_letters(&self, limit_rows: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>> {
+    fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(&self.sql.dead_letters)
-                .bind(limit(limit_rows))
-                .fetch_all(&self.pool)
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    let attempts: i32 = row.try_get("attempts")?;
-                    Ok(DeadLetter {
-                        id: row.try_get("id")?,
-                        envelope: envelope_from_row(row, attempts)?,
-                        handler: row.try_get("handler")?,
-                        reason: Reason::from(row.try_get::<String, _>("reason")?),
-                        detail: row.try_get("detail")?,
-                        attempts: u32::try_from(attempts).unwrap_or(0),
-                        dead_lettered_at: row.try_get("dead_lettered_at")?,
-                    })
+            self.wake
+                .listening
+                .get_or_try_init(|| async {
+                    let mut listener = PgListener::connect_with(&self.pool).await?;
+                    listener.listen(&notify_channel(&self.schema)).await?;
+                    tokio::spawn(forward_notifications(
+                        listener,
+                        self.wake.signal.clone(),
+                        self.wake.stop.clone(),
+                    ));
+                    Ok::<(), StoreError>(())
                 })
-                .collect()
+                .await?;
+            Ok(Some(self.wake.signal.clone()))
         })
     }
 
+    fn kind(&self) -> &'static str {
+        "postgresql"
+    }
+}
+
+impl RelayStore for PgStore {
     fn relay<'a>(
         &'a self,
         limit_rows: u32,
-        sink: &'a dyn crate::store::RelaySink,
+        sink: &'a dyn RelaySink,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let mut tx = crate::store::begin(&self.pool, None).await?;
@@ -817,7 +921,9 @@ impl DeliveryStore for PgStore {
             Ok(ids.len() as u64)
         })
     }
+}
 
+impl DeadLetterStore for PgStore {
     fn insert_dead_letter<'a>(
         &'a self,
         letter: &'a DeadLetter,
@@ -830,6 +936,29 @@ impl DeliveryStore for PgStore {
         })
     }
 
+    fn dead_letters(&self, limit_rows: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql.dead_letters)
+                .bind(limit(limit_rows))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let attempts: i32 = row.try_get("attempts")?;
+                    Ok(DeadLetter {
+                        id: row.try_get("id")?,
+                        envelope: envelope_from_row(row, attempts)?,
+                        handler: row.try_get("handler")?,
+                        reason: Reason::from(row.try_get::<String, _>("reason")?),
+                        detail: row.try_get("detail")?,
+                        attempts: u32::try_from(attempts).unwrap_or(0),
+                        dead_lettered_at: row.try_get("dead_lettered_at")?,
+                    })
+                })
+                .collect()
+        })
+    }
+
     fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
             let replayed: i64 = sqlx::query_scalar(&self.sql.replay)
@@ -838,108 +967,6 @@ impl DeliveryStore for PgStore {
                 .await?;
             Ok(replayed == 1)
         })
-    }
-
-    fn record_declared_queues<'a>(
-        &'a self,
-        queues: &'a [DeclaredQueue],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let column =
-                |get: fn(&DeclaredQueue) -> &str| -> Vec<&str> { queues.iter().map(get).collect() };
-            sqlx::query(&format!(
-                "INSERT INTO {}.declared_queues (queue, handler, message_type)
-                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[])
-                 ON CONFLICT (queue) DO UPDATE
-                 SET handler = EXCLUDED.handler, message_type = EXCLUDED.message_type,
-                     declared_at = now()",
-                self.schema.quoted()
-            ))
-            .bind(column(|queue| &queue.queue))
-            .bind(column(|queue| &queue.handler))
-            .bind(column(|queue| &queue.message_type))
-            .execute(&self.pool)
-            .await?;
-            Ok(())
-        })
-    }
-
-    fn declared_queues(&self) -> BoxFuture<'_, Result<Vec<DeclaredQueue>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(String, String, String, DateTime<Utc>)> = sqlx::query_as(&format!(
-                "SELECT queue, handler, message_type, declared_at
-                 FROM {}.declared_queues ORDER BY queue",
-                self.schema.quoted()
-            ))
-            .fetch_all(&self.pool)
-            .await?;
-            Ok(rows
-                .into_iter()
-                .map(
-                    |(queue, handler, message_type, declared_at)| DeclaredQueue {
-                        queue,
-                        handler,
-                        message_type,
-                        declared_at,
-                    },
-                )
-                .collect())
-        })
-    }
-
-    fn forget_declared_queue<'a>(
-        &'a self,
-        queue: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&format!(
-                "DELETE FROM {}.declared_queues WHERE queue = $1",
-                self.schema.quoted()
-            ))
-            .bind(queue)
-            .execute(&self.pool)
-            .await?;
-            Ok(done.rows_affected() > 0)
-        })
-    }
-
-    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
-                "SELECT handler, count(*) FROM {}.deliveries GROUP BY handler ORDER BY handler",
-                self.schema.quoted()
-            ))
-            .fetch_all(&self.pool)
-            .await?;
-            Ok(rows
-                .into_iter()
-                .map(|(handler, count)| (handler, u64::try_from(count).unwrap_or(0)))
-                .collect())
-        })
-    }
-
-    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(self.purge_inbox_older_than(age))
-    }
-
-    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move {
-            // Keeps `now() - age` within PostgreSQL's timestamp range.
-            const MAX_AGE_MILLIS: i64 = 1000 * 365 * 24 * 3600 * 1000;
-            let done = sqlx::query(&format!(
-                "DELETE FROM {}.dead_letters
-                 WHERE dead_lettered_at < now() - $1::bigint * interval '1 millisecond'",
-                self.schema.quoted()
-            ))
-            .bind(millis(age).min(MAX_AGE_MILLIS))
-            .execute(&self.pool)
-            .await?;
-            Ok(done.rows_affected())
-        })
-    }
-
-    fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
-        Box::pin(async move { Ok(self.delete_dead_letters(&[id]).await? == 1) })
     }
 
     fn delete_dead_letters<'a>(
@@ -965,12 +992,36 @@ impl DeliveryStore for PgStore {
         })
     }
 
-    fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
-            let owed: i64 = sqlx::query_scalar(&self.sql.backlog)
-                .fetch_one(&self.pool)
-                .await?;
-            Ok(u64::try_from(owed).unwrap_or(0))
+            // Keeps `now() - age` within PostgreSQL's timestamp range.
+            const MAX_AGE_MILLIS: i64 = 1000 * 365 * 24 * 3600 * 1000;
+            let done = sqlx::query(&format!(
+                "DELETE FROM {}.dead_letters
+                 WHERE dead_lettered_at < now() - $1::bigint * interval '1 millisecond'",
+                self.schema.quoted()
+            ))
+            .bind(millis(age).min(MAX_AGE_MILLIS))
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected())
+        })
+    }
+}
+
+impl Housekeeping for PgStore {
+    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+                "SELECT handler, count(*) FROM {}.deliveries GROUP BY handler ORDER BY handler",
+                self.schema.quoted()
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(handler, count)| (handler, u64::try_from(count).unwrap_or(0)))
+                .collect())
         })
     }
 
@@ -988,27 +1039,8 @@ impl DeliveryStore for PgStore {
         })
     }
 
-    fn kind(&self) -> &'static str {
-        "postgresql"
-    }
-
-    fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
-        Box::pin(async move {
-            self.wake
-                .listening
-                .get_or_try_init(|| async {
-                    let mut listener = PgListener::connect_with(&self.pool).await?;
-                    listener.listen(&notify_channel(&self.schema)).await?;
-                    tokio::spawn(forward_notifications(
-                        listener,
-                        self.wake.signal.clone(),
-                        self.wake.stop.clone(),
-                    ));
-                    Ok::<(), StoreError>(())
-                })
-                .await?;
-            Ok(Some(self.wake.signal.clone()))
-        })
+    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(self.purge_inbox_older_than(age))
     }
 }
 

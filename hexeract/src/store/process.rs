@@ -10,7 +10,7 @@ use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::message::Message;
 use crate::publish::PublishError;
-use crate::store::{DeliveryStore, ScheduleStore, StoreError};
+use crate::store::{DeliveryStore, Store, StoreError};
 
 /// The store `hexeract::run` delivers from and `hexeract::publish` writes to: PostgreSQL when
 /// `DATABASE_URL` is set, otherwise an SQLite file (`HEXERACT_SQLITE_PATH`, default
@@ -26,16 +26,8 @@ use crate::store::{DeliveryStore, ScheduleStore, StoreError};
 /// # Ok(())
 /// # }
 /// ```
-pub async fn default_store() -> Result<Arc<dyn DeliveryStore>, Error> {
-    let store: Arc<dyn DeliveryStore> = default_schedule_store().await?;
-    Ok(store)
-}
-
-/// [`default_store`] as the scheduler sees it (the same store: schedules, occurrences and
-/// delayed messages live beside the outbox).
-pub async fn default_schedule_store() -> Result<Arc<dyn ScheduleStore>, Error> {
-    static STORE: tokio::sync::OnceCell<Arc<dyn ScheduleStore>> =
-        tokio::sync::OnceCell::const_new();
+pub async fn default_store() -> Result<Arc<dyn Store>, Error> {
+    static STORE: tokio::sync::OnceCell<Arc<dyn Store>> = tokio::sync::OnceCell::const_new();
     STORE
         .get_or_try_init(|| async {
             let settings = EnvSettings::from_env()?;
@@ -45,8 +37,14 @@ pub async fn default_schedule_store() -> Result<Arc<dyn ScheduleStore>, Error> {
         .cloned()
 }
 
+/// [`default_store`] as the scheduler sees it (the same store: schedules, occurrences and
+/// delayed messages live beside the outbox).
+pub async fn default_schedule_store() -> Result<Arc<dyn Store>, Error> {
+    default_store().await
+}
+
 /// Opens and migrates the store `database` names.
-pub(crate) async fn open(database: &Database) -> Result<Arc<dyn ScheduleStore>, Error> {
+pub(crate) async fn open(database: &Database) -> Result<Arc<dyn Store>, Error> {
     let store = match database {
         Database::Postgres(url) => open_postgres(url).await?,
         Database::Sqlite(path) => open_sqlite(path).await?,
@@ -57,24 +55,24 @@ pub(crate) async fn open(database: &Database) -> Result<Arc<dyn ScheduleStore>, 
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str) -> Result<Arc<dyn ScheduleStore>, Error> {
+async fn open_postgres(url: &str) -> Result<Arc<dyn Store>, Error> {
     Ok(Arc::new(super::postgres::PgStore::connect(url).await?))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(_url: &str) -> Result<Arc<dyn ScheduleStore>, Error> {
+async fn open_postgres(_url: &str) -> Result<Arc<dyn Store>, Error> {
     Err(Error::Unsupported(
         "DATABASE_URL is set, but this build of hexeract lacks its `postgres` feature".to_owned(),
     ))
 }
 
 #[cfg(feature = "sqlite")]
-async fn open_sqlite(path: &std::path::Path) -> Result<Arc<dyn ScheduleStore>, Error> {
+async fn open_sqlite(path: &std::path::Path) -> Result<Arc<dyn Store>, Error> {
     Ok(Arc::new(super::sqlite::SqliteStore::open(path).await?))
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn open_sqlite(_path: &std::path::Path) -> Result<Arc<dyn ScheduleStore>, Error> {
+async fn open_sqlite(_path: &std::path::Path) -> Result<Arc<dyn Store>, Error> {
     Err(Error::Unsupported(
         "no DATABASE_URL is set and this build of hexeract lacks its `sqlite` feature: set \
          DATABASE_URL or enable the feature"

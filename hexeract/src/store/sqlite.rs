@@ -25,6 +25,7 @@ use sqlx::sqlite::{
     SqliteRow, SqliteSynchronous,
 };
 use sqlx::types::Json;
+use sqlx::Sqlite;
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::Notify;
 use uuid::fmt::Hyphenated;
@@ -33,8 +34,12 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
-use crate::store::{millis, Claimed, DeclaredQueue, DeliveryStore, Identifier, Routes, StoreError};
+use crate::store::{
+    millis, Claimed, DeadLetterStore, DeliveryStore, Housekeeping, Identifier, RelaySink,
+    RelayStore, Routes, StoreError,
+};
 
+mod queues;
 mod schedules;
 pub(crate) use schedules::insert_scheduled_in;
 
@@ -235,17 +240,160 @@ async fn insert_rows(
     Ok(())
 }
 
+/// How a claim is settled, for deliveries and schedule occurrences alike (one claim model): an
+/// ack deletes the row, a retry makes it due again, a release gives it back with its attempt
+/// not counted, a dead letter copies it to `dead_letters` and deletes it; each only while the
+/// row still holds the settling worker's token.
+pub(super) struct Settle {
+    ack: String,
+    release: String,
+    retry: String,
+    dead_letter_copy: String,
+    dead_letter_delete: String,
+}
+
+impl Settle {
+    /// The statements of `name`, where a claimed row has `id`, `attempts`, `available_at`,
+    /// `lease_owner`, `recovered` and `last_error`. `to_dead_letters` is an `INSERT … SELECT`
+    /// (without its `FROM`) over the claimed row, binding `?3` (the letter's id), `?4` (reason),
+    /// `?5` (detail), `?6` (when) and `?7` (calls made).
+    pub(super) fn new(prefix: &Identifier, name: &str, to_dead_letters: &str) -> Settle {
+        let t = table(prefix, name);
+        let claimed = "id = ?1 AND lease_owner = ?2";
+        let listed = "id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2";
+        Settle {
+            ack: format!("DELETE FROM {t} WHERE {listed}"),
+            release: format!(
+                "UPDATE {t} SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
+                 WHERE {listed}"
+            ),
+            retry: format!(
+                "UPDATE {t} SET available_at = ?3, lease_owner = NULL, recovered = 0, last_error = ?4
+                 WHERE {claimed}"
+            ),
+            dead_letter_copy: format!("{to_dead_letters} FROM {t} WHERE {claimed}"),
+            dead_letter_delete: format!("DELETE FROM {t} WHERE {claimed}"),
+        }
+    }
+
+    pub(super) async fn ack<I: ClaimId>(
+        &self,
+        pool: &SqlitePool,
+        token: Uuid,
+        ids: &[I],
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(&self.ack)
+            .bind(Json(ids))
+            .bind(token.hyphenated())
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(super) async fn release<I: ClaimId>(
+        &self,
+        pool: &SqlitePool,
+        token: Uuid,
+        ids: &[I],
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(&self.release)
+            .bind(Json(ids))
+            .bind(token.hyphenated())
+            .bind(now_millis())
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    pub(super) async fn retry<I: ClaimId>(
+        &self,
+        pool: &SqlitePool,
+        token: Uuid,
+        id: I,
+        delay: Duration,
+        detail: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.retry)
+            .bind(id.bound())
+            .bind(token.hyphenated())
+            .bind(due_in(delay))
+            .bind(crate::dead_letter::truncate_detail(detail))
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(super) async fn dead_letter<I: ClaimId>(
+        &self,
+        pool: &SqlitePool,
+        token: Uuid,
+        id: I,
+        reason: &Reason,
+        detail: &str,
+        calls: u32,
+    ) -> Result<bool, StoreError> {
+        let mut tx = crate::store::begin(pool, Some(BEGIN_IMMEDIATE)).await?;
+        let copied = sqlx::query(&self.dead_letter_copy)
+            .bind(id.bound())
+            .bind(token.hyphenated())
+            .bind(Uuid::now_v7().hyphenated())
+            .bind(reason.as_str())
+            .bind(crate::dead_letter::truncate_detail(detail))
+            .bind(now_millis())
+            .bind(i64::from(calls))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if copied == 1 {
+            sqlx::query(&self.dead_letter_delete)
+                .bind(id.bound())
+                .bind(token.hyphenated())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(copied == 1)
+    }
+}
+
+/// The id of a claimed row: an INTEGER (deliveries) or a UUID as text (occurrences). Lists of
+/// them are bound as JSON arrays, which a UUID joins in the same text form.
+pub(super) trait ClaimId: serde::Serialize + Send + Sync + Copy + 'static {
+    /// The id as SQLite stores it.
+    type Bound: for<'q> sqlx::Encode<'q, Sqlite> + sqlx::Type<Sqlite> + Send + 'static;
+
+    fn bound(self) -> Self::Bound;
+}
+
+impl ClaimId for i64 {
+    type Bound = i64;
+
+    fn bound(self) -> i64 {
+        self
+    }
+}
+
+impl ClaimId for Uuid {
+    type Bound = Hyphenated;
+
+    fn bound(self) -> Hyphenated {
+        self.hyphenated()
+    }
+}
+
 /// Every statement, with the table names quoted in once.
 struct Statements {
     insert_outbox: String,
     expand_to_deliveries: String,
     expand_from_outbox: String,
     claim: String,
-    release: String,
-    ack: String,
-    retry: String,
-    dead_letter_copy: String,
-    dead_letter_delete: String,
+    settle: Settle,
     dead_letters: String,
     insert_dead_letter: String,
     relay_take: String,
@@ -310,27 +458,15 @@ impl Statements {
                      LIMIT ?4)
                  RETURNING id, message_id, handler, attempts, recovered, {m}"
             ),
-            release: format!(
-                "UPDATE {d}
-                 SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
-                 WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
+            settle: Settle::new(
+                prefix,
+                "deliveries",
+                &format!(
+                    "INSERT INTO {dl}
+                         (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
+                     SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}"
+                ),
             ),
-            ack: format!(
-                "DELETE FROM {d}
-                 WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
-            ),
-            retry: format!(
-                "UPDATE {d}
-                 SET available_at = ?3, lease_owner = NULL, recovered = 0, last_error = ?4
-                 WHERE id = ?1 AND lease_owner = ?2"
-            ),
-            dead_letter_copy: format!(
-                "INSERT INTO {dl}
-                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
-                 SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}
-                 FROM {d} WHERE id = ?1 AND lease_owner = ?2"
-            ),
-            dead_letter_delete: format!("DELETE FROM {d} WHERE id = ?1 AND lease_owner = ?2"),
             relay_take: format!("SELECT id AS message_id, {m} FROM {o} ORDER BY id LIMIT ?1"),
             relay_delete: format!("DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1))"),
             insert_dead_letter: format!(
@@ -710,36 +846,7 @@ impl DeliveryStore for SqliteStore {
     }
 
     fn ack<'a>(&'a self, token: Uuid, ids: &'a [i64]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let done = sqlx::query(&self.sql.ack)
-                .bind(Json(ids))
-                .bind(token.hyphenated())
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let done = sqlx::query(&self.sql.release)
-                .bind(Json(ids))
-                .bind(token.hyphenated())
-                .bind(now_millis())
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
+        Box::pin(self.sql.settle.ack(&self.pool, token, ids))
     }
 
     fn retry<'a>(
@@ -749,16 +856,7 @@ impl DeliveryStore for SqliteStore {
         delay: Duration,
         detail: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&self.sql.retry)
-                .bind(id)
-                .bind(token.hyphenated())
-                .bind(due_in(delay))
-                .bind(crate::dead_letter::truncate_detail(detail))
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(self.sql.settle.retry(&self.pool, token, id, delay, detail))
     }
 
     fn dead_letter<'a>(
@@ -769,42 +867,46 @@ impl DeliveryStore for SqliteStore {
         detail: &'a str,
         calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(
+            self.sql
+                .settle
+                .dead_letter(&self.pool, token, id, reason, detail, calls),
+        )
+    }
+
+    fn release<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [i64],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.sql.settle.release(&self.pool, token, ids))
+    }
+
+    fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
-            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            let copied = sqlx::query(&self.sql.dead_letter_copy)
-                .bind(id)
-                .bind(token.hyphenated())
-                .bind(Uuid::now_v7().hyphenated())
-                .bind(reason.as_str())
-                .bind(crate::dead_letter::truncate_detail(detail))
-                .bind(now_millis())
-                .bind(i64::from(calls))
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(&self.sql.dead_letter_delete)
-                .bind(id)
-                .bind(token.hyphenated())
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(copied.rows_affected() == 1)
+            let p = &self.prefix;
+            let sql = format!(
+                "SELECT (SELECT count(*) FROM \"{p}_outbox\") + (SELECT count(*) FROM \"{p}_deliveries\")"
+            );
+            let owed: i64 = sqlx::query_scalar(&sql).fetch_one(&self.pool).await?;
+            Ok(u64::try_from(owed).unwrap_or(0))
         })
     }
 
-    fn dead_letters(&self, limit_rows: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>> {
-        Box::pin(async move {
-            let rows = sqlx::query(&self.sql.dead_letters)
-                .bind(limit(limit_rows))
-                .fetch_all(&self.pool)
-                .await?;
-            rows.iter().map(dead_letter_from_row).collect()
-        })
+    fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
+        Box::pin(async move { Ok(Some(self.wake.clone())) })
     }
 
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+}
+
+impl RelayStore for SqliteStore {
     fn relay<'a>(
         &'a self,
         limit_rows: u32,
-        sink: &'a dyn crate::store::RelaySink,
+        sink: &'a dyn RelaySink,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             // Holds SQLite's write lock across the publish: the embedded store has one relay.
@@ -845,7 +947,9 @@ impl DeliveryStore for SqliteStore {
             Ok(ids.len() as u64)
         })
     }
+}
 
+impl DeadLetterStore for SqliteStore {
     fn insert_dead_letter<'a>(
         &'a self,
         letter: &'a DeadLetter,
@@ -855,6 +959,16 @@ impl DeliveryStore for SqliteStore {
                 .execute(&self.pool)
                 .await?;
             Ok(())
+        })
+    }
+
+    fn dead_letters(&self, limit_rows: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql.dead_letters)
+                .bind(limit(limit_rows))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter().map(dead_letter_from_row).collect()
         })
     }
 
@@ -877,109 +991,6 @@ impl DeliveryStore for SqliteStore {
             tx.commit().await?;
             Ok(gone.rows_affected() == 1)
         })
-    }
-
-    fn record_declared_queues<'a>(
-        &'a self,
-        queues: &'a [DeclaredQueue],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let statement = format!(
-                "INSERT INTO \"{}_declared_queues\" (queue, handler, message_type, declared_at)
-                 VALUES (?1, ?2, ?3, {NOW_MILLIS_SQL})
-                 ON CONFLICT (queue) DO UPDATE
-                 SET handler = excluded.handler, message_type = excluded.message_type,
-                     declared_at = excluded.declared_at",
-                self.prefix
-            );
-            let mut tx = crate::store::begin(&self.pool, None).await?;
-            for queue in queues {
-                sqlx::query(&statement)
-                    .bind(&queue.queue)
-                    .bind(&queue.handler)
-                    .bind(&queue.message_type)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            Ok(())
-        })
-    }
-
-    fn declared_queues(&self) -> BoxFuture<'_, Result<Vec<DeclaredQueue>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(String, String, String, i64)> = sqlx::query_as(&format!(
-                "SELECT queue, handler, message_type, declared_at
-                 FROM \"{}_declared_queues\" ORDER BY queue",
-                self.prefix
-            ))
-            .fetch_all(&self.pool)
-            .await?;
-            Ok(rows
-                .into_iter()
-                .map(
-                    |(queue, handler, message_type, declared_at)| DeclaredQueue {
-                        queue,
-                        handler,
-                        message_type,
-                        declared_at: DateTime::from_timestamp_millis(declared_at)
-                            .unwrap_or_default(),
-                    },
-                )
-                .collect())
-        })
-    }
-
-    fn forget_declared_queue<'a>(
-        &'a self,
-        queue: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&format!(
-                "DELETE FROM \"{}_declared_queues\" WHERE queue = ?1",
-                self.prefix
-            ))
-            .bind(queue)
-            .execute(&self.pool)
-            .await?;
-            Ok(done.rows_affected() > 0)
-        })
-    }
-
-    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
-                "SELECT handler, count(*) FROM \"{}_deliveries\" GROUP BY handler ORDER BY handler",
-                self.prefix
-            ))
-            .fetch_all(&self.pool)
-            .await?;
-            Ok(rows
-                .into_iter()
-                .map(|(handler, count)| (handler, u64::try_from(count).unwrap_or(0)))
-                .collect())
-        })
-    }
-
-    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(self.purge_inbox_older_than(age))
-    }
-
-    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&format!(
-                "DELETE FROM \"{}_dead_letters\" WHERE dead_lettered_at < ?1",
-                self.prefix
-            ))
-            .bind(now_millis().saturating_sub(millis(age)))
-            .execute(&self.pool)
-            .await?;
-            Ok(done.rows_affected())
-        })
-    }
-
-    fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
-        Box::pin(async move { Ok(self.delete_dead_letters(&[id]).await? == 1) })
     }
 
     fn delete_dead_letters<'a>(
@@ -1006,14 +1017,33 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
-    fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
-            let p = &self.prefix;
-            let sql = format!(
-                "SELECT (SELECT count(*) FROM \"{p}_outbox\") + (SELECT count(*) FROM \"{p}_deliveries\")"
-            );
-            let owed: i64 = sqlx::query_scalar(&sql).fetch_one(&self.pool).await?;
-            Ok(u64::try_from(owed).unwrap_or(0))
+            let done = sqlx::query(&format!(
+                "DELETE FROM \"{}_dead_letters\" WHERE dead_lettered_at < ?1",
+                self.prefix
+            ))
+            .bind(now_millis().saturating_sub(millis(age)))
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected())
+        })
+    }
+}
+
+impl Housekeeping for SqliteStore {
+    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+                "SELECT handler, count(*) FROM \"{}_deliveries\" GROUP BY handler ORDER BY handler",
+                self.prefix
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(handler, count)| (handler, u64::try_from(count).unwrap_or(0)))
+                .collect())
         })
     }
 
@@ -1034,11 +1064,7 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
-    fn kind(&self) -> &'static str {
-        "sqlite"
-    }
-
-    fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {
-        Box::pin(async move { Ok(Some(self.wake.clone())) })
+    fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(self.purge_inbox_older_than(age))
     }
 }

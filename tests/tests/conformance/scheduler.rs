@@ -14,7 +14,8 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use hexeract::schedule::{ScheduledJob, SchedulerWorker, Spec};
 use hexeract::store::sqlite::SqliteStore;
-use hexeract::store::{DeliveryStore, ScheduleDefinition, ScheduleStore};
+use hexeract::store::Store;
+use hexeract::store::{DeliveryStore, ScheduleDefinition};
 use hexeract::{CancellationToken, Context, DeadLetter, HandlerOutcome, Reason};
 use tokio::task::JoinHandle;
 
@@ -155,7 +156,7 @@ fn job(role: &str, run: JobFn) -> ScheduledJob {
 /// A scheduler on an in-memory SQLite store of the test's own, with the suite's knobs: 3 runs,
 /// retries after 20 to 80 ms (unless set otherwise), a lease of 15 s.
 struct Scheduler {
-    store: Arc<dyn ScheduleStore>,
+    store: Arc<dyn Store>,
     /// First and longest retry delay.
     retry_delays: (Duration, Duration),
     running: Option<(CancellationToken, JoinHandle<Result<(), hexeract::Error>>)>,

@@ -15,6 +15,7 @@ use hexeract::rabbitmq::{QueueKind, RabbitMqPublisher, RabbitMqWorkerBuilder, To
 use hexeract::store::postgres::PgStore;
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
+use hexeract::store::Store;
 use hexeract::{CancellationToken, DeadLetter, Envelope, InMemoryStore, Registry, Runtime};
 use hexeract_tests::amqp::TestBroker;
 use hexeract_tests::kafka::TestKafka;
@@ -189,7 +190,7 @@ impl World for Memory {
 /// A database of the test's own for the outbox worker.
 pub(crate) trait Database: Sized {
     const TRANSPORT: &'static str;
-    async fn open() -> (Self, Arc<dyn DeliveryStore>);
+    async fn open() -> (Self, Arc<dyn Store>);
     async fn remove(self);
 }
 
@@ -199,7 +200,7 @@ pub(crate) struct SqliteFile(PathBuf);
 impl Database for SqliteFile {
     const TRANSPORT: &'static str = "sqlite";
 
-    async fn open() -> (SqliteFile, Arc<dyn DeliveryStore>) {
+    async fn open() -> (SqliteFile, Arc<dyn Store>) {
         let dir = std::env::temp_dir().join(format!("hexeract-conformance-{}", Uuid::now_v7()));
         std::fs::create_dir_all(&dir).expect("create the test's directory");
         let store = SqliteStore::open(dir.join("outbox.db"))
@@ -220,7 +221,7 @@ pub(crate) struct PgSchema(TestSchema);
 impl Database for PgSchema {
     const TRANSPORT: &'static str = "postgresql";
 
-    async fn open() -> (PgSchema, Arc<dyn DeliveryStore>) {
+    async fn open() -> (PgSchema, Arc<dyn Store>) {
         let schema = TestSchema::new("hexeract-conformance").await;
         let store: PgStore = schema.migrated_store().await;
         (PgSchema(schema), Arc::new(store))
@@ -234,7 +235,7 @@ impl Database for PgSchema {
 /// The [`OutboxWorker`] on a database of the test's own.
 pub(crate) struct Outbox<D> {
     database: D,
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn Store>,
     running: Option<Running>,
 }
 
@@ -304,7 +305,7 @@ impl<D: Database> World for Outbox<D> {
 pub(crate) struct RabbitMq {
     broker: TestBroker,
     publisher: RabbitMqPublisher,
-    dead_letters: Arc<dyn DeliveryStore>,
+    dead_letters: Arc<dyn Store>,
     /// The topology of the last start, and the queue of its first handler.
     topology: Option<(Topology, String)>,
     known_types: Vec<&'static str>,
@@ -499,7 +500,7 @@ const PARTITIONS: i32 = 3;
 /// publishes from.
 pub(crate) struct Kafka<B> {
     kafka: TestKafka,
-    store: Arc<dyn DeliveryStore>,
+    store: Arc<dyn Store>,
     relay: Option<Running>,
     running: Option<Running>,
     brokers: PhantomData<B>,
@@ -518,7 +519,7 @@ impl<B: Brokers> World for Kafka<B> {
             .await
             .expect("an in-memory SQLite store");
         store.migrate().await.expect("migrate");
-        let store: Arc<dyn DeliveryStore> = Arc::new(store);
+        let store: Arc<dyn Store> = Arc::new(store);
         let relay = KafkaRelay::new(store.clone(), &kafka.config(PARTITIONS))
             .expect("a relay")
             .batch_size(50)

@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{limit, notify_channel, PgStore, MESSAGE_COLUMNS};
+use super::{limit, notify_channel, PgStore, Settle, MESSAGE_COLUMNS};
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::schedules::{
@@ -85,11 +85,8 @@ pub(super) struct ScheduleStatements {
     insert_occurrence: String,
     advance: String,
     claim: String,
-    ack: String,
-    retry: String,
-    dead_letter: String,
+    settle: Settle,
     replay: String,
-    release: String,
     schedule_message: String,
     release_due: String,
     backlog: String,
@@ -143,27 +140,19 @@ impl ScheduleStatements {
                      FOR UPDATE SKIP LOCKED))
                  RETURNING id, schedule, fire_at, attempts, recovered"
             ),
-            ack: format!("DELETE FROM {s}.occurrences WHERE id = ANY($1) AND lease_owner = $2"),
-            retry: format!(
-                "UPDATE {s}.occurrences
-                 SET available_at = now() + $3::bigint * interval '1 millisecond',
-                     lease_owner = NULL,
-                     recovered = false,
-                     last_error = $4
-                 WHERE id = $1 AND lease_owner = $2"
-            ),
-            dead_letter: format!(
-                "WITH moved AS (
-                     DELETE FROM {s}.occurrences WHERE id = $1 AND lease_owner = $2
-                     RETURNING id, schedule, fire_at)
-                 INSERT INTO {s}.dead_letters
-                     (id, message_id, handler, reason, detail, attempts, message_type, payload,
-                      headers, created_at)
-                 SELECT $3, id, schedule, $4, $5, $6, '{SCHEDULE_MESSAGE_TYPE}',
-                        convert_to(json_build_object('schedule', schedule,
-                                                     'fire_at', fire_at)::text, 'UTF8'),
-                        '{{}}'::jsonb, fire_at
-                 FROM moved"
+            settle: Settle::new(
+                schema,
+                "occurrences",
+                &format!(
+                    "INSERT INTO {s}.dead_letters
+                         (id, message_id, handler, reason, detail, attempts, message_type,
+                          payload, headers, created_at)
+                     SELECT $3, id, schedule, $4, $5, $6, '{SCHEDULE_MESSAGE_TYPE}',
+                            convert_to(json_build_object('schedule', schedule,
+                                                         'fire_at', fire_at)::text, 'UTF8'),
+                            '{{}}'::jsonb, fire_at
+                     FROM gone"
+                ),
             ),
             // The dead letter's message id is the occurrence's id and its `created_at` the fire
             // time (see `dead_letter`): the run comes back as it was, attempts from 1.
@@ -179,11 +168,6 @@ impl ScheduleStatements {
                      ON CONFLICT DO NOTHING
                  )
                  SELECT count(*) FROM gone"
-            ),
-            release: format!(
-                "UPDATE {s}.occurrences
-                 SET attempts = attempts - 1, lease_owner = NULL, available_at = now()
-                 WHERE id = ANY($1) AND lease_owner = $2"
             ),
             schedule_message: format!(
                 "INSERT INTO {s}.scheduled_messages (id, due_at, {m})
@@ -218,10 +202,6 @@ impl ScheduleStatements {
             ),
         }
     }
-}
-
-fn attempts(calls: u32) -> i32 {
-    i32::try_from(calls).unwrap_or(i32::MAX)
 }
 
 impl ScheduleStore for PgStore {
@@ -352,17 +332,7 @@ impl ScheduleStore for PgStore {
         token: Uuid,
         ids: &'a [Uuid],
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let done = sqlx::query(&self.schedule_sql.ack)
-                .bind(ids)
-                .bind(token)
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
+        Box::pin(self.schedule_sql.settle.ack(&self.pool, token, ids))
     }
 
     fn retry_occurrence<'a>(
@@ -372,16 +342,11 @@ impl ScheduleStore for PgStore {
         delay: Duration,
         error: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&self.schedule_sql.retry)
-                .bind(id)
-                .bind(token)
-                .bind(millis(delay))
-                .bind(crate::dead_letter::truncate_detail(error))
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(
+            self.schedule_sql
+                .settle
+                .retry(&self.pool, token, id, delay, error),
+        )
     }
 
     fn dead_letter_occurrence<'a>(
@@ -392,18 +357,11 @@ impl ScheduleStore for PgStore {
         detail: &'a str,
         calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&self.schedule_sql.dead_letter)
-                .bind(id)
-                .bind(token)
-                .bind(Uuid::now_v7())
-                .bind(reason.as_str())
-                .bind(crate::dead_letter::truncate_detail(detail))
-                .bind(attempts(calls))
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(
+            self.schedule_sql
+                .settle
+                .dead_letter(&self.pool, token, id, reason, detail, calls),
+        )
     }
 
     fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
@@ -421,17 +379,7 @@ impl ScheduleStore for PgStore {
         token: Uuid,
         ids: &'a [Uuid],
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let done = sqlx::query(&self.schedule_sql.release)
-                .bind(ids)
-                .bind(token)
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
+        Box::pin(self.schedule_sql.settle.release(&self.pool, token, ids))
     }
 
     fn schedule_messages(
@@ -475,7 +423,7 @@ impl PgStore {
     /// exactly the SQL the worker runs. Not a stable interface.
     #[doc(hidden)]
     pub fn schedule_statements_for_benchmarks(&self) -> [&str; 2] {
-        [&self.schedule_sql.claim, &self.schedule_sql.ack]
+        [&self.schedule_sql.claim, &self.schedule_sql.settle.ack]
     }
 }
 

@@ -11,7 +11,9 @@ use sqlx::types::Json;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{limit, now_millis, table, uuid, SqliteStore, BEGIN_IMMEDIATE, MESSAGE_COLUMNS};
+use super::{
+    limit, now_millis, table, uuid, Settle, SqliteStore, BEGIN_IMMEDIATE, MESSAGE_COLUMNS,
+};
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::schedules::{
@@ -83,14 +85,10 @@ pub(super) struct ScheduleStatements {
     insert_occurrence: String,
     advance: String,
     claim: String,
-    ack: String,
-    retry: String,
-    dead_letter_copy: String,
-    dead_letter_delete: String,
+    settle: Settle,
     replay_take: String,
     replay_insert: String,
     replay_delete: String,
-    release: String,
     schedule_message: String,
     release_copy: String,
     release_delete: String,
@@ -144,28 +142,23 @@ impl ScheduleStatements {
                      LIMIT ?4)
                  RETURNING id, schedule, fire_at, attempts, recovered"
             ),
-            ack: format!(
-                "DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
+            settle: Settle::new(
+                prefix,
+                "occurrences",
+                &format!(
+                    "INSERT INTO {dl}
+                         (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
+                          message_type, payload, headers, created_at)
+                     SELECT ?3, id, schedule, ?4, ?5, ?7, ?6, '{SCHEDULE_MESSAGE_TYPE}',
+                            CAST(json_object('schedule', schedule,
+                                             'fire_at', strftime('%Y-%m-%dT%H:%M:%fZ',
+                                                                 fire_at / 1000.0, 'unixepoch'))
+                                 AS BLOB),
+                            '{{}}', strftime('%Y-%m-%dT%H:%M:%fZ', fire_at / 1000.0, 'unixepoch')"
+                ),
             ),
-            retry: format!(
-                "UPDATE {o} SET available_at = ?3, lease_owner = NULL, recovered = 0, last_error = ?4
-                 WHERE id = ?1 AND lease_owner = ?2"
-            ),
-            dead_letter_copy: format!(
-                "INSERT INTO {dl}
-                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
-                      message_type, payload, headers, created_at)
-                 SELECT ?3, id, schedule, ?4, ?5, ?7, ?6, '{SCHEDULE_MESSAGE_TYPE}',
-                        CAST(json_object('schedule', schedule,
-                                         'fire_at', strftime('%Y-%m-%dT%H:%M:%fZ',
-                                                             fire_at / 1000.0, 'unixepoch'))
-                             AS BLOB),
-                        '{{}}', strftime('%Y-%m-%dT%H:%M:%fZ', fire_at / 1000.0, 'unixepoch')
-                 FROM {o} WHERE id = ?1 AND lease_owner = ?2"
-            ),
-            dead_letter_delete: format!("DELETE FROM {o} WHERE id = ?1 AND lease_owner = ?2"),
             // The dead letter's message id is the occurrence's id and its `created_at` the fire
-            // time (see `dead_letter_copy`): the run comes back as it was, attempts from 1.
+            // time (see `settle`): the run comes back as it was, attempts from 1.
             replay_take: format!(
                 "SELECT message_id, handler, created_at FROM {dl}
                  WHERE id = ?1 AND message_type = '{SCHEDULE_MESSAGE_TYPE}'
@@ -176,10 +169,6 @@ impl ScheduleStatements {
                  ON CONFLICT DO NOTHING"
             ),
             replay_delete: format!("DELETE FROM {dl} WHERE id = ?1"),
-            release: format!(
-                "UPDATE {o} SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
-                 WHERE id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2"
-            ),
             schedule_message: format!(
                 "INSERT INTO {messages} (id, due_at, {m})
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
@@ -337,18 +326,7 @@ impl ScheduleStore for SqliteStore {
         token: Uuid,
         ids: &'a [Uuid],
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
-            let done = sqlx::query(&self.schedule_sql.ack)
-                .bind(Json(ids))
-                .bind(token.hyphenated())
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
+        Box::pin(self.schedule_sql.settle.ack(&self.pool, token, ids))
     }
 
     fn retry_occurrence<'a>(
@@ -358,16 +336,11 @@ impl ScheduleStore for SqliteStore {
         delay: Duration,
         error: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&self.schedule_sql.retry)
-                .bind(id.hyphenated())
-                .bind(token.hyphenated())
-                .bind(now_millis().saturating_add(millis(delay)))
-                .bind(crate::dead_letter::truncate_detail(error))
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(
+            self.schedule_sql
+                .settle
+                .retry(&self.pool, token, id, delay, error),
+        )
     }
 
     fn dead_letter_occurrence<'a>(
@@ -378,30 +351,11 @@ impl ScheduleStore for SqliteStore {
         detail: &'a str,
         calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let sql = &self.schedule_sql;
-            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            let copied = sqlx::query(&sql.dead_letter_copy)
-                .bind(id.hyphenated())
-                .bind(token.hyphenated())
-                .bind(Uuid::now_v7().hyphenated())
-                .bind(reason.as_str())
-                .bind(crate::dead_letter::truncate_detail(detail))
-                .bind(now_millis())
-                .bind(i64::from(calls))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if copied == 1 {
-                sqlx::query(&sql.dead_letter_delete)
-                    .bind(id.hyphenated())
-                    .bind(token.hyphenated())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            Ok(copied == 1)
-        })
+        Box::pin(
+            self.schedule_sql
+                .settle
+                .dead_letter(&self.pool, token, id, reason, detail, calls),
+        )
     }
 
     fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
@@ -438,19 +392,7 @@ impl ScheduleStore for SqliteStore {
         token: Uuid,
         ids: &'a [Uuid],
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
-            let done = sqlx::query(&self.schedule_sql.release)
-                .bind(Json(ids))
-                .bind(token.hyphenated())
-                .bind(now_millis())
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
+        Box::pin(self.schedule_sql.settle.release(&self.pool, token, ids))
     }
 
     fn schedule_messages(

@@ -1,0 +1,79 @@
+//! Relaying the outbox to a broker: the capability a store offers a broker relay
+//! ([`RelayStore`]), and what it hands the rows to ([`RelaySink`]).
+
+use futures_util::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::dead_letter::DeadLetter;
+use crate::envelope::Envelope;
+use crate::reason::Reason;
+use crate::store::{DeliveryStore, StoreError};
+
+/// A store whose outbox a broker relay reads: used instead of
+/// [`DeliveryStore::expand`](crate::store::DeliveryStore::expand) when a broker does the
+/// fan-out.
+pub trait RelayStore: DeliveryStore {
+    /// Relays up to `limit` outbox rows, oldest first, to a broker: hands them to `sink` and
+    /// deletes them once it returned `Ok` (moving those it could never publish to the dead
+    /// letters as `payload_invalid`), in one transaction that keeps them locked meanwhile,
+    /// so that other relays skip them and a crash or a failed publish leaves them for the next
+    /// pass (a row may then be published twice: at least once). Returns how many it relayed.
+    fn relay<'a>(
+        &'a self,
+        limit: u32,
+        sink: &'a dyn RelaySink,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
+}
+
+/// Where [`RelayStore::relay`] sends outbox rows: a broker publish that returns `Ok` only
+/// once the broker confirmed every envelope it took.
+pub trait RelaySink: Send + Sync {
+    /// Publishes `envelopes`, in order, and waits for the broker's confirms. Returns the ones
+    /// that can never be published (a message type that cannot be a routing key), with why:
+    /// the store dead-letters those instead of trying them again forever. `Err` when the
+    /// publish failed and may succeed later: every row stays.
+    fn publish<'a>(
+        &'a self,
+        envelopes: &'a [Envelope],
+    ) -> BoxFuture<'a, Result<Vec<Unpublishable>, String>>;
+
+    /// Whether the order of rows must be kept across relays (Kafka keeps each aggregate's
+    /// messages in order; RabbitMQ keeps none). When `true`, the passes of all relays of such
+    /// sinks on one store never overlap: each takes the oldest rows left by the one before, so
+    /// no second relay can publish a later row of an aggregate while an earlier one is still
+    /// in flight. A pass that finds another relay's pass running relays nothing.
+    fn exclusive(&self) -> bool {
+        false
+    }
+}
+
+/// An outbox row the broker can never take, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unpublishable {
+    /// The message's id.
+    pub id: Uuid,
+    /// What is wrong with it.
+    pub detail: String,
+}
+
+/// The dead letters of the outbox rows a relay could never publish (reason `payload_invalid`,
+/// no handler, no call made): what both stores' `relay` records.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn unpublishable_letters(
+    envelopes: &[Envelope],
+    unpublishable: &[Unpublishable],
+) -> Vec<DeadLetter> {
+    unpublishable
+        .iter()
+        .filter_map(|rejected| {
+            let envelope = envelopes.iter().find(|envelope| envelope.id == rejected.id)?;
+            tracing::error!(message_id = %envelope.id, detail = %rejected.detail, "outbox row cannot be published; dead-lettered");
+            Some(DeadLetter::new(
+                envelope.clone(),
+                None,
+                Reason::PAYLOAD_INVALID,
+                &rejected.detail,
+            ))
+        })
+        .collect()
+}
