@@ -156,7 +156,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Wait until the delayed order went out, every message is handled or dead-lettered and
     // the heartbeat fired twice, then shut down.
-    let schedules = hexeract::store::default_schedule_store().await?;
+    let schedules = hexeract::store::default_store().await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while schedules.schedule_backlog().await? > 0 || HEARTBEATS.load(Ordering::SeqCst) < 2 {
         if tokio::time::Instant::now() > deadline {

@@ -516,7 +516,7 @@ async fn purge(selection: &Selection, out: &mut String) -> Result<(), CliError> 
 
 async fn replay(target: &Replay, out: &mut String) -> Result<(), CliError> {
     let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
-    let store = crate::store::default_schedule_store().await?;
+    let store = crate::store::default_store().await?;
     let (letters, full) = match target {
         Replay::One(id) => (vec![find(&*store, id).await?], false),
         Replay::Selected(selection) => select(&*store, selection).await?,

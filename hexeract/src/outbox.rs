@@ -77,75 +77,49 @@ pub trait OutboxTransaction: Send {
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
-#[cfg(feature = "postgres")]
-impl OutboxTransaction for sqlx::Transaction<'_, sqlx::Postgres> {
-    fn insert_envelopes<'a>(
-        &'a mut self,
-        namespace: &'a Identifier,
-        envelopes: &'a [Envelope],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(crate::store::postgres::insert_outbox(
-            self, namespace, envelopes,
-        ))
-    }
+/// `OutboxTransaction` for a transaction of one backend: each method hands its work to the
+/// backend's store module, which has the statements.
+macro_rules! outbox_transaction {
+    ($feature:literal, $database:ty, $store:ident) => {
+        #[cfg(feature = $feature)]
+        impl OutboxTransaction for sqlx::Transaction<'_, $database> {
+            fn insert_envelopes<'a>(
+                &'a mut self,
+                namespace: &'a Identifier,
+                envelopes: &'a [Envelope],
+            ) -> BoxFuture<'a, Result<(), StoreError>> {
+                Box::pin(crate::store::$store::insert_outbox(
+                    self, namespace, envelopes,
+                ))
+            }
 
-    fn insert_inbox<'a>(
-        &'a mut self,
-        namespace: &'a Identifier,
-        handler: &'a str,
-        message_id: uuid::Uuid,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(crate::store::postgres::insert_inbox(
-            self, namespace, handler, message_id,
-        ))
-    }
+            fn insert_inbox<'a>(
+                &'a mut self,
+                namespace: &'a Identifier,
+                handler: &'a str,
+                message_id: uuid::Uuid,
+            ) -> BoxFuture<'a, Result<bool, StoreError>> {
+                Box::pin(crate::store::$store::insert_inbox(
+                    self, namespace, handler, message_id,
+                ))
+            }
 
-    fn insert_scheduled<'a>(
-        &'a mut self,
-        namespace: &'a Identifier,
-        envelopes: &'a [Envelope],
-        due: Due,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(crate::store::postgres::insert_scheduled_in(
-            self, namespace, envelopes, due,
-        ))
-    }
+            fn insert_scheduled<'a>(
+                &'a mut self,
+                namespace: &'a Identifier,
+                envelopes: &'a [Envelope],
+                due: Due,
+            ) -> BoxFuture<'a, Result<(), StoreError>> {
+                Box::pin(crate::store::$store::insert_scheduled_in(
+                    self, namespace, envelopes, due,
+                ))
+            }
+        }
+    };
 }
 
-#[cfg(feature = "sqlite")]
-impl OutboxTransaction for sqlx::Transaction<'_, sqlx::Sqlite> {
-    fn insert_envelopes<'a>(
-        &'a mut self,
-        namespace: &'a Identifier,
-        envelopes: &'a [Envelope],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(crate::store::sqlite::insert_outbox(
-            self, namespace, envelopes,
-        ))
-    }
-
-    fn insert_inbox<'a>(
-        &'a mut self,
-        namespace: &'a Identifier,
-        handler: &'a str,
-        message_id: uuid::Uuid,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(crate::store::sqlite::insert_inbox(
-            self, namespace, handler, message_id,
-        ))
-    }
-
-    fn insert_scheduled<'a>(
-        &'a mut self,
-        namespace: &'a Identifier,
-        envelopes: &'a [Envelope],
-        due: Due,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(crate::store::sqlite::insert_scheduled_in(
-            self, namespace, envelopes, due,
-        ))
-    }
-}
+outbox_transaction!("postgres", sqlx::Postgres, postgres);
+outbox_transaction!("sqlite", sqlx::Sqlite, sqlite);
 
 /// Writes `message` to the outbox inside the caller's transaction (PostgreSQL or SQLite).
 /// Nothing is visible to workers until the transaction commits; a rollback leaves nothing

@@ -43,7 +43,7 @@ use crate::schedule::{SchedulerBuilder, SchedulerWorker};
 /// ```
 pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
     let settings = EnvSettings::from_env()?;
-    let store = crate::store::default_schedule_store().await?;
+    let store = crate::store::default_store().await?;
     // Served on WORKER_PORT; its changes (ready, not ready and why) are logged too.
     let health = crate::health::Health::new();
     // Not ready until every loop has added its component: served before they exist, an empty

@@ -371,7 +371,7 @@ pub async fn schedule_after<M: Message>(
 
 async fn schedule_envelope(envelope: Envelope, due: Due) -> Result<Uuid, PublishError> {
     let id = envelope.id;
-    let store = crate::store::default_schedule_store()
+    let store = crate::store::default_store()
         .await
         .map_err(|error| PublishError::Store(error.to_string()))?;
     store

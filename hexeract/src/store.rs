@@ -37,7 +37,9 @@ pub use schedules::{
 };
 
 pub(crate) mod process;
-pub use process::{default_schedule_store, default_store, wait_until_drained};
+#[allow(deprecated)]
+pub use process::default_schedule_store;
+pub use process::{default_store, wait_until_drained};
 mod queues;
 pub use queues::{DeclaredQueue, DeclaredQueues};
 mod relay;

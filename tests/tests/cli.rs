@@ -388,7 +388,7 @@ async fn replay_with_a_filter_sends_back_exactly_the_dead_letters_it_matches() {
 async fn a_dead_lettered_run_of_a_scheduled_job_is_replayed_and_the_job_runs_again() {
     let dir = fresh_environment();
     // The job is due a second ago; the scheduler finds its schedule as written here.
-    let store = hexeract::store::default_schedule_store().await.unwrap();
+    let store = hexeract::store::default_store().await.unwrap();
     let job = hexeract::schedule::jobs_from_inventory()
         .unwrap()
         .into_iter()

@@ -107,7 +107,7 @@ async fn dead_letters_replayed_under_a_broker_go_back_to_their_handlers_queues()
     std::env::set_var("WORKER_PORT", "0");
 
     // The job is due a second ago; the scheduler finds its schedule as written here.
-    let store = hexeract::store::default_schedule_store().await.unwrap();
+    let store = hexeract::store::default_store().await.unwrap();
     let job = hexeract::schedule::jobs_from_inventory()
         .unwrap()
         .into_iter()

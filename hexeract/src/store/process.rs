@@ -37,8 +37,12 @@ pub async fn default_store() -> Result<Arc<dyn Store>, Error> {
         .cloned()
 }
 
-/// [`default_store`] as the scheduler sees it (the same store: schedules, occurrences and
-/// delayed messages live beside the outbox).
+/// [`default_store`], under the name it had while the scheduler's part of the store was a type
+/// apart: the same store (schedules, occurrences and delayed messages live beside the outbox).
+#[deprecated(
+    since = "0.1.0",
+    note = "default_store returns the same store, with every capability"
+)]
 pub async fn default_schedule_store() -> Result<Arc<dyn Store>, Error> {
     default_store().await
 }
