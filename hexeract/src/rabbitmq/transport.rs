@@ -122,26 +122,27 @@ impl RabbitMqTransport {
         Fut: std::future::Future<Output = Result<(), BusError>> + 'a,
     {
         let publisher = self.publisher.lock().await.clone();
-        match publish(publisher.clone()).await {
-            Err(BusError::Connection(detail)) | Err(BusError::Transport { detail, .. })
-                if !publisher.is_connected() =>
-            {
-                tracing::warn!(
-                    detail,
-                    "publish failed on a lost connection; retrying once it is back"
-                );
-                let started = tokio::time::Instant::now();
-                if publisher.recovered(self.reconnect_timeout).await {
-                    self.reconnects.fetch_add(1, Ordering::Relaxed);
-                    self.recovered_by_lapin.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(after = ?started.elapsed(), "publisher recovered by lapin");
-                    return publish(publisher).await;
-                }
-                let publisher = self.reconnect(&publisher).await?;
-                publish(publisher).await
-            }
-            other => other,
+        let detail = match publish(publisher.clone()).await {
+            // The connection or channel was lost, whatever the publisher reads by now: lapin
+            // may have recovered it between the error and this line.
+            Err(BusError::Connection(detail)) => detail,
+            // The broker closed the channel (what a refused operation does).
+            Err(BusError::Transport { detail, .. }) if !publisher.is_connected() => detail,
+            other => return other,
+        };
+        tracing::warn!(
+            detail,
+            "publish failed on a lost connection; retrying once it is back"
+        );
+        let started = tokio::time::Instant::now();
+        if publisher.recovered(self.reconnect_timeout).await {
+            self.reconnects.fetch_add(1, Ordering::Relaxed);
+            self.recovered_by_lapin.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(after = ?started.elapsed(), "publisher recovered by lapin");
+            return publish(publisher).await;
         }
+        let publisher = self.reconnect(&publisher).await?;
+        publish(publisher).await
     }
 
     /// A working publisher: the current one if another publish already reconnected, else a new
@@ -217,5 +218,79 @@ impl fmt::Debug for RabbitMqTransport {
             .field("exchange", &self.exchange)
             .field("reconnect_timeout", &self.reconnect_timeout)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// The broker these tests connect to: `TEST_AMQP_URL`, by default the local one.
+    fn amqp_url() -> String {
+        std::env::var("TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    }
+
+    /// A publish that failed on a lost channel is retried once even when lapin recovered the
+    /// channel before the failure reached the transport (a race the transport lost when it
+    /// asked the channel's state instead of reading the error).
+    #[tokio::test]
+    async fn a_publish_lost_to_a_channel_already_recovered_is_retried_once() {
+        let transport = RabbitMqTransport::connect_named(
+            &amqp_url(),
+            "hexeract-unit-transport-race",
+            DEFAULT_EXCHANGE,
+        )
+        .await
+        .expect("RabbitMQ is reachable (set TEST_AMQP_URL to point at one)");
+        let calls = AtomicU32::new(0);
+        let published = transport
+            .with_retry(|publisher| {
+                let call = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    assert!(publisher.is_connected(), "the channel is up at every call");
+                    if call == 0 {
+                        Err(BusError::Connection(
+                            "invalid channel state: reconnecting".to_owned(),
+                        ))
+                    } else {
+                        Ok(())
+                    }
+                }
+            })
+            .await;
+        assert!(published.is_ok(), "{published:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "retried once");
+        assert_eq!(transport.reconnects(), 1);
+        assert_eq!(transport.recovered_by_lapin(), 1);
+    }
+
+    /// A refusal on a channel that stays up is the broker's answer, not a blip: not retried.
+    #[tokio::test]
+    async fn a_refusal_on_a_working_channel_is_not_retried() {
+        let transport = RabbitMqTransport::connect_named(
+            &amqp_url(),
+            "hexeract-unit-transport-refusal",
+            DEFAULT_EXCHANGE,
+        )
+        .await
+        .expect("RabbitMQ is reachable (set TEST_AMQP_URL to point at one)");
+        let calls = AtomicU32::new(0);
+        let published = transport
+            .with_retry(|_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Err(BusError::Transport {
+                        operation: "publish".to_owned(),
+                        detail: "refused".to_owned(),
+                    })
+                }
+            })
+            .await;
+        assert!(matches!(published, Err(BusError::Transport { .. })));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(transport.reconnects(), 0);
     }
 }
