@@ -46,6 +46,8 @@ pub(crate) struct EnvSettings {
     pub(crate) delivery_lease: Option<Duration>,
     /// `MAX_PAYLOAD_BYTES`: larger payloads are dead-lettered (parked) without being decoded.
     pub(crate) max_payload_bytes: Option<usize>,
+    /// `STORE_TIMEOUT_MS`: the deadline of the workers' own statements.
+    pub(crate) store_timeout: Option<Duration>,
     /// The `SCHEDULER_*` variables.
     pub(crate) scheduler: SchedulerSettings,
     /// `WORKER_PORT`: the port of the health and metrics endpoints (8081; 0 picks a free one).
@@ -118,6 +120,7 @@ impl Default for EnvSettings {
             consumer_poll_interval: None,
             delivery_lease: None,
             max_payload_bytes: None,
+            store_timeout: None,
             scheduler: SchedulerSettings::default(),
             worker_port: DEFAULT_WORKER_PORT,
             inbox_retention: Some(days(DEFAULT_INBOX_RETENTION_DAYS)),
@@ -193,6 +196,8 @@ impl EnvSettings {
                 .map(Duration::from_millis),
             max_payload_bytes: read("MAX_PAYLOAD_BYTES", |v| whole_number(v, 1, 1_073_741_824))
                 .map(|n| n as usize),
+            store_timeout: read("STORE_TIMEOUT_MS", |v| whole_number(v, 1, 3_600_000))
+                .map(Duration::from_millis),
             scheduler: SchedulerSettings {
                 poll_interval: read("SCHEDULER_POLL_INTERVAL_MS", |v| {
                     whole_number(v, 1, 3_600_000)

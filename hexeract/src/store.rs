@@ -26,7 +26,6 @@ use uuid::Uuid;
 
 use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
-use crate::reason::Reason;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -40,6 +39,9 @@ pub(crate) mod process;
 #[allow(deprecated)]
 pub use process::default_schedule_store;
 pub use process::{default_store, wait_until_drained};
+mod claims;
+pub(crate) use claims::{within, ClaimedRows, Row};
+pub use claims::Claims;
 mod queues;
 pub use queues::{DeclaredQueue, DeclaredQueues};
 mod relay;
@@ -120,34 +122,9 @@ pub trait DeliveryStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'_, Result<Vec<Claimed>, StoreError>>;
 
-    /// Deletes the acked deliveries still claimed under `token`. Returns how many it deleted.
-    fn ack<'a>(&'a self, token: Uuid, ids: &'a [i64]) -> BoxFuture<'a, Result<u64, StoreError>>;
-
-    /// Makes a delivery claimed under `token` due again after `delay`. `false` when the claim
-    /// was lost (the lease ended and another worker claimed it).
-    fn retry<'a>(
-        &'a self,
-        token: Uuid,
-        id: i64,
-        delay: Duration,
-        detail: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    /// Moves a delivery claimed under `token` to the dead letters, recording `calls` handler
-    /// calls made. `false` when the claim was lost.
-    fn dead_letter<'a>(
-        &'a self,
-        token: Uuid,
-        id: i64,
-        reason: &'a Reason,
-        detail: &'a str,
-        calls: u32,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    /// Gives back deliveries claimed under `token` without calling their handlers: due at
-    /// once, their claimed attempt not counted. Returns how many it gave back.
-    fn release<'a>(&'a self, token: Uuid, ids: &'a [i64])
-        -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// The claimed deliveries, to settle: ack, retry, dead-letter or release them under their
+    /// claim's token.
+    fn deliveries(&self) -> &dyn Claims<i64>;
 
     /// Messages still owed: outbox rows not yet expanded plus deliveries not yet settled
     /// (running, due, or waiting for a retry). Zero when everything was handled or

@@ -180,7 +180,7 @@ async fn a_claim_hides_rows_until_its_lease_ends_and_settling_needs_the_claim() 
         .unwrap()
         .is_empty());
     assert_eq!(
-        store.ack(second, &[delivery.id]).await.unwrap(),
+        store.deliveries().ack(second, &[delivery.id]).await.unwrap(),
         0,
         "not second's claim"
     );
@@ -201,16 +201,16 @@ async fn a_claim_hides_rows_until_its_lease_ends_and_settling_needs_the_claim() 
     );
 
     // The first worker comes back too late: none of its settlements land.
-    assert_eq!(store.ack(first, &[delivery.id]).await.unwrap(), 0);
+    assert_eq!(store.deliveries().ack(first, &[delivery.id]).await.unwrap(), 0);
     assert!(!store
-        .retry(first, delivery.id, Duration::ZERO, "late")
+        .deliveries().retry(first, delivery.id, Duration::ZERO, "late")
         .await
         .unwrap());
     assert!(!store
-        .dead_letter(first, delivery.id, &Reason::HANDLER_REJECTED, "late", 1)
+        .deliveries().dead_letter(first, delivery.id, &Reason::HANDLER_REJECTED, "late", 1)
         .await
         .unwrap());
-    assert_eq!(store.ack(second, &[delivery.id]).await.unwrap(), 1);
+    assert_eq!(store.deliveries().ack(second, &[delivery.id]).await.unwrap(), 1);
     assert_eq!(db.count("deliveries").await, 0);
     db.drop_schema().await;
 }
@@ -236,7 +236,7 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
         .unwrap();
     for delivery in &claimed {
         assert!(store
-            .dead_letter(
+            .deliveries().dead_letter(
                 token,
                 delivery.id,
                 &Reason::PAYLOAD_INVALID,

@@ -314,17 +314,17 @@ async fn a_claim_counts_the_attempt_and_hides_the_row_until_its_lease_ends() {
 
     // The first worker comes back too late: none of its settlements land.
     let id = claimed[0].id;
-    assert_eq!(store.ack(first, &[id]).await.unwrap(), 0);
+    assert_eq!(store.deliveries().ack(first, &[id]).await.unwrap(), 0);
     assert!(!store
-        .retry(first, id, Duration::ZERO, "late")
+        .deliveries().retry(first, id, Duration::ZERO, "late")
         .await
         .unwrap());
     assert!(!store
-        .dead_letter(first, id, &Reason::HANDLER_REJECTED, "late", 1)
+        .deliveries().dead_letter(first, id, &Reason::HANDLER_REJECTED, "late", 1)
         .await
         .unwrap());
     assert_eq!(db.count("dead_letters").await, 0);
-    assert_eq!(store.ack(second, &[id]).await.unwrap(), 1);
+    assert_eq!(store.deliveries().ack(second, &[id]).await.unwrap(), 1);
     assert_eq!(db.count("deliveries").await, 0);
     db.finish().await;
 }
@@ -349,21 +349,21 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
         .id;
 
     let stranger = Uuid::now_v7();
-    assert_eq!(store.ack(stranger, &[id]).await.unwrap(), 0);
-    assert_eq!(store.ack(token, &[]).await.unwrap(), 0);
+    assert_eq!(store.deliveries().ack(stranger, &[id]).await.unwrap(), 0);
+    assert_eq!(store.deliveries().ack(token, &[]).await.unwrap(), 0);
     assert!(!store
-        .retry(stranger, id, Duration::ZERO, "no")
+        .deliveries().retry(stranger, id, Duration::ZERO, "no")
         .await
         .unwrap());
     assert!(!store
-        .dead_letter(stranger, id, &Reason::HANDLER_REJECTED, "no", 1)
+        .deliveries().dead_letter(stranger, id, &Reason::HANDLER_REJECTED, "no", 1)
         .await
         .unwrap());
     assert_eq!(db.count("deliveries").await, 1);
     assert_eq!(db.count("dead_letters").await, 0);
 
     assert!(store
-        .retry(token, id, Duration::from_secs(60), "warehouse unavailable")
+        .deliveries().retry(token, id, Duration::from_secs(60), "warehouse unavailable")
         .await
         .unwrap());
     assert!(
@@ -383,7 +383,7 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
     assert_eq!(last_error.as_deref(), Some("warehouse unavailable"));
     assert!(
         !store
-            .retry(token, id, Duration::ZERO, "again")
+            .deliveries().retry(token, id, Duration::ZERO, "again")
             .await
             .unwrap(),
         "a retry releases the claim"
@@ -400,7 +400,7 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
         .await
         .unwrap();
     assert_eq!(again[0].envelope.attempt, 2);
-    assert!(store.retry(token, id, Duration::ZERO, "now").await.unwrap());
+    assert!(store.deliveries().retry(token, id, Duration::ZERO, "now").await.unwrap());
     let now = store
         .claim(token, 10, Duration::from_secs(30))
         .await
@@ -435,7 +435,7 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
     assert_eq!(claimed.len(), 2);
     for delivery in &claimed {
         assert!(store
-            .dead_letter(
+            .deliveries().dead_letter(
                 token,
                 delivery.id,
                 &Reason::PAYLOAD_INVALID,
@@ -448,7 +448,7 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
     assert_eq!(db.count("deliveries").await, 0);
     assert!(
         !store
-            .dead_letter(token, claimed[0].id, &Reason::PAYLOAD_INVALID, "twice", 1)
+            .deliveries().dead_letter(token, claimed[0].id, &Reason::PAYLOAD_INVALID, "twice", 1)
             .await
             .unwrap(),
         "already gone"
@@ -510,7 +510,7 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
 
     assert_eq!(store.purge_dead_letters().await.unwrap(), 0);
     assert!(store
-        .dead_letter(token, again[0].id, &Reason::HANDLER_REJECTED, "no", 1)
+        .deliveries().dead_letter(token, again[0].id, &Reason::HANDLER_REJECTED, "no", 1)
         .await
         .unwrap());
     assert_eq!(store.purge_dead_letters().await.unwrap(), 1);

@@ -40,12 +40,14 @@ pub(crate) struct Policy {
     pub(crate) prefetch: u32,
     /// Wait between two poll cycles that found work.
     pub(crate) min_cycle_delay: Duration,
+    /// Deadline of one of the worker's own statements (claim, settle, relay pass, plan).
+    pub(crate) store_timeout: Duration,
 }
 
 impl Policy {
     /// The library's defaults, what every builder starts from (`seeds/000…`): 5 calls, 1 s →
     /// 300 s, 30 s per call, 1 MiB, 8 s of grace, `poll_interval` 100 ms, `batch_size` 10,
-    /// `lease` 30 s, `prefetch` 16, `min_cycle_delay` 5 ms.
+    /// `lease` 30 s, `prefetch` 16, `min_cycle_delay` 5 ms, `store_timeout` 30 s.
     pub(crate) fn library() -> Policy {
         Policy {
             retry: RetryPolicy::default(),
@@ -58,6 +60,7 @@ impl Policy {
             lease: Duration::from_secs(30),
             prefetch: 16,
             min_cycle_delay: Duration::from_millis(5),
+            store_timeout: Duration::from_secs(30),
         }
     }
 
@@ -72,7 +75,8 @@ impl Policy {
     }
 
     /// The variables every world reads where they are set: `MAX_DELIVERIES`,
-    /// `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`, `SHUTDOWN_GRACE_MS`, `MAX_PAYLOAD_BYTES`.
+    /// `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`, `SHUTDOWN_GRACE_MS`, `MAX_PAYLOAD_BYTES`,
+    /// `STORE_TIMEOUT_MS`.
     pub(crate) fn with_env(mut self, settings: &EnvSettings) -> Policy {
         if let Some(max) = settings.max_deliveries {
             self.retry = self.retry.max_deliveries(max);
@@ -88,6 +92,9 @@ impl Policy {
         }
         if let Some(max) = settings.max_payload_bytes {
             self.max_payload_bytes = max;
+        }
+        if let Some(timeout) = settings.store_timeout {
+            self.store_timeout = timeout;
         }
         self
     }

@@ -19,7 +19,7 @@ use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
 use crate::registry::{HandlerOptions, HandlerSet, Registry};
-use crate::store::{DeliveryStore, Routes, NO_HANDLER};
+use crate::store::{ClaimedRows, DeliveryStore, Routes, Row, NO_HANDLER};
 
 /// Builds an [`OutboxWorker`]. The defaults are the library's: `poll_interval` 100 ms,
 /// `batch_size` 10, `lease` 30 s, 5 deliveries, handler timeout 30 s.
@@ -28,7 +28,6 @@ pub struct OutboxWorkerBuilder {
     store: Arc<dyn DeliveryStore>,
     handlers: HandlerSet,
     policy: Policy,
-    store_timeout: Duration,
     wake: Option<Arc<Notify>>,
     polling_only: bool,
     health: Option<Probe>,
@@ -55,7 +54,6 @@ impl OutboxWorkerBuilder {
             store,
             handlers: HandlerSet::none(),
             policy,
-            store_timeout: Duration::from_secs(30),
             wake: None,
             polling_only: false,
             health: None,
@@ -120,7 +118,7 @@ impl OutboxWorkerBuilder {
     /// # }
     /// ```
     pub fn store_timeout(mut self, timeout: Duration) -> OutboxWorkerBuilder {
-        self.store_timeout = timeout;
+        self.policy.store_timeout = timeout;
         self
     }
 
@@ -204,7 +202,7 @@ impl OutboxWorkerBuilder {
             .checks("max_deliveries")
             .at_least_one("batch_size", policy.batch_size.into())
             .not_zero("lease", policy.lease)
-            .not_zero("store_timeout", self.store_timeout)
+            .not_zero("store_timeout", policy.store_timeout)
             .finish()?;
         let registry = self.handlers.build(None)?;
         for info in registry.handlers() {
@@ -240,7 +238,7 @@ impl OutboxWorkerBuilder {
             poll_interval: policy.poll_interval,
             batch_size: policy.batch_size,
             lease: policy.lease,
-            store_timeout: self.store_timeout,
+            store_timeout: policy.store_timeout,
             shutdown_grace: policy.shutdown_grace,
             wake: self.wake,
             polling_only: self.polling_only,
@@ -337,18 +335,13 @@ impl OutboxWorker {
         Ok(())
     }
 
-    /// `call`, given up on after the store timeout.
+    /// `statement` with the worker's deadline ([`store_timeout`](OutboxWorkerBuilder::store_timeout)).
     async fn timed<T>(
         &self,
         what: &'static str,
-        call: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
+        statement: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
     ) -> Result<T, crate::store::StoreError> {
-        tokio::time::timeout(self.store_timeout, call)
-            .await
-            .map_err(|_| crate::store::StoreError::Timeout {
-                what,
-                after: self.store_timeout,
-            })?
+        crate::store::within(what, self.store_timeout, statement).await
     }
 
     /// One expand-claim-call-settle pass; returns how many deliveries it handled.
@@ -373,7 +366,8 @@ impl OutboxWorker {
             // delivery an attempt.
             let suspect = claimed.swap_remove(suspect);
             let others: Vec<i64> = claimed.iter().map(|delivery| delivery.id).collect();
-            self.timed("release", self.store.release(token, &others))
+            let deliveries = self.store.deliveries();
+            self.timed("release", deliveries.release(token, &others))
                 .await?;
             tracing::info!(
                 message_id = %suspect.envelope.id,
@@ -402,7 +396,8 @@ impl OutboxWorker {
             .filter(|(_, verdict)| *verdict == Verdict::Ack)
             .map(|(id, _)| *id)
             .collect();
-        let acked = self.timed("ack", self.store.ack(token, &acks)).await?;
+        let deliveries = self.store.deliveries();
+        let acked = self.timed("ack", deliveries.ack(token, &acks)).await?;
         if acked != acks.len() as u64 {
             tracing::warn!(
                 acked,
@@ -410,12 +405,14 @@ impl OutboxWorker {
                 "some acked deliveries were no longer ours (their lease ended): they will run again"
             );
         }
-        let world = Claims {
-            worker: self,
+        let world = ClaimedRows {
+            claims: deliveries,
             token,
+            lease: self.lease,
+            store_timeout: self.store_timeout,
         };
         for (id, verdict) in verdicts {
-            if !world.settle(id, verdict).await? {
+            if world.settle(id, verdict).await? == Row::Lost {
                 tracing::warn!("a delivery's lease ended before it was settled: it will run again");
             }
         }
@@ -428,59 +425,6 @@ impl OutboxWorker {
             Some(slot) => Target::Slot(slot),
             None if handler == NO_HANDLER => Target::NoHandlerForType(None),
             None => Target::NoSuchHandler(handler),
-        }
-    }
-}
-
-/// The deliveries of one claim: verdicts become row updates under the claim's token.
-struct Claims<'a> {
-    worker: &'a OutboxWorker,
-    token: Uuid,
-}
-
-impl World for Claims<'_> {
-    type Delivery = i64;
-    /// `false` when the claim was lost (its lease ended and another worker took it).
-    type Settled = Result<bool, crate::store::StoreError>;
-
-    async fn settle(&self, id: i64, verdict: Verdict) -> Self::Settled {
-        let (worker, token) = (self.worker, self.token);
-        let store = &worker.store;
-        match verdict {
-            // Acked in one statement for the whole batch, before the others are settled.
-            Verdict::Ack => Ok(true),
-            Verdict::Retry { delay, detail, .. } => {
-                worker
-                    .timed("retry", store.retry(token, id, delay, &detail))
-                    .await
-            }
-            Verdict::DeadLetter {
-                reason,
-                detail,
-                calls,
-            } => {
-                worker
-                    .timed(
-                        "dead letter",
-                        store.dead_letter(token, id, &reason, &detail, calls),
-                    )
-                    .await
-            }
-            // The call may still be running: due again only after a lease, with the attempt
-            // counted. Settled like a retry, not left claimed: this worker knows why it
-            // stopped, so the delivery is not suspected of crashing a process (which would
-            // make it run alone).
-            Verdict::Abandoned => {
-                let detail = "the call was still running when the worker stopped \
-                              (shutdown grace exceeded)";
-                worker
-                    .timed("retry", store.retry(token, id, worker.lease, detail))
-                    .await
-            }
-            Verdict::Release => worker
-                .timed("release", store.release(token, &[id]))
-                .await
-                .map(|released| released == 1),
         }
     }
 }

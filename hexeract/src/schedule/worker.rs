@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
+use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, World};
 use crate::envelope::Envelope;
 use crate::envelope::FIRE_TIME_HEADER;
 use crate::error::{Error, KnobChecks};
@@ -20,7 +20,8 @@ use crate::outbox::StorePublisher;
 use crate::publish::Publish;
 use crate::schedule::{jobs_from_inventory, ScheduledJob, Spec};
 use crate::store::{
-    ClaimedOccurrence, Plan, ScheduleDefinition, ScheduleStore, StoreError, SCHEDULE_MESSAGE_TYPE,
+    ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition, ScheduleStore, StoreError,
+    SCHEDULE_MESSAGE_TYPE,
 };
 
 /// Builds a [`SchedulerWorker`]. The defaults are the library's: `poll_interval` 100 ms,
@@ -145,6 +146,14 @@ impl SchedulerBuilder {
         self
     }
 
+    /// How long one of the scheduler's own statements (plan, claim, settle, the move of due
+    /// messages) may take before the cycle fails and the next starts on another connection
+    /// (default 30 s): what gets it out of a statement whose network path went silent.
+    pub fn store_timeout(mut self, timeout: Duration) -> SchedulerBuilder {
+        self.policy.store_timeout = timeout;
+        self
+    }
+
     /// Reports readiness to `probe`: ready after each cycle that reached the store.
     pub fn health(mut self, probe: Probe) -> SchedulerBuilder {
         self.health = Some(probe);
@@ -159,6 +168,9 @@ impl SchedulerBuilder {
         if let Some(max) = settings.retry_max_delay {
             self.policy.retry = self.policy.retry.max_delay(max);
         }
+        if let Some(timeout) = settings.store_timeout {
+            self.policy.store_timeout = timeout;
+        }
         self
     }
 
@@ -168,6 +180,7 @@ impl SchedulerBuilder {
         KnobChecks::default()
             .not_zero("lease", policy.lease)
             .not_zero("dispatch_timeout", policy.handler_timeout)
+            .not_zero("store_timeout", policy.store_timeout)
             .not_zero("poll_interval", policy.poll_interval)
             .at_least_one("batch_size", policy.batch_size.into())
             .at_least_one("max_deliveries", policy.retry.max_deliveries_value().into())
@@ -234,6 +247,7 @@ impl SchedulerBuilder {
                 min_cycle_delay: policy.min_cycle_delay,
                 dispatch_timeout: policy.handler_timeout,
                 lease: policy.lease,
+                store_timeout: policy.store_timeout,
                 catch_up_grace: self.catch_up_grace,
                 shutdown_grace: policy.shutdown_grace,
                 release_messages: self.release_messages,
@@ -279,6 +293,7 @@ struct Shared {
     min_cycle_delay: Duration,
     dispatch_timeout: Duration,
     lease: Duration,
+    store_timeout: Duration,
     catch_up_grace: Duration,
     shutdown_grace: Duration,
     release_messages: bool,
@@ -391,7 +406,8 @@ impl SchedulerWorker {
                                     back.push(suspect.id);
                                     quieting = true;
                                 }
-                                if let Err(error) = shared.store.release_occurrences(token, &back).await {
+                                let release = shared.store.occurrences().release(token, &back);
+                                if let Err(error) = shared.timed("release", release).await {
                                     tracing::warn!(%error, "could not give back occurrences; they come back after their lease");
                                 }
                             }
@@ -469,6 +485,15 @@ impl fmt::Debug for SchedulerWorker {
 }
 
 impl Shared {
+    /// `statement` with the scheduler's deadline ([`store_timeout`](SchedulerBuilder::store_timeout)).
+    async fn timed<T>(
+        &self,
+        what: &'static str,
+        statement: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        crate::store::within(what, self.store_timeout, statement).await
+    }
+
     /// Writes each job's schedule, starting a new or changed one at its first fire time.
     async fn sync(&self) -> Result<(), StoreError> {
         let definitions: Vec<ScheduleDefinition> = self
@@ -480,7 +505,8 @@ impl Shared {
             })
             .collect();
         let first = |name: &str, now| self.jobs[name].spec().next_after(now);
-        self.store.sync_schedules(&definitions, &first).await
+        self.timed("sync", self.store.sync_schedules(&definitions, &first))
+            .await
     }
 
     /// One cycle: releases due delayed messages, plans due schedules, claims up to `room`
@@ -496,7 +522,9 @@ impl Shared {
         // once while a full batch says there is more): a backlog of occurrences drains at the
         // pace of claims, not of these statements.
         if self.release_messages && pacing.release_due(self.poll_interval) {
-            let moved = self.store.release_due_messages(self.batch_size).await?;
+            let moved = self
+                .timed("release of due messages", self.store.release_due_messages(self.batch_size))
+                .await?;
             if moved > 0 {
                 tracing::debug!(moved, "delayed messages released to the outbox");
             }
@@ -518,8 +546,7 @@ impl Shared {
         };
         if pacing.plan_due(self.poll_interval) {
             let written = self
-                .store
-                .plan(&self.names, self.batch_size, &planner)
+                .timed("plan", self.store.plan(&self.names, self.batch_size, &planner))
                 .await?;
             // A full batch of due schedules: there may be more.
             pacing.planned(written >= u64::from(self.batch_size));
@@ -529,10 +556,10 @@ impl Shared {
             return Ok((found, token, Vec::new()));
         }
         let limit = u32::try_from(room).unwrap_or(u32::MAX).min(self.batch_size);
-        let claimed = self
+        let claim = self
             .store
-            .claim_occurrences(token, &self.names, limit, self.lease)
-            .await?;
+            .claim_occurrences(token, &self.names, limit, self.lease);
+        let claimed = self.timed("claim", claim).await?;
         found += claimed.len();
         Ok((found, token, claimed))
     }
@@ -559,7 +586,8 @@ impl Shared {
             }
         }
         for (token, ids) in by_token {
-            match self.store.ack_occurrences(token, &ids).await {
+            let ack = self.store.occurrences().ack(token, &ids);
+            match self.timed("ack", ack).await {
                 Ok(done) if done < ids.len() as u64 => tracing::warn!(
                     finished = ids.len(),
                     settled = done,
@@ -608,78 +636,26 @@ impl Shared {
             .engine
             .deliver(Target::Slot(slot), &envelope, cancel, interrupt, publisher)
             .await;
-        let world = Occurrence {
-            shared: self,
+        let world = ClaimedRows {
+            claims: self.store.occurrences(),
             token,
-            occurrence,
+            lease: self.lease,
+            store_timeout: self.store_timeout,
         };
-        world.settle((), verdict).await
-    }
-}
-
-/// One claimed occurrence: verdicts become occurrence updates under the claim's token.
-struct Occurrence<'a> {
-    shared: &'a Shared,
-    token: Uuid,
-    occurrence: &'a ClaimedOccurrence,
-}
-
-impl World for Occurrence<'_> {
-    type Delivery = ();
-    /// `Ok(true)`: ack it (acks of a batch go in one statement); `Ok(false)`: settled.
-    type Settled = Result<bool, StoreError>;
-
-    async fn settle(&self, (): (), verdict: Verdict) -> Self::Settled {
-        let Occurrence {
-            shared,
-            token,
-            occurrence,
-        } = *self;
-        let store = &shared.store;
-        let settled = match verdict {
-            Verdict::Ack => return Ok(true),
-            Verdict::Retry {
-                delay,
-                reason,
-                detail,
-            } => {
-                store
-                    .retry_occurrence(token, occurrence.id, delay, &format!("{reason}: {detail}"))
-                    .await?
+        match world.settle(occurrence.id, verdict).await? {
+            Row::Ack => Ok(true),
+            Row::Settled => Ok(false),
+            Row::Lost => {
+                tracing::warn!(
+                    job = %occurrence.schedule,
+                    fire_at = %occurrence.fire_at,
+                    lease = ?self.lease,
+                    "the lease ended before the run was settled: another worker took it over, and \
+                     this outcome is dropped"
+                );
+                Ok(false)
             }
-            Verdict::DeadLetter {
-                reason,
-                detail,
-                calls,
-            } => {
-                store
-                    .dead_letter_occurrence(token, occurrence.id, &reason, &detail, calls)
-                    .await?
-            }
-            // Still running in its task: due again only once this lease would have ended, so
-            // that no other worker runs it at the same time.
-            Verdict::Abandoned => {
-                store
-                    .retry_occurrence(
-                        token,
-                        occurrence.id,
-                        shared.lease,
-                        "interrupted at shutdown",
-                    )
-                    .await?
-            }
-            Verdict::Release => store.release_occurrences(token, &[occurrence.id]).await? == 1,
-        };
-        if !settled {
-            tracing::warn!(
-                job = %occurrence.schedule,
-                fire_at = %occurrence.fire_at,
-                lease = ?shared.lease,
-                "the lease ended before the run was settled: another worker took it over, and \
-                 this outcome is dropped"
-            );
         }
-        Ok(false)
     }
 }
 

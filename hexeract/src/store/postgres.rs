@@ -26,7 +26,7 @@ use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::{
-    millis, Claimed, DeadLetterStore, DeliveryStore, Housekeeping, Identifier, RelaySink,
+    millis, Claimed, Claims, DeadLetterStore, DeliveryStore, Housekeeping, Identifier, RelaySink,
     RelayStore, Routes, StoreError,
 };
 
@@ -50,6 +50,8 @@ pub struct PgStore {
     schema: Identifier,
     sql: Arc<Statements>,
     schedule_sql: Arc<schedules::ScheduleStatements>,
+    deliveries: Arc<Settle>,
+    occurrences: Arc<Settle>,
     wake: Arc<Wake>,
 }
 
@@ -100,6 +102,8 @@ impl PgStore {
         Ok(PgStore {
             sql: Arc::new(Statements::new(&schema)),
             schedule_sql: Arc::new(schedules::ScheduleStatements::new(&schema)),
+            deliveries: Arc::new(deliveries(pool.clone(), &schema)),
+            occurrences: Arc::new(schedules::occurrences(pool.clone(), &schema)),
             pool,
             schema,
             wake: Arc::default(),
@@ -151,7 +155,7 @@ impl PgStore {
     /// exactly the SQL the worker runs. Not a stable interface.
     #[doc(hidden)]
     pub fn statements_for_benchmarks(&self) -> [&str; 3] {
-        [&self.sql.expand, &self.sql.claim, &self.sql.settle.ack]
+        [&self.sql.expand, &self.sql.claim, &self.deliveries.ack]
     }
 }
 
@@ -257,9 +261,9 @@ impl From<&[Envelope]> for OutboxColumns {
 /// How a claim is settled, for deliveries and schedule occurrences alike (one claim model): an
 /// ack deletes the row, a retry makes it due again, a release gives it back with its attempt
 /// not counted, a dead letter moves it to `dead_letters`; each only while the row still holds
-/// the settling worker's token. `I` is the table's id: `bigint` for deliveries, `uuid` for
-/// occurrences.
+/// the settling worker's token.
 pub(super) struct Settle {
+    pool: PgPool,
     ack: String,
     release: String,
     retry: String,
@@ -271,9 +275,15 @@ impl Settle {
     /// `lease_owner`, `recovered` and `last_error`. `to_dead_letters` inserts from `gone`, the
     /// row just deleted, binding `$3` (the letter's id), `$4` (reason), `$5` (detail) and `$6`
     /// (calls made).
-    pub(super) fn new(schema: &Identifier, table: &str, to_dead_letters: &str) -> Settle {
+    pub(super) fn new(
+        pool: PgPool,
+        schema: &Identifier,
+        table: &str,
+        to_dead_letters: &str,
+    ) -> Settle {
         let t = format!("{}.{table}", schema.quoted());
         Settle {
+            pool,
             ack: format!("DELETE FROM {t} WHERE id = ANY($1) AND lease_owner = $2"),
             release: format!(
                 "UPDATE {t}
@@ -298,75 +308,84 @@ impl Settle {
     }
 
     /// The `ack` or `release` statement over `ids`.
-    async fn each<I: ClaimId>(
-        sql: &str,
-        pool: &PgPool,
-        token: Uuid,
-        ids: &[I],
-    ) -> Result<u64, StoreError> {
+    async fn each<I: ClaimId>(&self, sql: &str, token: Uuid, ids: &[I]) -> Result<u64, StoreError> {
         if ids.is_empty() {
             return Ok(0);
         }
-        let done = sqlx::query(sql).bind(ids).bind(token).execute(pool).await?;
+        let done = sqlx::query(sql)
+            .bind(ids)
+            .bind(token)
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected())
     }
+}
 
-    pub(super) async fn ack<I: ClaimId>(
-        &self,
-        pool: &PgPool,
-        token: Uuid,
-        ids: &[I],
-    ) -> Result<u64, StoreError> {
-        Settle::each(&self.ack, pool, token, ids).await
+impl<I: ClaimId> Claims<I> for Settle {
+    fn ack<'a>(&'a self, token: Uuid, ids: &'a [I]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.each(&self.ack, token, ids))
     }
 
-    pub(super) async fn release<I: ClaimId>(
-        &self,
-        pool: &PgPool,
-        token: Uuid,
-        ids: &[I],
-    ) -> Result<u64, StoreError> {
-        Settle::each(&self.release, pool, token, ids).await
+    fn release<'a>(&'a self, token: Uuid, ids: &'a [I]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.each(&self.release, token, ids))
     }
 
-    pub(super) async fn retry<I: ClaimId>(
-        &self,
-        pool: &PgPool,
+    fn retry<'a>(
+        &'a self,
         token: Uuid,
         id: I,
         delay: Duration,
-        detail: &str,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.retry)
-            .bind(id)
-            .bind(token)
-            .bind(millis(delay))
-            .bind(crate::dead_letter::truncate_detail(detail))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.retry)
+                .bind(id)
+                .bind(token)
+                .bind(millis(delay))
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
     }
 
-    pub(super) async fn dead_letter<I: ClaimId>(
-        &self,
-        pool: &PgPool,
+    fn dead_letter<'a>(
+        &'a self,
         token: Uuid,
         id: I,
-        reason: &Reason,
-        detail: &str,
+        reason: &'a Reason,
+        detail: &'a str,
         calls: u32,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.dead_letter)
-            .bind(id)
-            .bind(token)
-            .bind(Uuid::now_v7())
-            .bind(reason.as_str())
-            .bind(crate::dead_letter::truncate_detail(detail))
-            .bind(i32::try_from(calls).unwrap_or(i32::MAX))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.dead_letter)
+                .bind(id)
+                .bind(token)
+                .bind(Uuid::now_v7())
+                .bind(reason.as_str())
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .bind(i32::try_from(calls).unwrap_or(i32::MAX))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
     }
+}
+
+/// The deliveries' [`Settle`]: a dead letter keeps the message as it was, and no handler where
+/// none knew its type.
+fn deliveries(pool: PgPool, schema: &Identifier) -> Settle {
+    let s = schema.quoted();
+    let m = MESSAGE_COLUMNS;
+    Settle::new(
+        pool,
+        schema,
+        "deliveries",
+        &format!(
+            "INSERT INTO {s}.dead_letters (id, message_id, handler, reason, detail, attempts, {m})
+             SELECT $3, message_id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
+        ),
+    )
 }
 
 /// The id of a claimed row: `bigint` (deliveries) or `uuid` (occurrences).
@@ -396,7 +415,6 @@ impl<I> ClaimId for I where
 struct Statements {
     expand: String,
     claim: String,
-    settle: Settle,
     dead_letters: String,
     insert_dead_letter: String,
     relay_take: String,
@@ -455,15 +473,6 @@ impl Statements {
                      LIMIT $3
                      FOR UPDATE SKIP LOCKED))
                  RETURNING id, message_id, handler, attempts, recovered, {m}"
-            ),
-            settle: Settle::new(
-                schema,
-                "deliveries",
-                &format!(
-                    "INSERT INTO {s}.dead_letters
-                         (id, message_id, handler, reason, detail, attempts, {m})
-                     SELECT $3, message_id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
-                ),
             ),
             dead_letters: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
@@ -797,41 +806,8 @@ impl DeliveryStore for PgStore {
         })
     }
 
-    fn ack<'a>(&'a self, token: Uuid, ids: &'a [i64]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.sql.settle.ack(&self.pool, token, ids))
-    }
-
-    fn retry<'a>(
-        &'a self,
-        token: Uuid,
-        id: i64,
-        delay: Duration,
-        detail: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.sql.settle.retry(&self.pool, token, id, delay, detail))
-    }
-
-    fn dead_letter<'a>(
-        &'a self,
-        token: Uuid,
-        id: i64,
-        reason: &'a Reason,
-        detail: &'a str,
-        calls: u32,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(
-            self.sql
-                .settle
-                .dead_letter(&self.pool, token, id, reason, detail, calls),
-        )
-    }
-
-    fn release<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.sql.settle.release(&self.pool, token, ids))
+    fn deliveries(&self) -> &dyn Claims<i64> {
+        &*self.deliveries
     }
 
     fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {

@@ -8,8 +8,7 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::envelope::Envelope;
-use crate::reason::Reason;
-use crate::store::{DeliveryStore, StoreError};
+use crate::store::{Claims, DeliveryStore, StoreError};
 
 /// The message type of a scheduled job's occurrence where it shows as a message: in its
 /// context and in `dead_letters`.
@@ -115,34 +114,10 @@ pub trait ScheduleStore: DeliveryStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<ClaimedOccurrence>, StoreError>>;
 
-    /// Deletes finished occurrences, in one statement; returns how many were still `token`'s
-    /// (the others were taken over after their lease ended).
-    fn ack_occurrences<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<u64, StoreError>>;
-
-    /// Makes the occurrence due again after `delay`; `false` when the claim is not `token`'s.
-    fn retry_occurrence<'a>(
-        &'a self,
-        token: Uuid,
-        id: Uuid,
-        delay: Duration,
-        error: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    /// Moves the occurrence to `dead_letters` (message type [`SCHEDULE_MESSAGE_TYPE`], handler
-    /// the schedule's name, payload `{"schedule": …, "fire_at": …}`) after `calls` calls;
-    /// `false` when the claim is not `token`'s.
-    fn dead_letter_occurrence<'a>(
-        &'a self,
-        token: Uuid,
-        id: Uuid,
-        reason: &'a Reason,
-        detail: &'a str,
-        calls: u32,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// The claimed occurrences, to settle under their claim's token. A dead letter of an
+    /// occurrence has message type [`SCHEDULE_MESSAGE_TYPE`], the schedule's name as its
+    /// handler and `{"schedule": …, "fire_at": …}` as its payload.
+    fn occurrences(&self) -> &dyn Claims<Uuid>;
 
     /// Runs a dead-lettered job run again: the dead letter `id` (message type
     /// [`SCHEDULE_MESSAGE_TYPE`]) becomes an occurrence of its schedule, due now, attempts
@@ -152,13 +127,6 @@ pub trait ScheduleStore: DeliveryStore {
     /// forward), so this cannot meet an occurrence the planner writes; should that fire time
     /// be waiting anyway, it runs once. `false` when no dead letter of a job run has this id.
     fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
-
-    /// Gives back claimed occurrences no call started on (shutdown), uncharged and due now.
-    fn release_occurrences<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Keeps `envelopes` until `due`, then [`release_due_messages`] puts them in the outbox. A
     /// message whose id is already waiting is not added twice.

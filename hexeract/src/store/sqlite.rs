@@ -35,7 +35,7 @@ use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::{
-    millis, Claimed, DeadLetterStore, DeliveryStore, Housekeeping, Identifier, RelaySink,
+    millis, Claimed, Claims, DeadLetterStore, DeliveryStore, Housekeeping, Identifier, RelaySink,
     RelayStore, Routes, StoreError,
 };
 
@@ -64,6 +64,8 @@ pub struct SqliteStore {
     prefix: Identifier,
     sql: Arc<Statements>,
     schedule_sql: Arc<schedules::ScheduleStatements>,
+    deliveries: Arc<Settle>,
+    occurrences: Arc<Settle>,
     /// For an in-memory database: a connection outside the pool that keeps the database alive
     /// however the pool opens and closes its own.
     keep_alive: Option<Arc<SqliteConnection>>,
@@ -125,6 +127,8 @@ impl SqliteStore {
         Ok(SqliteStore {
             sql: Arc::new(Statements::new(&prefix)),
             schedule_sql: Arc::new(schedules::ScheduleStatements::new(&prefix)),
+            deliveries: Arc::new(deliveries(pool.clone(), &prefix)),
+            occurrences: Arc::new(schedules::occurrences(pool.clone(), &prefix)),
             pool,
             prefix,
             keep_alive: None,
@@ -245,6 +249,7 @@ async fn insert_rows(
 /// not counted, a dead letter copies it to `dead_letters` and deletes it; each only while the
 /// row still holds the settling worker's token.
 pub(super) struct Settle {
+    pool: SqlitePool,
     ack: String,
     release: String,
     retry: String,
@@ -257,11 +262,17 @@ impl Settle {
     /// `lease_owner`, `recovered` and `last_error`. `to_dead_letters` is an `INSERT … SELECT`
     /// (without its `FROM`) over the claimed row, binding `?3` (the letter's id), `?4` (reason),
     /// `?5` (detail), `?6` (when) and `?7` (calls made).
-    pub(super) fn new(prefix: &Identifier, name: &str, to_dead_letters: &str) -> Settle {
+    pub(super) fn new(
+        pool: SqlitePool,
+        prefix: &Identifier,
+        name: &str,
+        to_dead_letters: &str,
+    ) -> Settle {
         let t = table(prefix, name);
         let claimed = "id = ?1 AND lease_owner = ?2";
         let listed = "id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2";
         Settle {
+            pool,
             ack: format!("DELETE FROM {t} WHERE {listed}"),
             release: format!(
                 "UPDATE {t} SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
@@ -276,90 +287,99 @@ impl Settle {
         }
     }
 
-    pub(super) async fn ack<I: ClaimId>(
-        &self,
-        pool: &SqlitePool,
-        token: Uuid,
-        ids: &[I],
-    ) -> Result<u64, StoreError> {
+    /// The `ack` or `release` statement over `ids`.
+    async fn each<I: ClaimId>(&self, sql: &str, token: Uuid, ids: &[I]) -> Result<u64, StoreError> {
         if ids.is_empty() {
             return Ok(0);
         }
-        let done = sqlx::query(&self.ack)
+        let done = sqlx::query(sql)
             .bind(Json(ids))
             .bind(token.hyphenated())
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    pub(super) async fn release<I: ClaimId>(
-        &self,
-        pool: &SqlitePool,
-        token: Uuid,
-        ids: &[I],
-    ) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let done = sqlx::query(&self.release)
-            .bind(Json(ids))
-            .bind(token.hyphenated())
+            // `release` makes them due now; `ack` has no third parameter.
             .bind(now_millis())
-            .execute(pool)
+            .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
     }
+}
 
-    pub(super) async fn retry<I: ClaimId>(
-        &self,
-        pool: &SqlitePool,
+impl<I: ClaimId> Claims<I> for Settle {
+    fn ack<'a>(&'a self, token: Uuid, ids: &'a [I]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.each(&self.ack, token, ids))
+    }
+
+    fn release<'a>(&'a self, token: Uuid, ids: &'a [I]) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.each(&self.release, token, ids))
+    }
+
+    fn retry<'a>(
+        &'a self,
         token: Uuid,
         id: I,
         delay: Duration,
-        detail: &str,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.retry)
-            .bind(id.bound())
-            .bind(token.hyphenated())
-            .bind(due_in(delay))
-            .bind(crate::dead_letter::truncate_detail(detail))
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    pub(super) async fn dead_letter<I: ClaimId>(
-        &self,
-        pool: &SqlitePool,
-        token: Uuid,
-        id: I,
-        reason: &Reason,
-        detail: &str,
-        calls: u32,
-    ) -> Result<bool, StoreError> {
-        let mut tx = crate::store::begin(pool, Some(BEGIN_IMMEDIATE)).await?;
-        let copied = sqlx::query(&self.dead_letter_copy)
-            .bind(id.bound())
-            .bind(token.hyphenated())
-            .bind(Uuid::now_v7().hyphenated())
-            .bind(reason.as_str())
-            .bind(crate::dead_letter::truncate_detail(detail))
-            .bind(now_millis())
-            .bind(i64::from(calls))
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        if copied == 1 {
-            sqlx::query(&self.dead_letter_delete)
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let done = sqlx::query(&self.retry)
                 .bind(id.bound())
                 .bind(token.hyphenated())
-                .execute(&mut *tx)
+                .bind(due_in(delay))
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .execute(&self.pool)
                 .await?;
-        }
-        tx.commit().await?;
-        Ok(copied == 1)
+            Ok(done.rows_affected() == 1)
+        })
     }
+
+    fn dead_letter<'a>(
+        &'a self,
+        token: Uuid,
+        id: I,
+        reason: &'a Reason,
+        detail: &'a str,
+        calls: u32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
+            let copied = sqlx::query(&self.dead_letter_copy)
+                .bind(id.bound())
+                .bind(token.hyphenated())
+                .bind(Uuid::now_v7().hyphenated())
+                .bind(reason.as_str())
+                .bind(crate::dead_letter::truncate_detail(detail))
+                .bind(now_millis())
+                .bind(i64::from(calls))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if copied == 1 {
+                sqlx::query(&self.dead_letter_delete)
+                    .bind(id.bound())
+                    .bind(token.hyphenated())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(copied == 1)
+        })
+    }
+}
+
+/// The deliveries' [`Settle`]: a dead letter keeps the message as it was, and no handler where
+/// none knew its type.
+fn deliveries(pool: SqlitePool, prefix: &Identifier) -> Settle {
+    let dl = table(prefix, "dead_letters");
+    let m = MESSAGE_COLUMNS;
+    Settle::new(
+        pool,
+        prefix,
+        "deliveries",
+        &format!(
+            "INSERT INTO {dl}
+                 (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
+             SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}"
+        ),
+    )
 }
 
 /// The id of a claimed row: an INTEGER (deliveries) or a UUID as text (occurrences). Lists of
@@ -393,7 +413,6 @@ struct Statements {
     expand_to_deliveries: String,
     expand_from_outbox: String,
     claim: String,
-    settle: Settle,
     dead_letters: String,
     insert_dead_letter: String,
     relay_take: String,
@@ -457,15 +476,6 @@ impl Statements {
                      ORDER BY available_at
                      LIMIT ?4)
                  RETURNING id, message_id, handler, attempts, recovered, {m}"
-            ),
-            settle: Settle::new(
-                prefix,
-                "deliveries",
-                &format!(
-                    "INSERT INTO {dl}
-                         (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
-                     SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}"
-                ),
             ),
             relay_take: format!("SELECT id AS message_id, {m} FROM {o} ORDER BY id LIMIT ?1"),
             relay_delete: format!("DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1))"),
@@ -845,41 +855,8 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
-    fn ack<'a>(&'a self, token: Uuid, ids: &'a [i64]) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.sql.settle.ack(&self.pool, token, ids))
-    }
-
-    fn retry<'a>(
-        &'a self,
-        token: Uuid,
-        id: i64,
-        delay: Duration,
-        detail: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.sql.settle.retry(&self.pool, token, id, delay, detail))
-    }
-
-    fn dead_letter<'a>(
-        &'a self,
-        token: Uuid,
-        id: i64,
-        reason: &'a Reason,
-        detail: &'a str,
-        calls: u32,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(
-            self.sql
-                .settle
-                .dead_letter(&self.pool, token, id, reason, detail, calls),
-        )
-    }
-
-    fn release<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.sql.settle.release(&self.pool, token, ids))
+    fn deliveries(&self) -> &dyn Claims<i64> {
+        &*self.deliveries
     }
 
     fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {

@@ -7,17 +7,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
+use sqlx::postgres::PgPool;
 use sqlx::Row;
 use uuid::Uuid;
 
 use super::{limit, notify_channel, PgStore, Settle, MESSAGE_COLUMNS};
 use crate::envelope::Envelope;
-use crate::reason::Reason;
 use crate::store::schedules::{
     occurrence_id, ClaimedOccurrence, Due, FirstFire, Planner, ScheduleDefinition, ScheduleStore,
     SCHEDULE_MESSAGE_TYPE,
 };
-use crate::store::{millis, Identifier, StoreError};
+use crate::store::{millis, Claims, Identifier, StoreError};
 
 /// Version 3 of the schema: the scheduler's tables.
 pub(super) fn schema_v3(schema: &Identifier) -> String {
@@ -76,6 +76,29 @@ pub(super) fn schema_v5(schema: &Identifier) -> String {
     )
 }
 
+/// The occurrences' [`Settle`]: a dead letter of a run is a message of type
+/// [`SCHEDULE_MESSAGE_TYPE`] whose handler is the schedule and whose payload names it and the
+/// fire time; its message id is the occurrence's and its `created_at` the fire time (what
+/// `replay_occurrence` reads back).
+pub(super) fn occurrences(pool: PgPool, schema: &Identifier) -> Settle {
+    let s = schema.quoted();
+    Settle::new(
+        pool,
+        schema,
+        "occurrences",
+        &format!(
+            "INSERT INTO {s}.dead_letters
+                 (id, message_id, handler, reason, detail, attempts, message_type, payload,
+                  headers, created_at)
+             SELECT $3, id, schedule, $4, $5, $6, '{SCHEDULE_MESSAGE_TYPE}',
+                    convert_to(json_build_object('schedule', schedule,
+                                                 'fire_at', fire_at)::text, 'UTF8'),
+                    '{{}}'::jsonb, fire_at
+             FROM gone"
+        ),
+    )
+}
+
 /// The scheduler's statements, built once per store.
 pub(super) struct ScheduleStatements {
     known: String,
@@ -85,7 +108,6 @@ pub(super) struct ScheduleStatements {
     insert_occurrence: String,
     advance: String,
     claim: String,
-    settle: Settle,
     replay: String,
     schedule_message: String,
     release_due: String,
@@ -140,22 +162,8 @@ impl ScheduleStatements {
                      FOR UPDATE SKIP LOCKED))
                  RETURNING id, schedule, fire_at, attempts, recovered"
             ),
-            settle: Settle::new(
-                schema,
-                "occurrences",
-                &format!(
-                    "INSERT INTO {s}.dead_letters
-                         (id, message_id, handler, reason, detail, attempts, message_type,
-                          payload, headers, created_at)
-                     SELECT $3, id, schedule, $4, $5, $6, '{SCHEDULE_MESSAGE_TYPE}',
-                            convert_to(json_build_object('schedule', schedule,
-                                                         'fire_at', fire_at)::text, 'UTF8'),
-                            '{{}}'::jsonb, fire_at
-                     FROM gone"
-                ),
-            ),
             // The dead letter's message id is the occurrence's id and its `created_at` the fire
-            // time (see `dead_letter`): the run comes back as it was, attempts from 1.
+            // time (see `occurrences`): the run comes back as it was, attempts from 1.
             replay: format!(
                 "WITH gone AS (
                      DELETE FROM {s}.dead_letters
@@ -327,41 +335,8 @@ impl ScheduleStore for PgStore {
         })
     }
 
-    fn ack_occurrences<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.schedule_sql.settle.ack(&self.pool, token, ids))
-    }
-
-    fn retry_occurrence<'a>(
-        &'a self,
-        token: Uuid,
-        id: Uuid,
-        delay: Duration,
-        error: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(
-            self.schedule_sql
-                .settle
-                .retry(&self.pool, token, id, delay, error),
-        )
-    }
-
-    fn dead_letter_occurrence<'a>(
-        &'a self,
-        token: Uuid,
-        id: Uuid,
-        reason: &'a Reason,
-        detail: &'a str,
-        calls: u32,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(
-            self.schedule_sql
-                .settle
-                .dead_letter(&self.pool, token, id, reason, detail, calls),
-        )
+    fn occurrences(&self) -> &dyn Claims<Uuid> {
+        &*self.occurrences
     }
 
     fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
@@ -372,14 +347,6 @@ impl ScheduleStore for PgStore {
                 .await?;
             Ok(replayed == 1)
         })
-    }
-
-    fn release_occurrences<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.schedule_sql.settle.release(&self.pool, token, ids))
     }
 
     fn schedule_messages(
@@ -423,7 +390,7 @@ impl PgStore {
     /// exactly the SQL the worker runs. Not a stable interface.
     #[doc(hidden)]
     pub fn schedule_statements_for_benchmarks(&self) -> [&str; 2] {
-        [&self.schedule_sql.claim, &self.schedule_sql.settle.ack]
+        [&self.schedule_sql.claim, &self.occurrences.ack]
     }
 }
 

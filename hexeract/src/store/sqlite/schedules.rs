@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use sqlx::types::Json;
+use sqlx::sqlite::SqlitePool;
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -15,12 +16,11 @@ use super::{
     limit, now_millis, table, uuid, Settle, SqliteStore, BEGIN_IMMEDIATE, MESSAGE_COLUMNS,
 };
 use crate::envelope::Envelope;
-use crate::reason::Reason;
 use crate::store::schedules::{
     occurrence_id, ClaimedOccurrence, Due, FirstFire, Planner, ScheduleDefinition, ScheduleStore,
     SCHEDULE_MESSAGE_TYPE,
 };
-use crate::store::{millis, Identifier, StoreError};
+use crate::store::{millis, Claims, Identifier, StoreError};
 
 /// Version 3 of the schema: the scheduler's tables.
 pub(super) fn schema_v3(prefix: &Identifier) -> String {
@@ -77,6 +77,30 @@ pub(super) fn schema_v5(prefix: &Identifier) -> String {
     )
 }
 
+/// The occurrences' [`Settle`]: a dead letter of a run is a message of type
+/// [`SCHEDULE_MESSAGE_TYPE`] whose handler is the schedule and whose payload names it and the
+/// fire time; its message id is the occurrence's and its `created_at` the fire time (what
+/// `replay_occurrence` reads back).
+pub(super) fn occurrences(pool: SqlitePool, prefix: &Identifier) -> Settle {
+    let dl = table(prefix, "dead_letters");
+    Settle::new(
+        pool,
+        prefix,
+        "occurrences",
+        &format!(
+            "INSERT INTO {dl}
+                 (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
+                  message_type, payload, headers, created_at)
+             SELECT ?3, id, schedule, ?4, ?5, ?7, ?6, '{SCHEDULE_MESSAGE_TYPE}',
+                    CAST(json_object('schedule', schedule,
+                                     'fire_at', strftime('%Y-%m-%dT%H:%M:%fZ',
+                                                         fire_at / 1000.0, 'unixepoch'))
+                         AS BLOB),
+                    '{{}}', strftime('%Y-%m-%dT%H:%M:%fZ', fire_at / 1000.0, 'unixepoch')"
+        ),
+    )
+}
+
 /// The scheduler's statements, built once per store.
 pub(super) struct ScheduleStatements {
     known: String,
@@ -85,7 +109,6 @@ pub(super) struct ScheduleStatements {
     insert_occurrence: String,
     advance: String,
     claim: String,
-    settle: Settle,
     replay_take: String,
     replay_insert: String,
     replay_delete: String,
@@ -142,23 +165,8 @@ impl ScheduleStatements {
                      LIMIT ?4)
                  RETURNING id, schedule, fire_at, attempts, recovered"
             ),
-            settle: Settle::new(
-                prefix,
-                "occurrences",
-                &format!(
-                    "INSERT INTO {dl}
-                         (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
-                          message_type, payload, headers, created_at)
-                     SELECT ?3, id, schedule, ?4, ?5, ?7, ?6, '{SCHEDULE_MESSAGE_TYPE}',
-                            CAST(json_object('schedule', schedule,
-                                             'fire_at', strftime('%Y-%m-%dT%H:%M:%fZ',
-                                                                 fire_at / 1000.0, 'unixepoch'))
-                                 AS BLOB),
-                            '{{}}', strftime('%Y-%m-%dT%H:%M:%fZ', fire_at / 1000.0, 'unixepoch')"
-                ),
-            ),
             // The dead letter's message id is the occurrence's id and its `created_at` the fire
-            // time (see `settle`): the run comes back as it was, attempts from 1.
+            // time (see `occurrences`): the run comes back as it was, attempts from 1.
             replay_take: format!(
                 "SELECT message_id, handler, created_at FROM {dl}
                  WHERE id = ?1 AND message_type = '{SCHEDULE_MESSAGE_TYPE}'
@@ -321,41 +329,8 @@ impl ScheduleStore for SqliteStore {
         })
     }
 
-    fn ack_occurrences<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.schedule_sql.settle.ack(&self.pool, token, ids))
-    }
-
-    fn retry_occurrence<'a>(
-        &'a self,
-        token: Uuid,
-        id: Uuid,
-        delay: Duration,
-        error: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(
-            self.schedule_sql
-                .settle
-                .retry(&self.pool, token, id, delay, error),
-        )
-    }
-
-    fn dead_letter_occurrence<'a>(
-        &'a self,
-        token: Uuid,
-        id: Uuid,
-        reason: &'a Reason,
-        detail: &'a str,
-        calls: u32,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(
-            self.schedule_sql
-                .settle
-                .dead_letter(&self.pool, token, id, reason, detail, calls),
-        )
+    fn occurrences(&self) -> &dyn Claims<Uuid> {
+        &*self.occurrences
     }
 
     fn replay_occurrence(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
@@ -385,14 +360,6 @@ impl ScheduleStore for SqliteStore {
             tx.commit().await?;
             Ok(true)
         })
-    }
-
-    fn release_occurrences<'a>(
-        &'a self,
-        token: Uuid,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(self.schedule_sql.settle.release(&self.pool, token, ids))
     }
 
     fn schedule_messages(

@@ -1,0 +1,132 @@
+//! The claim model, shared by handler deliveries and scheduler occurrences: [`Claims`], how a
+//! store settles rows claimed under a token, and [`ClaimedRows`], the world that turns the
+//! engine's verdicts into those row updates, each with a deadline.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::delivery::{Verdict, World};
+use crate::reason::Reason;
+use crate::store::StoreError;
+
+/// Rows claimed under a token, settled by the worker that holds it: handler deliveries (ids
+/// `i64`, [`DeliveryStore::deliveries`]) and scheduler occurrences (ids `Uuid`,
+/// [`ScheduleStore::occurrences`]) follow this one claim model. Each method touches only rows
+/// still claimed under `token`: a worker whose lease ended (another took the row over) changes
+/// nothing.
+pub trait Claims<Id>: Send + Sync {
+    /// Deletes the rows whose calls succeeded. Returns how many it deleted.
+    fn ack<'a>(&'a self, token: Uuid, ids: &'a [Id]) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Makes a row due again after `delay`, keeping `detail` as its last error. `false` when
+    /// the claim was lost.
+    fn retry<'a>(
+        &'a self,
+        token: Uuid,
+        id: Id,
+        delay: Duration,
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Moves a row to the dead letters, recording `calls` handler calls made. `false` when the
+    /// claim was lost.
+    fn dead_letter<'a>(
+        &'a self,
+        token: Uuid,
+        id: Id,
+        reason: &'a Reason,
+        detail: &'a str,
+        calls: u32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Gives rows back without calling their handlers: due at once, their claimed attempt not
+    /// counted. Returns how many it gave back.
+    fn release<'a>(&'a self, token: Uuid, ids: &'a [Id])
+        -> BoxFuture<'a, Result<u64, StoreError>>;
+}
+
+/// Runs one of a worker's own statements with a deadline: a statement whose network path went
+/// silent (PostgreSQL has no heartbeat) fails the cycle after `after` instead of holding the
+/// worker for good. Only statements that hold no transaction across the wait are given one
+/// (a transaction begins in a task of its own, see `store::begin`, and is rolled back where
+/// it is dropped).
+pub(crate) async fn within<T>(
+    what: &'static str,
+    after: Duration,
+    statement: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(after, statement)
+        .await
+        .map_err(|_| StoreError::Timeout { what, after })?
+}
+
+/// What became of a claimed row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Row {
+    /// Its call succeeded: the caller acks it, with the rest of its batch, in one statement.
+    Ack,
+    /// Settled: due again, dead-lettered or given back.
+    Settled,
+    /// The claim was no longer ours (the lease ended and another worker took the row over):
+    /// this verdict was not written, and the row runs again.
+    Lost,
+}
+
+/// Rows of one claim (one token), settled in `claims`: the world of the outbox worker and of
+/// the scheduler alike.
+pub(crate) struct ClaimedRows<'a, Id> {
+    /// The store's rows of this kind.
+    pub(crate) claims: &'a dyn Claims<Id>,
+    /// The claim's token.
+    pub(crate) token: Uuid,
+    /// How long the claim lasts: an abandoned call keeps its row that long, since it may still
+    /// be running.
+    pub(crate) lease: Duration,
+    /// The deadline of each statement.
+    pub(crate) store_timeout: Duration,
+}
+
+impl<Id: Copy + Send + Sync> World for ClaimedRows<'_, Id> {
+    type Delivery = Id;
+    type Settled = Result<Row, StoreError>;
+
+    async fn settle(&self, id: Id, verdict: Verdict) -> Self::Settled {
+        let (claims, token, after) = (self.claims, self.token, self.store_timeout);
+        let written = match verdict {
+            Verdict::Ack => return Ok(Row::Ack),
+            Verdict::Retry {
+                delay,
+                reason,
+                detail,
+            } => {
+                let last_error = format!("{reason}: {detail}");
+                within("retry", after, claims.retry(token, id, delay, &last_error)).await?
+            }
+            Verdict::DeadLetter {
+                reason,
+                detail,
+                calls,
+            } => {
+                let statement = claims.dead_letter(token, id, &reason, &detail, calls);
+                within("dead letter", after, statement).await?
+            }
+            // The call may still be running: due again only once the lease would have ended,
+            // so that no other worker runs it meanwhile, its attempt counted. Settled like a
+            // retry, not left claimed: this worker knows why it stopped, so the row is not
+            // suspected of crashing a process (which would make it run alone).
+            Verdict::Abandoned => {
+                let last_error = "the call was still running when the worker stopped \
+                                  (shutdown grace exceeded)";
+                let statement = claims.retry(token, id, self.lease, last_error);
+                within("retry", after, statement).await?
+            }
+            Verdict::Release => {
+                within("release", after, claims.release(token, &[id])).await? == 1
+            }
+        };
+        Ok(if written { Row::Settled } else { Row::Lost })
+    }
+}
