@@ -39,6 +39,7 @@ mod support;
 #[path = "conformance/worlds.rs"]
 mod worlds;
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -149,8 +150,12 @@ async fn started<W: World>(handlers: &Handlers, knobs: &Knobs) -> W {
     world
 }
 
-/// Scenario 1: two handlers of one type, each its own subscriber: A fails once then succeeds,
-/// B succeeds; A's retry never runs B again.
+/// How many messages scenario 1 publishes.
+const FAN_OUT_MESSAGES: u32 = 10;
+
+/// Scenario 1: two handlers of one type, each its own subscriber, and ten messages: A fails
+/// each message once then succeeds, B succeeds; every handler gets every message, and A's
+/// retries never run B again.
 async fn fan_out_with_independent_retries<W: World>() {
     let calls = Calls::default();
     let (a, b) = (unique("fan_out.a"), unique("fan_out.b"));
@@ -158,24 +163,44 @@ async fn fan_out_with_independent_retries<W: World>() {
         .with(&a, Act::FailFirst(1))
         .with(&b, Act::Succeed);
     let mut world: W = started(&handlers, &Knobs::default()).await;
-    world.publish(order("fan-out", 1)).await;
-    until(&world, "A and B each done with the message", |_| {
-        finished(&a) == 1 && finished(&b) == 1
+    for n in 0..FAN_OUT_MESSAGES {
+        world.publish(order(&format!("fan-out-{n}"), n)).await;
+    }
+    let messages = u64::from(FAN_OUT_MESSAGES);
+    until(&world, "A and B each done with every message", |_| {
+        finished(&a) == messages && finished(&b) == messages
     })
     .await;
     world.settled().await;
     let letters = world.dead_letters().await;
     world.stop().await.expect("run returns Ok(()) on cancel");
+    // Every call was acked: the stop gave nothing back to be delivered again.
+    world.settled().await;
 
+    let every = |attempts: &[u32]| -> BTreeMap<u32, Vec<u32>> {
+        (0..FAN_OUT_MESSAGES)
+            .map(|n| (n, attempts.to_vec()))
+            .collect()
+    };
     assert_eq!(
-        calls.attempts(&b),
-        [1],
-        "B exactly once: A's retry did not run it again"
+        calls.attempts_per_order(&b),
+        every(&[1]),
+        "B exactly once per message: A's retries did not run it again"
     );
     assert_eq!(
-        calls.attempts(&a),
-        [1, 2],
-        "A failed on attempt 1, acked on attempt 2"
+        calls.attempts_per_order(&a),
+        every(&[1, 2]),
+        "A failed each message on attempt 1, acked it on attempt 2"
+    );
+    assert_eq!(
+        counts(&a),
+        (messages, messages, 0),
+        "A: handled, retried, dead-lettered"
+    );
+    assert_eq!(
+        counts(&b),
+        (messages, 0, 0),
+        "B: handled, retried, dead-lettered"
     );
     assert!(letters.is_empty(), "nothing dead-lettered: {letters:?}");
     world.remove().await;

@@ -4,7 +4,6 @@
 //! Needs RabbitMQ at `TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`). Each
 //! test declares its own exchange and queues (a prefix of its own) and deletes them at the end.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -177,45 +176,6 @@ fn text(value: Option<&AMQPValue>) -> String {
         Some(AMQPValue::LongString(text)) => String::from_utf8_lossy(text.as_bytes()).into_owned(),
         other => panic!("not a string header: {other:?}"),
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_handler_of_a_type_gets_every_message() {
-    let broker = TestBroker::new().await;
-    let calls = Calls::default();
-    let worker = worker(&broker, broker.connect("hexeract-tests-fanout").await)
-        .register_handler_with::<OrderPlaced, _>(
-            Record(calls.clone(), "a"),
-            HandlerOptions::new().name("shop::a"),
-        )
-        .register_handler_with::<OrderPlaced, _>(
-            Record(calls.clone(), "b"),
-            HandlerOptions::new().name("shop::b"),
-        )
-        .build()
-        .unwrap();
-    let running = Running::start(worker);
-    declared(&broker, &running.topology).await;
-
-    let publisher = publisher(&broker).await;
-    let envelopes: Vec<Envelope> = (0..200)
-        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
-        .collect();
-    publisher.publish_all(&envelopes).await.unwrap();
-    calls.wait_for(400, Duration::from_secs(30)).await;
-    let topology = running.stop().await;
-
-    let mut seen: HashMap<(u32, &str), u32> = HashMap::new();
-    for (order, handler, attempt) in calls.all() {
-        assert_eq!(attempt, 1);
-        *seen.entry((order, handler)).or_default() += 1;
-    }
-    assert_eq!(seen.len(), 400, "every (message, handler) pair");
-    for queue in ["shop.a", "shop.b"] {
-        let name = format!("{}.{queue}", broker.prefix);
-        assert_eq!(broker.ready(&name).await, 0, "{name} drained and acked");
-    }
-    broker.delete(&topology).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

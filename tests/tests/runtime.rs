@@ -114,49 +114,6 @@ async fn resume_as(
     seen
 }
 
-// --- fan-out: every handler of a type gets every message, and retries stay per handler ---
-
-static FAN_OUT_A: AtomicU32 = AtomicU32::new(0);
-static FAN_OUT_B_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "fan_out.a")]
-async fn fan_out_a(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    FAN_OUT_A.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-#[handler(message = "test.Ping", name = "fan_out.b")]
-async fn fan_out_b(ping: Ping, ctx: &Context) -> Result<(), String> {
-    FAN_OUT_B_CALLS.fetch_add(1, Ordering::SeqCst);
-    if ping.n == 0 && ctx.attempt() == 1 {
-        return Err("first attempt of message 0 fails".into());
-    }
-    Ok(())
-}
-
-#[tokio::test]
-async fn every_handler_gets_every_message_and_retries_only_rerun_the_failed_one() {
-    let running = start(runtime("fan_out"));
-    for n in 0..10 {
-        running.store.publish(&Ping { n }).await.unwrap();
-    }
-    running.settle().await;
-    assert_eq!(
-        FAN_OUT_A.load(Ordering::SeqCst),
-        10,
-        "a ran once per message"
-    );
-    assert_eq!(
-        FAN_OUT_B_CALLS.load(Ordering::SeqCst),
-        11,
-        "b ran once per message plus one retry"
-    );
-    let (a, b) = (running.stats("fan_out.a"), running.stats("fan_out.b"));
-    assert_eq!((a.handled, a.retried, a.dead_lettered), (10, 0, 0));
-    assert_eq!((b.handled, b.retried, b.dead_lettered), (10, 1, 0));
-    assert!(running.stop().await.dead_letters().is_empty());
-}
-
 // --- retries run out: the MAX_DELIVERIES-th failure dead-letters, with everything kept ---
 
 static ALWAYS_FAILS_CALLS: AtomicU32 = AtomicU32::new(0);

@@ -1,6 +1,7 @@
 //! What the scenarios share: the messages, a scripted handler that records its calls, unique
 //! names, waits, the handlers' metrics and the captured log.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -101,6 +102,15 @@ impl Calls {
     /// The attempt of each call of `handler`, in order.
     pub(crate) fn attempts(&self, handler: &str) -> Vec<u32> {
         self.of(handler).iter().map(|call| call.attempt).collect()
+    }
+
+    /// Order `n` → the attempt of each call of `handler` with it, in order.
+    pub(crate) fn attempts_per_order(&self, handler: &str) -> BTreeMap<u32, Vec<u32>> {
+        let mut per_order: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for call in self.of(handler) {
+            per_order.entry(call.n).or_default().push(call.attempt);
+        }
+        per_order
     }
 
     /// The `n` of each order `handler` was called with, sorted.
