@@ -235,6 +235,11 @@ async fn max_deliveries_exceeded<W: World>() {
         letter.envelope.payload, envelope.payload,
         "the original bytes"
     );
+    assert_eq!(
+        counts(&h),
+        (0, 2, 1),
+        "handled, retried, dead-lettered: two retries, then the dead letter"
+    );
     world.remove().await;
 }
 

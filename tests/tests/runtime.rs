@@ -114,39 +114,6 @@ async fn resume_as(
     seen
 }
 
-// --- retries run out: the MAX_DELIVERIES-th failure dead-letters, with everything kept ---
-
-static ALWAYS_FAILS_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "exhaust.always_fails")]
-async fn always_fails(_ping: Ping, _ctx: &Context) -> Result<(), std::io::Error> {
-    ALWAYS_FAILS_CALLS.fetch_add(1, Ordering::SeqCst);
-    Err(std::io::Error::other("inventory service unavailable"))
-}
-
-#[tokio::test]
-async fn a_handler_that_keeps_failing_is_called_max_deliveries_times_then_dead_lettered() {
-    let running = start(runtime("exhaust").max_deliveries(3));
-    let id = running.store.publish(&Ping { n: 7 }).await.unwrap();
-    running.settle().await;
-    assert_eq!(ALWAYS_FAILS_CALLS.load(Ordering::SeqCst), 3);
-    let stats = running.stats("exhaust.always_fails");
-    assert_eq!(
-        (stats.handled, stats.retried, stats.dead_lettered),
-        (0, 2, 1)
-    );
-
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    let dead = &dead[0];
-    assert_eq!(dead.reason, Reason::MAX_DELIVERIES_EXCEEDED);
-    assert_eq!(dead.detail, "inventory service unavailable");
-    assert_eq!(dead.attempts, 3);
-    assert_eq!(dead.handler.as_deref(), Some("exhaust.always_fails"));
-    assert_eq!(dead.envelope.id, id);
-    assert_eq!(&dead.envelope.payload[..], br#"{"n":7}"#);
-}
-
 // --- bad input never disappears ---
 
 static STRICT_CALLS: AtomicU32 = AtomicU32::new(0);
