@@ -264,6 +264,10 @@ async fn dead_letter_outcome<W: World>() {
     assert_eq!(letter.attempts, 1);
     assert_eq!(letter.handler.as_deref(), Some(h.as_str()));
     assert_eq!(letter.envelope.id, envelope.id);
+    assert_eq!(
+        letter.envelope.payload, envelope.payload,
+        "the original bytes"
+    );
     world.remove().await;
 }
 

@@ -188,28 +188,6 @@ async fn an_oversize_payload_is_dead_lettered_without_being_decoded() {
     assert_eq!(dead[0].envelope.payload.len(), 17);
 }
 
-// --- a handler's own verdict ---
-
-#[handler(message = "test.Ping", name = "verdict.rejects")]
-async fn rejects(ping: Ping, _ctx: &Context) -> HandlerOutcome {
-    HandlerOutcome::dead_letter(
-        "ping_refused",
-        format_args!("ping {} is not welcome", ping.n),
-    )
-}
-
-#[tokio::test]
-async fn a_handler_can_dead_letter_at_once_with_its_own_reason() {
-    let running = start(runtime("verdict"));
-    running.store.publish(&Ping { n: 3 }).await.unwrap();
-    running.settle().await;
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, "ping_refused");
-    assert_eq!(dead[0].detail, "ping 3 is not welcome");
-    assert_eq!(dead[0].attempts, 1);
-}
-
 // --- panics and timeouts are failed attempts; the runtime keeps going ---
 
 static PANICS_LEFT: AtomicU32 = AtomicU32::new(1);
