@@ -272,14 +272,22 @@ async fn dead_letter_outcome<W: World>() {
 }
 
 /// Scenario 4: a handler that panics: each panic is a failed call, retried, then the message
-/// is dead-lettered as `handler_panicked`.
+/// is dead-lettered as `handler_panicked`; a handler that panics once is called again and
+/// handles the message: a panic does not stop the handler.
 async fn handler_panicked<W: World>() {
     let calls = Calls::default();
-    let h = unique("panics");
-    let handlers = Handlers::new(&calls).with(&h, Act::Panic);
+    let (h, once) = (unique("panics"), unique("panics_once"));
+    let handlers = Handlers::new(&calls)
+        .with(&h, Act::PanicFirst(u32::MAX))
+        .with(&once, Act::PanicFirst(1));
     let mut world: W = started(&handlers, &Knobs::default()).await;
     world.publish(order("panics", 4)).await;
-    let letters = until(&world, "a dead letter", |letters| !letters.is_empty()).await;
+    let letters = until(
+        &world,
+        "a dead letter, and the message handled after one panic",
+        |letters| !letters.is_empty() && finished(&once) == 1,
+    )
+    .await;
     world.settled().await;
     world.stop().await.expect("run returns Ok(()) on cancel");
 
@@ -297,6 +305,16 @@ async fn handler_panicked<W: World>() {
         letter.detail.contains("the handler panicked on purpose"),
         "{}",
         letter.detail
+    );
+    assert_eq!(
+        calls.attempts(&once),
+        [1, 2],
+        "panicked on attempt 1, acked on attempt 2"
+    );
+    assert_eq!(
+        counts(&once),
+        (1, 1, 0),
+        "{once}: handled, retried, dead-lettered"
     );
     world.remove().await;
 }

@@ -190,44 +190,6 @@ async fn an_oversize_payload_is_dead_lettered_without_being_decoded() {
 
 // --- panics and timeouts are failed attempts; the runtime keeps going ---
 
-static PANICS_LEFT: AtomicU32 = AtomicU32::new(1);
-static AFTER_PANIC_HANDLED: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "panics.sometimes")]
-async fn panics_sometimes(ping: Ping, _ctx: &Context) -> Result<(), String> {
-    if ping.n == 666 {
-        panic!("ping 666 is cursed");
-    }
-    if ping.n == 1 && PANICS_LEFT.fetch_sub(1, Ordering::SeqCst) == 1 {
-        panic!("first call for ping 1 panics");
-    }
-    AFTER_PANIC_HANDLED.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-#[tokio::test]
-async fn a_panic_is_a_failed_attempt_and_the_last_one_is_recorded_as_handler_panicked() {
-    let running = start(runtime("panics").max_deliveries(2));
-    running.store.publish(&Ping { n: 666 }).await.unwrap();
-    running.store.publish(&Ping { n: 1 }).await.unwrap();
-    running.store.publish(&Ping { n: 2 }).await.unwrap();
-    running.settle().await;
-    assert_eq!(
-        AFTER_PANIC_HANDLED.load(Ordering::SeqCst),
-        2,
-        "ping 1 on its retry, and ping 2"
-    );
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::HANDLER_PANICKED);
-    assert_eq!(dead[0].attempts, 2);
-    assert!(
-        dead[0].detail.contains("ping 666 is cursed"),
-        "detail: {}",
-        dead[0].detail
-    );
-}
-
 #[handler(message = "test.Ping", name = "slow.sleeper", timeout = "50ms")]
 async fn sleeper(_ping: Ping, _ctx: &Context) -> Result<(), String> {
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -144,8 +144,9 @@ pub(crate) enum Act {
     FailFirst(u32),
     /// `HandlerOutcome::dead_letter(reason, detail)`.
     DeadLetter(&'static str, &'static str),
-    /// Panics with "the handler panicked on purpose".
-    Panic,
+    /// Panics with "the handler panicked on purpose" on the first `n` calls of each message,
+    /// then acks.
+    PanicFirst(u32),
     /// Sleeps this long (longer than the timeout), stopping early when its context is
     /// cancelled (the engine gave up on it: then it counts itself in the counter), then acks.
     Sleep(Duration, Arc<AtomicU32>),
@@ -178,7 +179,10 @@ impl Handler<Order> for Scripted {
             }
             Act::FailFirst(_) => Ok(HandlerOutcome::Ack),
             Act::DeadLetter(reason, detail) => Ok(HandlerOutcome::dead_letter(*reason, detail)),
-            Act::Panic => panic!("the handler panicked on purpose"),
+            Act::PanicFirst(panics) if ctx.attempt() <= *panics => {
+                panic!("the handler panicked on purpose")
+            }
+            Act::PanicFirst(_) => Ok(HandlerOutcome::Ack),
             Act::Sleep(pause, told) => {
                 tokio::select! {
                     () = tokio::time::sleep(*pause) => {}
