@@ -528,52 +528,6 @@ async fn a_call_that_fails_because_of_shutdown_is_not_counted() {
     assert_eq!(seen, [(id.to_string(), 1)]);
 }
 
-// --- a timed-out call is abandoned, not dropped, and told to stop ---
-
-static ABANDONED_SAW_CANCEL: tokio::sync::Notify = tokio::sync::Notify::const_new();
-static ABANDONED_DROPPED_EARLY: AtomicBool = AtomicBool::new(false);
-
-/// Records a drop that happens before the call saw its cancellation: a dropped future.
-struct DropWitness(bool);
-
-impl Drop for DropWitness {
-    fn drop(&mut self) {
-        if !self.0 {
-            ABANDONED_DROPPED_EARLY.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-#[handler(
-    message = "test.Ping",
-    name = "abandoned.cooperative",
-    timeout = "20ms"
-)]
-async fn cooperative_after_timeout(_ping: Ping, ctx: &Context) -> Result<(), String> {
-    let mut witness = DropWitness(false);
-    ctx.cancellation().cancelled().await;
-    witness.0 = true;
-    ABANDONED_SAW_CANCEL.notify_one();
-    Err("stopped".into())
-}
-
-#[tokio::test]
-async fn a_timed_out_call_is_abandoned_not_dropped_and_its_context_is_cancelled() {
-    let running = start(runtime("abandoned").max_deliveries(1));
-    running.store.publish(&Ping { n: 1 }).await.unwrap();
-    running.settle().await;
-    tokio::time::timeout(Duration::from_secs(10), ABANDONED_SAW_CANCEL.notified())
-        .await
-        .expect("the abandoned call saw its cancellation");
-    assert!(
-        !ABANDONED_DROPPED_EARLY.load(Ordering::SeqCst),
-        "the call's future was dropped instead of being left to finish"
-    );
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::HANDLER_TIMEOUT);
-}
-
 // --- retry_after and messages waiting at shutdown ---
 
 static DEFERRED_CALLS: Mutex<Vec<std::time::Instant>> = Mutex::new(Vec::new());
