@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hexeract::{Envelope, HandlerOptions, Reason};
+use uuid::Uuid;
 
 use support::{
     captured_log, counts, eventually, finished, handler_field, log_lines, order, raw_order,
@@ -355,45 +356,79 @@ async fn handler_timeout<W: World>() {
     world.remove().await;
 }
 
-/// Scenario 6: a payload that does not decode is dead-lettered as `payload_invalid` with its
-/// bytes, and the handler's body never runs; a good message behind it (same key: on Kafka the
-/// same partition) is handled.
+/// Scenario 6: a payload that does not decode (not JSON; JSON with a field of the wrong type)
+/// is dead-lettered as `payload_invalid`, once for each handler of its type, with its bytes and
+/// the decoder's error, and no handler's body runs; a good message behind them (same key: on
+/// Kafka the same partition) is handled by both.
 async fn payload_invalid<W: World>() {
     let calls = Calls::default();
-    let h = unique("decodes");
-    let handlers = Handlers::new(&calls).with(&h, Act::Succeed);
+    let (a, b) = (unique("decodes.a"), unique("decodes.b"));
+    let handlers = Handlers::new(&calls)
+        .with(&a, Act::Succeed)
+        .with(&b, Act::Succeed);
     let mut world: W = started(&handlers, &Knobs::default()).await;
     let broken = raw_order("undecodable", &b"not json"[..]);
+    let mistyped = raw_order(
+        "undecodable",
+        &br#"{"id":"undecodable","n":"not a number"}"#[..],
+    );
     world.publish(broken.clone()).await;
+    world.publish(mistyped.clone()).await;
     world.publish(order("undecodable", 6)).await;
     let letters = until(
         &world,
-        "a dead letter and the good message handled",
-        |letters| !letters.is_empty() && finished(&h) == 2,
+        "four dead letters and the good message handled by both",
+        |letters| letters.len() >= 4 && finished(&a) == 3 && finished(&b) == 3,
     )
     .await;
     world.settled().await;
     world.stop().await.expect("run returns Ok(()) on cancel");
 
-    assert_eq!(
-        calls.orders(&h),
-        [6],
-        "the body ran for the good message only"
-    );
-    assert_eq!(letters.len(), 1, "{letters:?}");
-    let letter = &letters[0];
-    assert_eq!(letter.reason, Reason::PAYLOAD_INVALID);
-    assert_eq!(letter.handler.as_deref(), Some(h.as_str()));
-    assert_eq!(
-        letter.attempts, 1,
-        "the one delivery that could not be decoded"
-    );
-    assert_eq!(letter.envelope.id, broken.id);
-    assert_eq!(
-        &letter.envelope.payload[..],
-        b"not json",
-        "the original bytes"
-    );
+    for handler in [&a, &b] {
+        assert_eq!(
+            calls.orders(handler),
+            [6],
+            "{handler}: the body ran for the good message only"
+        );
+    }
+    let mut seen: Vec<(&str, Uuid)> = letters
+        .iter()
+        .map(|letter| {
+            (
+                letter.handler.as_deref().unwrap_or("(none)"),
+                letter.envelope.id,
+            )
+        })
+        .collect();
+    seen.sort_unstable();
+    let mut expected = vec![
+        (a.as_str(), broken.id),
+        (a.as_str(), mistyped.id),
+        (b.as_str(), broken.id),
+        (b.as_str(), mistyped.id),
+    ];
+    expected.sort_unstable();
+    assert_eq!(seen, expected, "one dead letter per handler and message");
+    for letter in &letters {
+        assert_eq!(letter.reason, Reason::PAYLOAD_INVALID, "{letter:?}");
+        assert_eq!(
+            letter.attempts, 1,
+            "the one delivery that could not be decoded"
+        );
+        let sent = if letter.envelope.id == broken.id {
+            &broken
+        } else {
+            &mistyped
+        };
+        assert_eq!(letter.envelope.payload, sent.payload, "the original bytes");
+        if letter.envelope.id == mistyped.id {
+            assert!(
+                letter.detail.contains("invalid type"),
+                "the decoder's error: {}",
+                letter.detail
+            );
+        }
+    }
     world.remove().await;
 }
 

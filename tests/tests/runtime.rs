@@ -116,39 +116,6 @@ async fn resume_as(
 
 // --- bad input never disappears ---
 
-static STRICT_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "bad_input.strict")]
-async fn strict(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    STRICT_CALLS.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-#[tokio::test]
-async fn an_undecodable_payload_is_dead_lettered_at_once_with_its_bytes() {
-    let running = start(runtime("bad_input"));
-    let garbage = Envelope::from_raw("test.Ping", &b"{\"n\": \"not a number\"}"[..]);
-    let id = running.store.publish_envelope(garbage);
-    running.settle().await;
-    assert_eq!(
-        STRICT_CALLS.load(Ordering::SeqCst),
-        0,
-        "the handler never sees bad input"
-    );
-
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::PAYLOAD_INVALID);
-    assert_eq!(dead[0].attempts, 1, "invalid payloads are not retried");
-    assert_eq!(dead[0].envelope.id, id);
-    assert_eq!(&dead[0].envelope.payload[..], b"{\"n\": \"not a number\"}");
-    assert!(
-        dead[0].detail.contains("invalid type"),
-        "detail: {}",
-        dead[0].detail
-    );
-}
-
 #[tokio::test]
 async fn an_unknown_message_type_follows_the_retry_policy_then_is_dead_lettered() {
     let running = start(runtime("nobody").max_deliveries(4));
