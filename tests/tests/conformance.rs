@@ -433,7 +433,8 @@ async fn payload_invalid<W: World>() {
 }
 
 /// Scenario 7: a payload over `max_payload_bytes` (64 here) is dead-lettered as
-/// `payload_too_large` without a call (it is never decoded); a small one behind it is
+/// `payload_too_large` without a call: it is never decoded (a valid order is not called, and
+/// bytes that are not JSON at all are too large, not invalid); a small one behind them is
 /// handled.
 async fn payload_too_large<W: World>() {
     let calls = Calls::default();
@@ -450,34 +451,37 @@ async fn payload_too_large<W: World>() {
         "x".repeat(200)
     );
     let large = raw_order("oversize", payload.clone().into_bytes());
+    // Not JSON, and too large: were it decoded first, it would be `payload_invalid`.
+    let garbage = raw_order("oversize", vec![b' '; 200]);
     world.publish(large.clone()).await;
+    world.publish(garbage.clone()).await;
     world.publish(order("oversize", 7)).await;
     let letters = until(
         &world,
-        "a dead letter and the small message handled",
-        |letters| !letters.is_empty() && finished(&h) == 2,
+        "two dead letters and the small message handled",
+        |letters| letters.len() >= 2 && finished(&h) == 3,
     )
     .await;
     world.settled().await;
     world.stop().await.expect("run returns Ok(()) on cancel");
 
-    assert_eq!(calls.orders(&h), [7], "no call for the large one");
-    assert_eq!(letters.len(), 1, "{letters:?}");
-    let letter = &letters[0];
-    assert_eq!(letter.reason, Reason::PAYLOAD_TOO_LARGE);
-    assert_eq!(letter.handler.as_deref(), Some(h.as_str()));
-    assert_eq!(letter.attempts, 0, "no handler call was made");
-    assert!(
-        letter.detail.contains("max_payload_bytes (64)"),
-        "{}",
-        letter.detail
-    );
-    assert_eq!(letter.envelope.id, large.id);
-    assert_eq!(
-        &letter.envelope.payload[..],
-        payload.as_bytes(),
-        "the original bytes"
-    );
+    assert_eq!(calls.orders(&h), [7], "no call for the large ones");
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    for sent in [&large, &garbage] {
+        let letter = letters
+            .iter()
+            .find(|letter| letter.envelope.id == sent.id)
+            .unwrap_or_else(|| panic!("no dead letter for {}: {letters:?}", sent.id));
+        assert_eq!(letter.reason, Reason::PAYLOAD_TOO_LARGE);
+        assert_eq!(letter.handler.as_deref(), Some(h.as_str()));
+        assert_eq!(letter.attempts, 0, "no handler call was made");
+        assert!(
+            letter.detail.contains("max_payload_bytes (64)"),
+            "{}",
+            letter.detail
+        );
+        assert_eq!(letter.envelope.payload, sent.payload, "the original bytes");
+    }
     world.remove().await;
 }
 

@@ -578,37 +578,6 @@ async fn a_handler_concurrency_limit_holds_within_a_batch() {
 }
 
 #[tokio::test]
-async fn an_oversize_payload_is_dead_lettered_without_a_call() {
-    let db = TestSchema::new("hexeract-tests").await;
-    let store = db.migrated_store().await;
-    let big = Envelope::from_raw("test.OrderPlaced", vec![b' '; 2048]);
-    store.publish(vec![big.clone()]).await.unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
-    let worker = OutboxWorker::builder(store.clone())
-        .registry(Registry::new())
-        .register_handler_with::<OrderPlaced, _>(
-            AlwaysFails(calls.clone()),
-            HandlerOptions::new().name("fails"),
-        )
-        .max_payload_bytes(1024)
-        .poll_interval(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let cancel = CancellationToken::new();
-    let running = tokio::spawn(worker.run(cancel.clone()));
-    drained(&db).await;
-    cancel.cancel();
-    running.await.unwrap().unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 0);
-    let dead = store.dead_letters(10).await.unwrap();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::PAYLOAD_TOO_LARGE);
-    assert_eq!(dead[0].attempts, 0, "no handler call was made");
-    assert_eq!(dead[0].envelope.payload.len(), 2048);
-    db.drop_schema().await;
-}
-
-#[tokio::test]
 async fn dropping_the_last_store_clone_gives_the_listen_connection_back() {
     // One connection in the pool: while LISTEN holds it, nothing else can run.
     let pool = hexeract_tests::pg::connect("hexeract-tests-listen", 1).await;

@@ -132,29 +132,6 @@ async fn an_unknown_message_type_follows_the_retry_policy_then_is_dead_lettered(
     assert!(dead[0].detail.contains("test.NobodyHandlesThis"));
 }
 
-static SIZE_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "bad_input_size.count")]
-async fn count_size(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    SIZE_CALLS.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-#[tokio::test]
-async fn an_oversize_payload_is_dead_lettered_without_being_decoded() {
-    let running = start(runtime("bad_input_size").max_payload_bytes(16));
-    running
-        .store
-        .publish_envelope(Envelope::from_raw("test.Ping", vec![b' '; 17]));
-    running.settle().await;
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::PAYLOAD_TOO_LARGE);
-    assert_eq!(dead[0].attempts, 0, "no handler was called");
-    assert_eq!(SIZE_CALLS.load(Ordering::SeqCst), 0);
-    assert_eq!(dead[0].envelope.payload.len(), 17);
-}
-
 // --- panics and timeouts are failed attempts; the runtime keeps going ---
 
 #[handler(message = "test.Ping", name = "slow.sleeper", timeout = "50ms")]
