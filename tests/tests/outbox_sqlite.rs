@@ -4,7 +4,6 @@
 //! Each test opens a database file in a directory of its own under the system's temp
 //! directory, removed at the end, so tests run in parallel.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -619,109 +618,6 @@ async fn drained(db: &TestDb) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_delivers_retries_and_dead_letters_until_cancelled() {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let orders = 20u32;
-    let mut tx = store.pool().begin().await.unwrap();
-    for n in 0..orders {
-        hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: n })
-            .await
-            .unwrap();
-    }
-    tx.commit().await.unwrap();
-    let broken = Envelope::from_raw("test.OrderPlaced", &b"{broken"[..]);
-    let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
-    store
-        .publish(vec![broken.clone(), unknown.clone()])
-        .await
-        .unwrap();
-
-    let calls = Calls::default();
-    let worker = OutboxWorker::builder(store.clone())
-        .registry(Registry::new())
-        .register_handler_with::<OrderPlaced, _>(
-            Confirm(calls.clone()),
-            HandlerOptions::new().name("confirm"),
-        )
-        .register_handler_with::<OrderPlaced, _>(
-            Reserve(calls.clone()),
-            HandlerOptions::new().name("reserve"),
-        )
-        .retry_delays(Duration::from_millis(5), Duration::from_millis(20))
-        .poll_interval(Duration::from_millis(10))
-        .max_deliveries(3)
-        .batch_size(8)
-        .build()
-        .expect("worker builds");
-    let cancel = CancellationToken::new();
-    let running = tokio::spawn(worker.run(cancel.clone()));
-    drained(&db).await;
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .expect("run returns soon after cancel")
-        .unwrap()
-        .expect("run returns Ok(()) on cancel");
-
-    let calls = calls.0.lock().unwrap().clone();
-    let mut per_pair: HashMap<(u32, &str), Vec<u32>> = HashMap::new();
-    for (order, handler, attempt) in calls {
-        per_pair.entry((order, handler)).or_default().push(attempt);
-    }
-    assert_eq!(
-        per_pair.len(),
-        2 * orders as usize,
-        "every (order, handler)"
-    );
-    for order in 0..orders {
-        assert_eq!(per_pair[&(order, "confirm")], [1], "order {order}");
-        assert_eq!(
-            per_pair[&(order, "reserve")],
-            [1, 2],
-            "order {order}: reserve retried once, confirm not re-run"
-        );
-    }
-
-    let dead = store.dead_letters(10).await.unwrap();
-    let mut summary: Vec<(String, Option<String>, u32, Uuid)> = dead
-        .iter()
-        .map(|d| {
-            (
-                d.reason.to_string(),
-                d.handler.clone(),
-                d.attempts,
-                d.envelope.id,
-            )
-        })
-        .collect();
-    summary.sort();
-    assert_eq!(
-        summary,
-        [
-            (
-                "payload_invalid".to_owned(),
-                Some("confirm".to_owned()),
-                1,
-                broken.id
-            ),
-            (
-                "payload_invalid".to_owned(),
-                Some("reserve".to_owned()),
-                1,
-                broken.id
-            ),
-            ("unknown_message_type".to_owned(), None, 3, unknown.id),
-        ]
-    );
-    assert!(dead
-        .iter()
-        .filter(|d| d.envelope.id == broken.id)
-        .all(|d| &d.envelope.payload[..] == b"{broken"));
-    db.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use hexeract::{
-    handler, CancellationToken, Context, Envelope, HandlerOutcome, InMemoryStore, Message, Reason,
-    Runtime, RuntimeBuilder,
+    handler, CancellationToken, Context, HandlerOutcome, InMemoryStore, Message, Reason, Runtime,
+    RuntimeBuilder,
 };
 use tokio::task::JoinHandle;
 
@@ -112,24 +112,6 @@ async fn resume_as(
     resumed.stop().await;
     let seen = seen.lock().unwrap().clone();
     seen
-}
-
-// --- bad input never disappears ---
-
-#[tokio::test]
-async fn an_unknown_message_type_follows_the_retry_policy_then_is_dead_lettered() {
-    let running = start(runtime("nobody").max_deliveries(4));
-    let id = running
-        .store
-        .publish_envelope(Envelope::from_raw("test.NobodyHandlesThis", &b"{}"[..]));
-    running.settle().await;
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::UNKNOWN_MESSAGE_TYPE);
-    assert_eq!(dead[0].attempts, 4);
-    assert_eq!(dead[0].handler, None);
-    assert_eq!(dead[0].envelope.id, id);
-    assert!(dead[0].detail.contains("test.NobodyHandlesThis"));
 }
 
 // --- panics and timeouts are failed attempts; the runtime keeps going ---
