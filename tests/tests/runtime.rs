@@ -237,32 +237,6 @@ async fn a_replayed_dead_letter_goes_back_to_its_handler() {
 
 // --- shutdown ---
 
-static SLOW_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
-static SLOW_FINISHED: AtomicBool = AtomicBool::new(false);
-
-#[handler(message = "test.Ping", name = "shutdown.slow")]
-async fn slow(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    SLOW_STARTED.notify_one();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    SLOW_FINISHED.store(true, Ordering::SeqCst);
-    Ok(())
-}
-
-#[tokio::test]
-async fn cancel_lets_the_running_handler_finish_and_returns_ok() {
-    let running = start(runtime("shutdown"));
-    running.store.publish(&Ping { n: 1 }).await.unwrap();
-    SLOW_STARTED.notified().await;
-    let runtime = running.runtime.clone();
-    let store = running.stop().await;
-    assert!(
-        SLOW_FINISHED.load(Ordering::SeqCst),
-        "run returned before the handler finished"
-    );
-    assert_eq!(runtime.stats()[0].handled, 1);
-    assert!(store.is_idle());
-}
-
 static STUCK_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 #[handler(message = "test.Ping", name = "grace.stuck")]
