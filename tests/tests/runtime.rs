@@ -401,33 +401,6 @@ async fn a_second_runtime_on_the_same_store_is_refused() {
     again.stop().await;
 }
 
-// --- a handler that stops on shutdown does not lose attempts ---
-
-static COOPERATIVE_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
-
-#[handler(message = "test.Ping", name = "cooperative.stops")]
-async fn cooperative(_ping: Ping, ctx: &Context) -> Result<(), String> {
-    COOPERATIVE_STARTED.notify_one();
-    ctx.cancellation().cancelled().await;
-    Err("shutting down, try later".into())
-}
-
-#[tokio::test]
-async fn a_call_that_fails_because_of_shutdown_is_not_counted() {
-    let running = start(runtime("cooperative").max_deliveries(1));
-    let id = running.store.publish(&Ping { n: 1 }).await.unwrap();
-    COOPERATIVE_STARTED.notified().await;
-    let store = running.stop().await;
-    assert!(
-        store.dead_letters().is_empty(),
-        "the only allowed call was not used up"
-    );
-    assert_eq!(store.pending(), 1);
-
-    let seen = resume_as("cooperative.stops", store, 1).await;
-    assert_eq!(seen, [(id.to_string(), 1)]);
-}
-
 // --- retry_after and messages waiting at shutdown ---
 
 static DEFERRED_CALLS: Mutex<Vec<std::time::Instant>> = Mutex::new(Vec::new());
