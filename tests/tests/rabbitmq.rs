@@ -179,42 +179,6 @@ fn text(value: Option<&AMQPValue>) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failure_waits_in_a_tier_and_comes_back_with_its_attempt_count_across_a_restart() {
-    let broker = TestBroker::new().await;
-    let calls = Calls::default();
-    let build = |connection| {
-        worker(&broker, connection)
-            .register_handler_with::<OrderPlaced, _>(
-                FailFirst(calls.clone(), 2),
-                HandlerOptions::new().name("flaky"),
-            )
-            // Long enough for the first worker to be gone when the retry comes back: a
-            // delivery given back at shutdown is counted by RabbitMQ < 4.3, which would add an
-            // attempt the handler never saw.
-            .wait_tiers([Duration::from_millis(700), Duration::from_millis(1_400)])
-            .retry_delays(Duration::from_millis(700), Duration::from_millis(1_400))
-            .build()
-            .unwrap()
-    };
-    let running = Running::start(build(broker.connect("hexeract-tests-retry-1").await));
-    declared(&broker, &running.topology).await;
-    let publisher = publisher(&broker).await;
-    publisher
-        .publish(&Envelope::new(&OrderPlaced { order_id: 1 }).unwrap())
-        .await
-        .unwrap();
-    calls.wait_for(1, Duration::from_secs(10)).await;
-    // The first call failed; its retry waits in a tier while this worker stops and another starts.
-    running.stop().await;
-    let running = Running::start(build(broker.connect("hexeract-tests-retry-2").await));
-    calls.wait_for(3, Duration::from_secs(10)).await;
-    let topology = running.stop().await;
-    let attempts: Vec<u32> = calls.all().iter().map(|call| call.2).collect();
-    assert_eq!(attempts, [1, 2, 3], "the count survived the restart");
-    broker.delete(&topology).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_keeps_failing_is_parked_after_max_attempts_with_its_reason() {
     let broker = TestBroker::new().await;
     let calls = Calls::default();
