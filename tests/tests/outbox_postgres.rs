@@ -1,5 +1,8 @@
 //! The outbox on a real PostgreSQL: migrations, enqueue in the caller's transaction, claims
-//! under a lease, settling, dead letters, and workers end to end.
+//! under a lease, settling, dead letters, and workers end to end where PostgreSQL is what is
+//! tested (workers sharing a schema, the NOTIFY wake-up, a batch's concurrency limit, the LISTEN
+//! connection). What one worker delivers, retries and dead-letters is the conformance suite's
+//! (`conformance.rs`, its `on_postgres` cells).
 //!
 //! Needs PostgreSQL at `TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
 //! Each test works in a schema of its own, dropped at the end, so tests run in parallel.

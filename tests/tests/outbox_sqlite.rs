@@ -1,5 +1,7 @@
 //! The outbox on SQLite, the embedded default: migrations, enqueue in the caller's
-//! transaction, claims under a lease, settling, dead letters, and a worker end to end.
+//! transaction, claims under a lease, settling, dead letters, and workers sharing one file.
+//! What one worker delivers, retries and dead-letters is the conformance suite's
+//! (`conformance.rs`, its `on_sqlite` cells).
 //!
 //! Each test opens a database file in a directory of its own under the system's temp
 //! directory, removed at the end, so tests run in parallel.
@@ -563,7 +565,7 @@ async fn an_in_memory_store_survives_its_pool_and_serves_concurrent_writers() {
     assert_eq!(claimed.len(), 21);
 }
 
-// --- a worker end to end ---
+// --- workers end to end ---
 
 /// One handler call: (order id, handler, attempt).
 type Call = (u32, &'static str, u32);

@@ -1,5 +1,9 @@
-//! The RabbitMQ worker on a real broker: delivery and fan-out, retries through the wait queues
-//! with the attempt count kept, parking with reasons, prefetch, shutdown.
+//! The RabbitMQ worker on a real broker, in what is RabbitMQ's own: the parking queues and the
+//! headers of a parked copy, bad input from plain AMQP clients, prefetch, deliveries handed back
+//! at shutdown, the dead-letter row written before the park, the wire format, connections, the
+//! relay and TLS. Fan-out, retries and their attempt count across a restart, and the other
+//! outcomes of the delivery contract are the conformance suite's (`conformance.rs`, its
+//! `on_rabbitmq` cells).
 //!
 //! Needs RabbitMQ at `TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`). Each
 //! test declares its own exchange and queues (a prefix of its own) and deletes them at the end.

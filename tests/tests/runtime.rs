@@ -1,5 +1,8 @@
-//! The in-process runtime end to end: fan-out, retries, dead letters, panics, timeouts,
-//! concurrency limits, publishing from handlers and graceful shutdown.
+//! The in-process runtime end to end, in what the conformance suite (`conformance.rs`, which
+//! runs the delivery contract on this runtime too, with handlers registered in code) does not
+//! cover: the `#[handler]` macro's `timeout` and `concurrency` attributes, publishing from
+//! handlers, replay, the shutdown grace and calls interrupted by it, `retry_after`, invalid
+//! settings and one runtime per store.
 //!
 //! Each test runs its own runtime over its own `InMemoryStore`, with only the handlers whose
 //! names start with the test's prefix, so tests run in parallel without seeing each other.
@@ -114,7 +117,7 @@ async fn resume_as(
     seen
 }
 
-// --- panics and timeouts are failed attempts; the runtime keeps going ---
+// --- the macro's timeout: a slower call is a failed attempt ---
 
 #[handler(message = "test.Ping", name = "slow.sleeper", timeout = "50ms")]
 async fn sleeper(_ping: Ping, _ctx: &Context) -> Result<(), String> {
