@@ -374,7 +374,8 @@ async fn dead_letters_and_their_replays_keep_the_aggregate(test: TestStore) {
     assert_eq!(claimed.len(), 3);
     for claim in &claimed {
         assert!(store
-            .deliveries().dead_letter(token, claim.id, &Reason::HANDLER_REJECTED, "no", 1)
+            .deliveries()
+            .dead_letter(token, claim.id, &Reason::HANDLER_REJECTED, "no", 1)
             .await
             .unwrap());
     }

@@ -1,10 +1,11 @@
 //! The outbox on SQLite, the embedded default: migrations, enqueue in the caller's
-//! transaction, claims under a lease, settling, dead letters, and a worker end to end.
+//! transaction, claims under a lease, settling, dead letters, and workers sharing one file.
+//! What one worker delivers, retries and dead-letters is the conformance suite's
+//! (`conformance.rs`, its `on_sqlite` cells).
 //!
 //! Each test opens a database file in a directory of its own under the system's temp
 //! directory, removed at the end, so tests run in parallel.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -316,11 +317,13 @@ async fn a_claim_counts_the_attempt_and_hides_the_row_until_its_lease_ends() {
     let id = claimed[0].id;
     assert_eq!(store.deliveries().ack(first, &[id]).await.unwrap(), 0);
     assert!(!store
-        .deliveries().retry(first, id, Duration::ZERO, "late")
+        .deliveries()
+        .retry(first, id, Duration::ZERO, "late")
         .await
         .unwrap());
     assert!(!store
-        .deliveries().dead_letter(first, id, &Reason::HANDLER_REJECTED, "late", 1)
+        .deliveries()
+        .dead_letter(first, id, &Reason::HANDLER_REJECTED, "late", 1)
         .await
         .unwrap());
     assert_eq!(db.count("dead_letters").await, 0);
@@ -352,18 +355,21 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
     assert_eq!(store.deliveries().ack(stranger, &[id]).await.unwrap(), 0);
     assert_eq!(store.deliveries().ack(token, &[]).await.unwrap(), 0);
     assert!(!store
-        .deliveries().retry(stranger, id, Duration::ZERO, "no")
+        .deliveries()
+        .retry(stranger, id, Duration::ZERO, "no")
         .await
         .unwrap());
     assert!(!store
-        .deliveries().dead_letter(stranger, id, &Reason::HANDLER_REJECTED, "no", 1)
+        .deliveries()
+        .dead_letter(stranger, id, &Reason::HANDLER_REJECTED, "no", 1)
         .await
         .unwrap());
     assert_eq!(db.count("deliveries").await, 1);
     assert_eq!(db.count("dead_letters").await, 0);
 
     assert!(store
-        .deliveries().retry(token, id, Duration::from_secs(60), "warehouse unavailable")
+        .deliveries()
+        .retry(token, id, Duration::from_secs(60), "warehouse unavailable")
         .await
         .unwrap());
     assert!(
@@ -383,7 +389,8 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
     assert_eq!(last_error.as_deref(), Some("warehouse unavailable"));
     assert!(
         !store
-            .deliveries().retry(token, id, Duration::ZERO, "again")
+            .deliveries()
+            .retry(token, id, Duration::ZERO, "again")
             .await
             .unwrap(),
         "a retry releases the claim"
@@ -400,7 +407,11 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
         .await
         .unwrap();
     assert_eq!(again[0].envelope.attempt, 2);
-    assert!(store.deliveries().retry(token, id, Duration::ZERO, "now").await.unwrap());
+    assert!(store
+        .deliveries()
+        .retry(token, id, Duration::ZERO, "now")
+        .await
+        .unwrap());
     let now = store
         .claim(token, 10, Duration::from_secs(30))
         .await
@@ -435,7 +446,8 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
     assert_eq!(claimed.len(), 2);
     for delivery in &claimed {
         assert!(store
-            .deliveries().dead_letter(
+            .deliveries()
+            .dead_letter(
                 token,
                 delivery.id,
                 &Reason::PAYLOAD_INVALID,
@@ -448,7 +460,8 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
     assert_eq!(db.count("deliveries").await, 0);
     assert!(
         !store
-            .deliveries().dead_letter(token, claimed[0].id, &Reason::PAYLOAD_INVALID, "twice", 1)
+            .deliveries()
+            .dead_letter(token, claimed[0].id, &Reason::PAYLOAD_INVALID, "twice", 1)
             .await
             .unwrap(),
         "already gone"
@@ -510,7 +523,8 @@ async fn dead_letters_keep_the_message_and_can_be_replayed_and_purged() {
 
     assert_eq!(store.purge_dead_letters().await.unwrap(), 0);
     assert!(store
-        .deliveries().dead_letter(token, again[0].id, &Reason::HANDLER_REJECTED, "no", 1)
+        .deliveries()
+        .dead_letter(token, again[0].id, &Reason::HANDLER_REJECTED, "no", 1)
         .await
         .unwrap());
     assert_eq!(store.purge_dead_letters().await.unwrap(), 1);
@@ -565,7 +579,7 @@ async fn an_in_memory_store_survives_its_pool_and_serves_concurrent_writers() {
     assert_eq!(claimed.len(), 21);
 }
 
-// --- a worker end to end ---
+// --- workers end to end ---
 
 /// One handler call: (order id, handler, attempt).
 type Call = (u32, &'static str, u32);
@@ -620,109 +634,6 @@ async fn drained(db: &TestDb) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_delivers_retries_and_dead_letters_until_cancelled() {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let orders = 20u32;
-    let mut tx = store.pool().begin().await.unwrap();
-    for n in 0..orders {
-        hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: n })
-            .await
-            .unwrap();
-    }
-    tx.commit().await.unwrap();
-    let broken = Envelope::from_raw("test.OrderPlaced", &b"{broken"[..]);
-    let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
-    store
-        .publish(vec![broken.clone(), unknown.clone()])
-        .await
-        .unwrap();
-
-    let calls = Calls::default();
-    let worker = OutboxWorker::builder(store.clone())
-        .registry(Registry::new())
-        .register_handler_with::<OrderPlaced, _>(
-            Confirm(calls.clone()),
-            HandlerOptions::new().name("confirm"),
-        )
-        .register_handler_with::<OrderPlaced, _>(
-            Reserve(calls.clone()),
-            HandlerOptions::new().name("reserve"),
-        )
-        .retry_delays(Duration::from_millis(5), Duration::from_millis(20))
-        .poll_interval(Duration::from_millis(10))
-        .max_deliveries(3)
-        .batch_size(8)
-        .build()
-        .expect("worker builds");
-    let cancel = CancellationToken::new();
-    let running = tokio::spawn(worker.run(cancel.clone()));
-    drained(&db).await;
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .expect("run returns soon after cancel")
-        .unwrap()
-        .expect("run returns Ok(()) on cancel");
-
-    let calls = calls.0.lock().unwrap().clone();
-    let mut per_pair: HashMap<(u32, &str), Vec<u32>> = HashMap::new();
-    for (order, handler, attempt) in calls {
-        per_pair.entry((order, handler)).or_default().push(attempt);
-    }
-    assert_eq!(
-        per_pair.len(),
-        2 * orders as usize,
-        "every (order, handler)"
-    );
-    for order in 0..orders {
-        assert_eq!(per_pair[&(order, "confirm")], [1], "order {order}");
-        assert_eq!(
-            per_pair[&(order, "reserve")],
-            [1, 2],
-            "order {order}: reserve retried once, confirm not re-run"
-        );
-    }
-
-    let dead = store.dead_letters(10).await.unwrap();
-    let mut summary: Vec<(String, Option<String>, u32, Uuid)> = dead
-        .iter()
-        .map(|d| {
-            (
-                d.reason.to_string(),
-                d.handler.clone(),
-                d.attempts,
-                d.envelope.id,
-            )
-        })
-        .collect();
-    summary.sort();
-    assert_eq!(
-        summary,
-        [
-            (
-                "payload_invalid".to_owned(),
-                Some("confirm".to_owned()),
-                1,
-                broken.id
-            ),
-            (
-                "payload_invalid".to_owned(),
-                Some("reserve".to_owned()),
-                1,
-                broken.id
-            ),
-            ("unknown_message_type".to_owned(), None, 3, unknown.id),
-        ]
-    );
-    assert!(dead
-        .iter()
-        .filter(|d| d.envelope.id == broken.id)
-        .all(|d| &d.envelope.payload[..] == b"{broken"));
-    db.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,8 @@
-//! The in-process runtime end to end: fan-out, retries, dead letters, panics, timeouts,
-//! concurrency limits, publishing from handlers and graceful shutdown.
+//! The in-process runtime end to end, in what the conformance suite (`conformance.rs`, which
+//! runs the delivery contract on this runtime too, with handlers registered in code) does not
+//! cover: the `#[handler]` macro's `timeout` and `concurrency` attributes, publishing from
+//! handlers, replay, the shutdown grace and calls interrupted by it, `retry_after`, invalid
+//! settings and one runtime per store.
 //!
 //! Each test runs its own runtime over its own `InMemoryStore`, with only the handlers whose
 //! names start with the test's prefix, so tests run in parallel without seeing each other.
@@ -9,8 +12,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use hexeract::{
-    handler, CancellationToken, Context, Envelope, HandlerOutcome, InMemoryStore, Message, Reason,
-    Runtime, RuntimeBuilder,
+    handler, CancellationToken, Context, HandlerOutcome, InMemoryStore, Message, Reason, Runtime,
+    RuntimeBuilder,
 };
 use tokio::task::JoinHandle;
 
@@ -114,217 +117,7 @@ async fn resume_as(
     seen
 }
 
-// --- fan-out: every handler of a type gets every message, and retries stay per handler ---
-
-static FAN_OUT_A: AtomicU32 = AtomicU32::new(0);
-static FAN_OUT_B_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "fan_out.a")]
-async fn fan_out_a(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    FAN_OUT_A.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-#[handler(message = "test.Ping", name = "fan_out.b")]
-async fn fan_out_b(ping: Ping, ctx: &Context) -> Result<(), String> {
-    FAN_OUT_B_CALLS.fetch_add(1, Ordering::SeqCst);
-    if ping.n == 0 && ctx.attempt() == 1 {
-        return Err("first attempt of message 0 fails".into());
-    }
-    Ok(())
-}
-
-#[tokio::test]
-async fn every_handler_gets_every_message_and_retries_only_rerun_the_failed_one() {
-    let running = start(runtime("fan_out"));
-    for n in 0..10 {
-        running.store.publish(&Ping { n }).await.unwrap();
-    }
-    running.settle().await;
-    assert_eq!(
-        FAN_OUT_A.load(Ordering::SeqCst),
-        10,
-        "a ran once per message"
-    );
-    assert_eq!(
-        FAN_OUT_B_CALLS.load(Ordering::SeqCst),
-        11,
-        "b ran once per message plus one retry"
-    );
-    let (a, b) = (running.stats("fan_out.a"), running.stats("fan_out.b"));
-    assert_eq!((a.handled, a.retried, a.dead_lettered), (10, 0, 0));
-    assert_eq!((b.handled, b.retried, b.dead_lettered), (10, 1, 0));
-    assert!(running.stop().await.dead_letters().is_empty());
-}
-
-// --- retries run out: the MAX_DELIVERIES-th failure dead-letters, with everything kept ---
-
-static ALWAYS_FAILS_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "exhaust.always_fails")]
-async fn always_fails(_ping: Ping, _ctx: &Context) -> Result<(), std::io::Error> {
-    ALWAYS_FAILS_CALLS.fetch_add(1, Ordering::SeqCst);
-    Err(std::io::Error::other("inventory service unavailable"))
-}
-
-#[tokio::test]
-async fn a_handler_that_keeps_failing_is_called_max_deliveries_times_then_dead_lettered() {
-    let running = start(runtime("exhaust").max_deliveries(3));
-    let id = running.store.publish(&Ping { n: 7 }).await.unwrap();
-    running.settle().await;
-    assert_eq!(ALWAYS_FAILS_CALLS.load(Ordering::SeqCst), 3);
-    let stats = running.stats("exhaust.always_fails");
-    assert_eq!(
-        (stats.handled, stats.retried, stats.dead_lettered),
-        (0, 2, 1)
-    );
-
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    let dead = &dead[0];
-    assert_eq!(dead.reason, Reason::MAX_DELIVERIES_EXCEEDED);
-    assert_eq!(dead.detail, "inventory service unavailable");
-    assert_eq!(dead.attempts, 3);
-    assert_eq!(dead.handler.as_deref(), Some("exhaust.always_fails"));
-    assert_eq!(dead.envelope.id, id);
-    assert_eq!(&dead.envelope.payload[..], br#"{"n":7}"#);
-}
-
-// --- bad input never disappears ---
-
-static STRICT_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "bad_input.strict")]
-async fn strict(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    STRICT_CALLS.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-#[tokio::test]
-async fn an_undecodable_payload_is_dead_lettered_at_once_with_its_bytes() {
-    let running = start(runtime("bad_input"));
-    let garbage = Envelope::from_raw("test.Ping", &b"{\"n\": \"not a number\"}"[..]);
-    let id = running.store.publish_envelope(garbage);
-    running.settle().await;
-    assert_eq!(
-        STRICT_CALLS.load(Ordering::SeqCst),
-        0,
-        "the handler never sees bad input"
-    );
-
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::PAYLOAD_INVALID);
-    assert_eq!(dead[0].attempts, 1, "invalid payloads are not retried");
-    assert_eq!(dead[0].envelope.id, id);
-    assert_eq!(&dead[0].envelope.payload[..], b"{\"n\": \"not a number\"}");
-    assert!(
-        dead[0].detail.contains("invalid type"),
-        "detail: {}",
-        dead[0].detail
-    );
-}
-
-#[tokio::test]
-async fn an_unknown_message_type_follows_the_retry_policy_then_is_dead_lettered() {
-    let running = start(runtime("nobody").max_deliveries(4));
-    let id = running
-        .store
-        .publish_envelope(Envelope::from_raw("test.NobodyHandlesThis", &b"{}"[..]));
-    running.settle().await;
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::UNKNOWN_MESSAGE_TYPE);
-    assert_eq!(dead[0].attempts, 4);
-    assert_eq!(dead[0].handler, None);
-    assert_eq!(dead[0].envelope.id, id);
-    assert!(dead[0].detail.contains("test.NobodyHandlesThis"));
-}
-
-static SIZE_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "bad_input_size.count")]
-async fn count_size(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    SIZE_CALLS.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-#[tokio::test]
-async fn an_oversize_payload_is_dead_lettered_without_being_decoded() {
-    let running = start(runtime("bad_input_size").max_payload_bytes(16));
-    running
-        .store
-        .publish_envelope(Envelope::from_raw("test.Ping", vec![b' '; 17]));
-    running.settle().await;
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::PAYLOAD_TOO_LARGE);
-    assert_eq!(dead[0].attempts, 0, "no handler was called");
-    assert_eq!(SIZE_CALLS.load(Ordering::SeqCst), 0);
-    assert_eq!(dead[0].envelope.payload.len(), 17);
-}
-
-// --- a handler's own verdict ---
-
-#[handler(message = "test.Ping", name = "verdict.rejects")]
-async fn rejects(ping: Ping, _ctx: &Context) -> HandlerOutcome {
-    HandlerOutcome::dead_letter(
-        "ping_refused",
-        format_args!("ping {} is not welcome", ping.n),
-    )
-}
-
-#[tokio::test]
-async fn a_handler_can_dead_letter_at_once_with_its_own_reason() {
-    let running = start(runtime("verdict"));
-    running.store.publish(&Ping { n: 3 }).await.unwrap();
-    running.settle().await;
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, "ping_refused");
-    assert_eq!(dead[0].detail, "ping 3 is not welcome");
-    assert_eq!(dead[0].attempts, 1);
-}
-
-// --- panics and timeouts are failed attempts; the runtime keeps going ---
-
-static PANICS_LEFT: AtomicU32 = AtomicU32::new(1);
-static AFTER_PANIC_HANDLED: AtomicU32 = AtomicU32::new(0);
-
-#[handler(message = "test.Ping", name = "panics.sometimes")]
-async fn panics_sometimes(ping: Ping, _ctx: &Context) -> Result<(), String> {
-    if ping.n == 666 {
-        panic!("ping 666 is cursed");
-    }
-    if ping.n == 1 && PANICS_LEFT.fetch_sub(1, Ordering::SeqCst) == 1 {
-        panic!("first call for ping 1 panics");
-    }
-    AFTER_PANIC_HANDLED.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-#[tokio::test]
-async fn a_panic_is_a_failed_attempt_and_the_last_one_is_recorded_as_handler_panicked() {
-    let running = start(runtime("panics").max_deliveries(2));
-    running.store.publish(&Ping { n: 666 }).await.unwrap();
-    running.store.publish(&Ping { n: 1 }).await.unwrap();
-    running.store.publish(&Ping { n: 2 }).await.unwrap();
-    running.settle().await;
-    assert_eq!(
-        AFTER_PANIC_HANDLED.load(Ordering::SeqCst),
-        2,
-        "ping 1 on its retry, and ping 2"
-    );
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::HANDLER_PANICKED);
-    assert_eq!(dead[0].attempts, 2);
-    assert!(
-        dead[0].detail.contains("ping 666 is cursed"),
-        "detail: {}",
-        dead[0].detail
-    );
-}
+// --- the macro's timeout: a slower call is a failed attempt ---
 
 #[handler(message = "test.Ping", name = "slow.sleeper", timeout = "50ms")]
 async fn sleeper(_ping: Ping, _ctx: &Context) -> Result<(), String> {
@@ -446,32 +239,6 @@ async fn a_replayed_dead_letter_goes_back_to_its_handler() {
 }
 
 // --- shutdown ---
-
-static SLOW_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
-static SLOW_FINISHED: AtomicBool = AtomicBool::new(false);
-
-#[handler(message = "test.Ping", name = "shutdown.slow")]
-async fn slow(_ping: Ping, _ctx: &Context) -> Result<(), String> {
-    SLOW_STARTED.notify_one();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    SLOW_FINISHED.store(true, Ordering::SeqCst);
-    Ok(())
-}
-
-#[tokio::test]
-async fn cancel_lets_the_running_handler_finish_and_returns_ok() {
-    let running = start(runtime("shutdown"));
-    running.store.publish(&Ping { n: 1 }).await.unwrap();
-    SLOW_STARTED.notified().await;
-    let runtime = running.runtime.clone();
-    let store = running.stop().await;
-    assert!(
-        SLOW_FINISHED.load(Ordering::SeqCst),
-        "run returned before the handler finished"
-    );
-    assert_eq!(runtime.stats()[0].handled, 1);
-    assert!(store.is_idle());
-}
 
 static STUCK_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
@@ -635,79 +402,6 @@ async fn a_second_runtime_on_the_same_store_is_refused() {
     // Once the first has stopped, the store can be run again.
     let again = start(runtime("busy").store(store));
     again.stop().await;
-}
-
-// --- a handler that stops on shutdown does not lose attempts ---
-
-static COOPERATIVE_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
-
-#[handler(message = "test.Ping", name = "cooperative.stops")]
-async fn cooperative(_ping: Ping, ctx: &Context) -> Result<(), String> {
-    COOPERATIVE_STARTED.notify_one();
-    ctx.cancellation().cancelled().await;
-    Err("shutting down, try later".into())
-}
-
-#[tokio::test]
-async fn a_call_that_fails_because_of_shutdown_is_not_counted() {
-    let running = start(runtime("cooperative").max_deliveries(1));
-    let id = running.store.publish(&Ping { n: 1 }).await.unwrap();
-    COOPERATIVE_STARTED.notified().await;
-    let store = running.stop().await;
-    assert!(
-        store.dead_letters().is_empty(),
-        "the only allowed call was not used up"
-    );
-    assert_eq!(store.pending(), 1);
-
-    let seen = resume_as("cooperative.stops", store, 1).await;
-    assert_eq!(seen, [(id.to_string(), 1)]);
-}
-
-// --- a timed-out call is abandoned, not dropped, and told to stop ---
-
-static ABANDONED_SAW_CANCEL: tokio::sync::Notify = tokio::sync::Notify::const_new();
-static ABANDONED_DROPPED_EARLY: AtomicBool = AtomicBool::new(false);
-
-/// Records a drop that happens before the call saw its cancellation: a dropped future.
-struct DropWitness(bool);
-
-impl Drop for DropWitness {
-    fn drop(&mut self) {
-        if !self.0 {
-            ABANDONED_DROPPED_EARLY.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-#[handler(
-    message = "test.Ping",
-    name = "abandoned.cooperative",
-    timeout = "20ms"
-)]
-async fn cooperative_after_timeout(_ping: Ping, ctx: &Context) -> Result<(), String> {
-    let mut witness = DropWitness(false);
-    ctx.cancellation().cancelled().await;
-    witness.0 = true;
-    ABANDONED_SAW_CANCEL.notify_one();
-    Err("stopped".into())
-}
-
-#[tokio::test]
-async fn a_timed_out_call_is_abandoned_not_dropped_and_its_context_is_cancelled() {
-    let running = start(runtime("abandoned").max_deliveries(1));
-    running.store.publish(&Ping { n: 1 }).await.unwrap();
-    running.settle().await;
-    tokio::time::timeout(Duration::from_secs(10), ABANDONED_SAW_CANCEL.notified())
-        .await
-        .expect("the abandoned call saw its cancellation");
-    assert!(
-        !ABANDONED_DROPPED_EARLY.load(Ordering::SeqCst),
-        "the call's future was dropped instead of being left to finish"
-    );
-    let dead = running.stop().await.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].reason, Reason::HANDLER_TIMEOUT);
 }
 
 // --- retry_after and messages waiting at shutdown ---

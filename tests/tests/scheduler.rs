@@ -1,8 +1,9 @@
 //! The scheduler on real PostgreSQL (a schema per test) and SQLite (a file per test):
 //! concurrent workers share due occurrences without running one twice at once, a worker whose
 //! lease ran out cannot settle over the one that took over, timeouts retry and then
-//! dead-letter, missed fire times are caught up once or skipped, delayed messages arrive not
-//! before their time, and bad knobs are refused.
+//! dead-letter (on PostgreSQL; the conformance suite runs the scheduler's part of the delivery
+//! contract on SQLite), missed fire times are caught up once or skipped, delayed messages
+//! arrive not before their time, and bad knobs are refused.
 //!
 //! Needs PostgreSQL at `TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
 //! The ledger of job runs is a process-wide static: these tests rely on nextest's one process
@@ -330,7 +331,8 @@ async fn sqlite_a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_set
 }
 
 /// A run slower than the dispatch timeout fails, retries, and is dead-lettered after
-/// `max_deliveries` runs.
+/// `max_deliveries` runs. On PostgreSQL only: the conformance suite's scheduler cells
+/// (`conformance.rs`, `handler_timeout::on_scheduler`) run on SQLite.
 async fn a_timed_out_run_retries_then_is_dead_lettered(store: Arc<dyn Store>) {
     let job = every_day("stuck", stuck_job);
     due_now(&*store, std::slice::from_ref(&job), Duration::from_secs(1)).await;
@@ -386,13 +388,6 @@ async fn postgres_a_timed_out_run_retries_then_is_dead_lettered() {
     let (schema, store) = pg_store().await;
     a_timed_out_run_retries_then_is_dead_lettered(store).await;
     schema.drop_schema().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_timed_out_run_retries_then_is_dead_lettered() {
-    let (dir, store) = sqlite_store().await;
-    a_timed_out_run_retries_then_is_dead_lettered(store).await;
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Down for ten minutes with a job every 30 s: `once` runs one catch-up, `none` runs nothing;

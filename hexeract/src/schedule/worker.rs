@@ -523,7 +523,10 @@ impl Shared {
         // pace of claims, not of these statements.
         if self.release_messages && pacing.release_due(self.poll_interval) {
             let moved = self
-                .timed("release of due messages", self.store.release_due_messages(self.batch_size))
+                .timed(
+                    "release of due messages",
+                    self.store.release_due_messages(self.batch_size),
+                )
                 .await?;
             if moved > 0 {
                 tracing::debug!(moved, "delayed messages released to the outbox");
@@ -546,7 +549,10 @@ impl Shared {
         };
         if pacing.plan_due(self.poll_interval) {
             let written = self
-                .timed("plan", self.store.plan(&self.names, self.batch_size, &planner))
+                .timed(
+                    "plan",
+                    self.store.plan(&self.names, self.batch_size, &planner),
+                )
                 .await?;
             // A full batch of due schedules: there may be more.
             pacing.planned(written >= u64::from(self.batch_size));

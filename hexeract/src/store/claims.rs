@@ -44,8 +44,7 @@ pub trait Claims<Id>: Send + Sync {
 
     /// Gives rows back without calling their handlers: due at once, their claimed attempt not
     /// counted. Returns how many it gave back.
-    fn release<'a>(&'a self, token: Uuid, ids: &'a [Id])
-        -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn release<'a>(&'a self, token: Uuid, ids: &'a [Id]) -> BoxFuture<'a, Result<u64, StoreError>>;
 }
 
 /// Runs one of a worker's own statements with a deadline: a statement whose network path went
@@ -123,9 +122,7 @@ impl<Id: Copy + Send + Sync> World for ClaimedRows<'_, Id> {
                 let statement = claims.retry(token, id, self.lease, last_error);
                 within("retry", after, statement).await?
             }
-            Verdict::Release => {
-                within("release", after, claims.release(token, &[id])).await? == 1
-            }
+            Verdict::Release => within("release", after, claims.release(token, &[id])).await? == 1,
         };
         Ok(if written { Row::Settled } else { Row::Lost })
     }

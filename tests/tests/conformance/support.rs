@@ -1,6 +1,7 @@
 //! What the scenarios share: the messages, a scripted handler that records its calls, unique
 //! names, waits, the handlers' metrics and the captured log.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -103,6 +104,15 @@ impl Calls {
         self.of(handler).iter().map(|call| call.attempt).collect()
     }
 
+    /// Order `n` → the attempt of each call of `handler` with it, in order.
+    pub(crate) fn attempts_per_order(&self, handler: &str) -> BTreeMap<u32, Vec<u32>> {
+        let mut per_order: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for call in self.of(handler) {
+            per_order.entry(call.n).or_default().push(call.attempt);
+        }
+        per_order
+    }
+
     /// The `n` of each order `handler` was called with, sorted.
     pub(crate) fn orders(&self, handler: &str) -> Vec<u32> {
         let mut orders: Vec<u32> = self.of(handler).iter().map(|call| call.n).collect();
@@ -134,8 +144,9 @@ pub(crate) enum Act {
     FailFirst(u32),
     /// `HandlerOutcome::dead_letter(reason, detail)`.
     DeadLetter(&'static str, &'static str),
-    /// Panics with "the handler panicked on purpose".
-    Panic,
+    /// Panics with "the handler panicked on purpose" on the first `n` calls of each message,
+    /// then acks.
+    PanicFirst(u32),
     /// Sleeps this long (longer than the timeout), stopping early when its context is
     /// cancelled (the engine gave up on it: then it counts itself in the counter), then acks.
     Sleep(Duration, Arc<AtomicU32>),
@@ -168,7 +179,10 @@ impl Handler<Order> for Scripted {
             }
             Act::FailFirst(_) => Ok(HandlerOutcome::Ack),
             Act::DeadLetter(reason, detail) => Ok(HandlerOutcome::dead_letter(*reason, detail)),
-            Act::Panic => panic!("the handler panicked on purpose"),
+            Act::PanicFirst(panics) if ctx.attempt() <= *panics => {
+                panic!("the handler panicked on purpose")
+            }
+            Act::PanicFirst(_) => Ok(HandlerOutcome::Ack),
             Act::Sleep(pause, told) => {
                 tokio::select! {
                     () = tokio::time::sleep(*pause) => {}

@@ -55,6 +55,10 @@ pub(crate) trait World: Sized {
     /// The world's name in the engine's log lines (`transport=…`).
     const TRANSPORT: &'static str;
 
+    /// Whether a message of a type no handler knows can only arrive in a handler's own queue
+    /// (RabbitMQ), so that its dead letter names that handler; elsewhere it names none.
+    const UNKNOWN_TYPE_NAMES_A_HANDLER: bool = false;
+
     /// A fresh place of the test's own; no worker yet.
     async fn create() -> Self;
 
@@ -331,6 +335,7 @@ impl RabbitMq {
 
 impl World for RabbitMq {
     const TRANSPORT: &'static str = "rabbitmq";
+    const UNKNOWN_TYPE_NAMES_A_HANDLER: bool = true;
 
     async fn create() -> RabbitMq {
         let broker = TestBroker::new().await;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use sqlx::types::Json;
 use sqlx::sqlite::SqlitePool;
+use sqlx::types::Json;
 use sqlx::Row;
 use uuid::Uuid;
 
