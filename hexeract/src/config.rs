@@ -584,7 +584,7 @@ mod tests {
     }
 
     /// The worker knobs added for `hexeract::run`, with their ranges.
-    const WORKER_KNOBS: [(&str, u64, u64); 8] = [
+    const WORKER_KNOBS: [(&str, u64, u64); 9] = [
         ("SCHEDULER_POLL_INTERVAL_MS", 1, 3_600_000),
         ("SCHEDULER_BATCH_SIZE", 1, 10_000),
         ("SCHEDULER_MIN_CYCLE_DELAY_MS", 0, 60_000),
@@ -593,6 +593,7 @@ mod tests {
         ("DELIVERY_LEASE_MS", 1, 86_400_000),
         ("AMQP_PREFETCH", 1, 65_535),
         ("MAX_PAYLOAD_BYTES", 1, 1_073_741_824),
+        ("STORE_TIMEOUT_MS", 1, 3_600_000),
     ];
 
     #[test]
@@ -607,6 +608,7 @@ mod tests {
             ("AMQP_URL", "amqp://localhost"),
             ("AMQP_PREFETCH", "64"),
             ("MAX_PAYLOAD_BYTES", " 4096 "),
+            ("STORE_TIMEOUT_MS", "2500"),
         ]))
         .unwrap();
         assert_eq!(
@@ -621,13 +623,18 @@ mod tests {
         );
         assert_eq!(settings.delivery_lease, Some(Duration::from_secs(60)));
         assert_eq!(settings.max_payload_bytes, Some(4096));
+        assert_eq!(settings.store_timeout, Some(Duration::from_millis(2500)));
         assert_eq!(settings.amqp.unwrap().prefetch, Some(64));
         // Unset, each keeps the builder's default.
         let unset = EnvSettings::from_lookup(lookup(&[("AMQP_URL", "amqp://localhost")])).unwrap();
         assert_eq!(unset.scheduler, SchedulerSettings::default());
         assert_eq!(
-            (unset.delivery_lease, unset.max_payload_bytes),
-            (None, None)
+            (
+                unset.delivery_lease,
+                unset.max_payload_bytes,
+                unset.store_timeout
+            ),
+            (None, None, None)
         );
         assert_eq!(unset.amqp.unwrap().prefetch, None);
     }

@@ -419,6 +419,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn store_timeout_ms_reaches_the_outbox_worker_and_the_scheduler() {
+        let set = settings(&[("STORE_TIMEOUT_MS", "4500")]);
+        let worker = outbox_worker_of_run(store().await, &set);
+        assert!(
+            format!("{worker:?}").contains("store_timeout: 4.5s"),
+            "{worker:?}"
+        );
+        let scheduler = configure_scheduler(SchedulerWorker::builder_shared(store().await), &set);
+        assert!(
+            format!("{scheduler:?}").contains("store_timeout: 4.5s"),
+            "{scheduler:?}"
+        );
+        let unset = outbox_worker_of_run(store().await, &settings(&[]));
+        assert!(
+            format!("{unset:?}").contains("store_timeout: 30s"),
+            "{unset:?}"
+        );
+    }
+
+    #[tokio::test]
     async fn the_outbox_worker_of_run_takes_the_delivery_lease() {
         let set = settings(&[("DELIVERY_LEASE_MS", "90000")]);
         let worker = outbox_worker_of_run(store().await, &set);

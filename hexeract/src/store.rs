@@ -45,7 +45,7 @@ pub(crate) use claims::{within, ClaimedRows, Row};
 mod queues;
 pub use queues::{DeclaredQueue, DeclaredQueues};
 mod relay;
-pub(crate) use relay::unpublishable_letters;
+pub(crate) use relay::{unpublishable_letters, Passes};
 pub use relay::{RelaySink, RelayStore, Unpublishable};
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -109,3 +109,36 @@ impl TestSchema {
         .expect("drop the test schema");
     }
 }
+
+/// A pool whose connections go through `proxy` (the chaos tests' fault proxy) to the test
+/// database, named `application_name` so that `pg_stat_activity` tells them apart.
+pub async fn connect_through(proxy: &crate::proxy::FaultProxy, application_name: &str) -> PgPool {
+    let options: sqlx::postgres::PgConnectOptions = database_url()
+        .parse()
+        .expect("TEST_DATABASE_URL is a postgres:// URL");
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .connect_with(
+            options
+                .host(&proxy.addr().ip().to_string())
+                .port(proxy.addr().port())
+                .application_name(application_name)
+                .disable_statement_logging(),
+        )
+        .await
+        .expect("connect to PostgreSQL through the proxy")
+}
+
+/// The address of the test database, for the fault proxy to forward to.
+pub fn database_addr() -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let options: sqlx::postgres::PgConnectOptions = database_url()
+        .parse()
+        .expect("TEST_DATABASE_URL is a postgres:// URL");
+    (options.get_host(), options.get_port())
+        .to_socket_addrs()
+        .expect("TEST_DATABASE_URL names a reachable host")
+        .next()
+        .expect("an address for PostgreSQL")
+}

@@ -30,9 +30,9 @@ use hexeract::{
     Registry,
 };
 use hexeract_tests::ledger;
-use hexeract_tests::pg::{connect, database_url, TestSchema};
+use hexeract_tests::pg::{connect, connect_through, database_addr, database_url, TestSchema};
 use hexeract_tests::proxy::FaultProxy;
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 /// The handlers `outbox_child` registers for `crash.Job`.
@@ -1258,38 +1258,6 @@ async fn backends_terminated_during_claim_and_commit_lose_nothing() {
 }
 
 // --- 6. PostgreSQL through the fault proxy ---
-
-/// A pool whose connections go through `proxy` to the test database.
-async fn connect_through(proxy: &FaultProxy, application_name: &str) -> PgPool {
-    let options: sqlx::postgres::PgConnectOptions = database_url()
-        .parse()
-        .expect("TEST_DATABASE_URL is a postgres:// URL");
-    sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(
-            options
-                .host(&proxy.addr().ip().to_string())
-                .port(proxy.addr().port())
-                .application_name(application_name)
-                .disable_statement_logging(),
-        )
-        .await
-        .expect("connect to PostgreSQL through the proxy")
-}
-
-/// The address of the test database, for the proxy.
-fn database_addr() -> std::net::SocketAddr {
-    use std::net::ToSocketAddrs;
-    let options: sqlx::postgres::PgConnectOptions = database_url()
-        .parse()
-        .expect("TEST_DATABASE_URL is a postgres:// URL");
-    (options.get_host(), options.get_port())
-        .to_socket_addrs()
-        .expect("TEST_DATABASE_URL names a reachable host")
-        .next()
-        .expect("an address for PostgreSQL")
-}
 
 /// Waits until the ledger holds more than `count` calls; returns how long that took.
 async fn ledger_beyond(db: &TestDb, count: i64, limit: Duration) -> Duration {

@@ -51,6 +51,7 @@ pub struct KafkaRelay {
     probe_slot: ProbeSlot,
     batch_size: u32,
     poll_interval: Duration,
+    store_timeout: Duration,
     health: Probe,
 }
 
@@ -70,6 +71,7 @@ impl KafkaRelay {
             probe_slot,
             batch_size: Policy::library().batch_size,
             poll_interval: Policy::library().poll_interval,
+            store_timeout: Policy::library().store_timeout,
             health,
         })
     }
@@ -84,6 +86,16 @@ impl KafkaRelay {
     /// on PostgreSQL a commit of `outbox::enqueue` anywhere, wakes the relay sooner.
     pub fn poll_interval(mut self, interval: Duration) -> KafkaRelay {
         self.poll_interval = interval;
+        self
+    }
+
+    /// How long the store may take over its part of a pass, beyond the brokers'
+    /// acknowledgements (default 30 s). A pass that has not ended by then and the 30 s the
+    /// producer waits for acknowledgements is reported as failed (readiness too) and left to
+    /// finish in its own task, never cut in the middle of its transaction; no other pass starts
+    /// while it runs, and `run` returns on cancel without waiting for it.
+    pub fn store_timeout(mut self, timeout: Duration) -> KafkaRelay {
+        self.store_timeout = timeout;
         self
     }
 
@@ -104,16 +116,21 @@ impl KafkaRelay {
     /// probe and retried after the poll interval: librdkafka reconnects by itself.
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), KafkaError> {
         let wake = store::wake_signal(&*self.store).await;
-        let topics = Mutex::new(HashSet::new());
+        let topics = Arc::new(Mutex::new(HashSet::new()));
+        let mut passes =
+            store::Passes::new(self.store.clone(), self.batch_size, self.store_timeout);
         tracing::info!(batch_size = self.batch_size, "Kafka relay started");
         while !cancel.is_cancelled() {
-            let sink = Sink {
-                producer: &self.producer,
-                config: &self.config,
-                source: &self.source,
-                topics: &topics,
-            };
-            let pass = self.store.relay(self.batch_size, &sink).await;
+            let pass = passes
+                .next(|| {
+                    Arc::new(Sink {
+                        producer: self.producer.clone(),
+                        config: self.config.clone(),
+                        source: self.source.clone(),
+                        topics: topics.clone(),
+                    }) as Arc<dyn RelaySink>
+                })
+                .await;
             if let Some((code, reason)) = self.producer.client().fatal_error() {
                 // An idempotent producer that lost track of its sequence numbers can send no
                 // more; the rows of the failed pass are still in the outbox.
@@ -164,15 +181,15 @@ fn producer(
         .map_err(|error| KafkaError::client("creating the producer", error))
 }
 
-struct Sink<'a> {
-    producer: &'a FutureProducer<Logged>,
-    config: &'a KafkaConfig,
-    source: &'a str,
+struct Sink {
+    producer: FutureProducer<Logged>,
+    config: KafkaConfig,
+    source: String,
     /// Aggregates whose topics are known to exist: created by this relay, or found.
-    topics: &'a Mutex<HashSet<String>>,
+    topics: Arc<Mutex<HashSet<String>>>,
 }
 
-impl Sink<'_> {
+impl Sink {
     /// Creates the topics of aggregates this relay has not published to yet (an aggregate no
     /// handler of this process consumes has no topic yet, and brokers that do not create
     /// topics on first use would refuse its records).
@@ -194,7 +211,7 @@ impl Sink<'_> {
         if new.is_empty() {
             return Ok(());
         }
-        crate::kafka::ensure_topics(self.config, &new)
+        crate::kafka::ensure_topics(&self.config, &new)
             .await
             .map_err(|error| error.to_string())?;
         let mut known = self
@@ -222,7 +239,7 @@ impl Sink<'_> {
             let mut record = FutureRecord::to(&topic)
                 .key(key)
                 .payload(&envelope.payload[..])
-                .headers(wire::record_headers(envelope, self.source))
+                .headers(wire::record_headers(envelope, &self.source))
                 .timestamp(envelope.created_at.timestamp_millis());
             loop {
                 match self.producer.send_result(record) {
@@ -320,7 +337,7 @@ fn judge(
     }
 }
 
-impl RelaySink for Sink<'_> {
+impl RelaySink for Sink {
     fn publish<'a>(
         &'a self,
         envelopes: &'a [Envelope],

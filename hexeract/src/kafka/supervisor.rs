@@ -35,7 +35,7 @@ pub(crate) async fn run_on_kafka(
 ) -> Result<(), Error> {
     let config = config(kafka);
     let policy = Policy::process().with_env(settings);
-    let worker = KafkaWorkerBuilder::with_policy(config.clone(), store.clone(), policy)
+    let worker = KafkaWorkerBuilder::with_policy(config.clone(), store.clone(), policy.clone())
         .from_registry()
         .health(health)
         .build()?;
@@ -55,6 +55,7 @@ pub(crate) async fn run_on_kafka(
                 .relay_poll_interval
                 .unwrap_or(Duration::from_millis(500)),
         )
+        .store_timeout(policy.store_timeout)
         .health(relay_probe.clone());
     // The consumers subscribe once their topics exist; the relay creates the topics of other
     // aggregates as it meets them.

@@ -256,6 +256,7 @@ impl fmt::Debug for OutboxWorkerBuilder {
             .field("batch_size", &self.policy.batch_size)
             .field("lease", &self.policy.lease)
             .field("max_deliveries", &self.policy.retry.max_deliveries_value())
+            .field("store_timeout", &self.policy.store_timeout)
             .finish_non_exhaustive()
     }
 }

@@ -32,6 +32,9 @@ use crate::rabbitmq::{BusError, RabbitMqConnection, DEFAULT_EXCHANGE};
 /// # Ok(())
 /// # }
 /// ```
+///
+/// A clone publishes on the same channel, within the same confirm window.
+#[derive(Clone)]
 pub struct RabbitMqPublisher {
     connection: RabbitMqConnection,
     channel: lapin::Channel,
@@ -77,6 +80,11 @@ impl RabbitMqPublisher {
     pub fn confirm_timeout(mut self, timeout: Duration) -> RabbitMqPublisher {
         self.confirm_timeout = timeout;
         self
+    }
+
+    /// The confirm timeout ([`confirm_timeout`](RabbitMqPublisher::confirm_timeout)).
+    pub(crate) fn confirm_timeout_value(&self) -> Duration {
+        self.confirm_timeout
     }
 
     /// Declares the exchange (durable, topic), as the bus worker's topology does: idempotent.

@@ -41,6 +41,7 @@ pub struct OutboxRelay {
     publisher: RabbitMqPublisher,
     batch_size: u32,
     poll_interval: Duration,
+    store_timeout: Duration,
     connection: RabbitMqConnection,
     health: Probe,
 }
@@ -57,6 +58,7 @@ impl OutboxRelay {
             publisher: RabbitMqPublisher::new(connection).await?,
             batch_size: Policy::library().batch_size,
             poll_interval: Policy::library().poll_interval,
+            store_timeout: Policy::library().store_timeout,
             connection: connection.clone(),
             health: Probe::detached("outbox relay"),
         })
@@ -77,6 +79,25 @@ impl OutboxRelay {
     /// Wait after a pass that found nothing (default 100 ms).
     pub fn poll_interval(mut self, interval: Duration) -> OutboxRelay {
         self.poll_interval = interval;
+        self
+    }
+
+    /// How long the broker may take to confirm a publish (default 30 s); a pass waits no
+    /// longer for its batch.
+    pub fn confirm_timeout(mut self, timeout: Duration) -> OutboxRelay {
+        self.publisher = self.publisher.confirm_timeout(timeout);
+        self
+    }
+
+    /// How long the store may take over its part of a pass, beyond the broker's confirms
+    /// (default 30 s). A pass that has not ended by then and the confirm timeout is reported as
+    /// failed (readiness too) and left to finish in its own task, never cut in the middle of
+    /// its transaction; no other pass starts while it runs, and `run` returns on cancel
+    /// without waiting for it. On PostgreSQL the database ends such a pass's transaction once
+    /// it has been idle for twice the confirm timeout, so that a pass whose network path went
+    /// silent frees its rows.
+    pub fn store_timeout(mut self, timeout: Duration) -> OutboxRelay {
+        self.store_timeout = timeout;
         self
     }
 
@@ -111,10 +132,14 @@ impl OutboxRelay {
         // The exchange may not exist yet (the bus worker declares the whole topology); a publish
         // to a missing exchange would close the channel.
         self.publisher.declare_exchange().await?;
-        let sink = Sink(&self.publisher);
+        let publisher = Arc::new(self.publisher.clone());
+        let mut passes =
+            store::Passes::new(self.store.clone(), self.batch_size, self.store_timeout);
         tracing::info!(batch_size = self.batch_size, "outbox relay started");
         while !cancel.is_cancelled() {
-            let pass = self.store.relay(self.batch_size, &sink).await;
+            let pass = passes
+                .next(|| Arc::new(Sink(publisher.clone())) as Arc<dyn RelaySink>)
+                .await;
             match &pass {
                 Ok(_) => self.health.pass(),
                 Err(error) => self.health.fail(format!("a relay pass failed: {error}")),
@@ -136,9 +161,9 @@ impl OutboxRelay {
     }
 }
 
-struct Sink<'a>(&'a RabbitMqPublisher);
+struct Sink(Arc<RabbitMqPublisher>);
 
-impl RelaySink for Sink<'_> {
+impl RelaySink for Sink {
     fn publish<'a>(
         &'a self,
         envelopes: &'a [Envelope],
@@ -168,6 +193,10 @@ impl RelaySink for Sink<'_> {
                 })
                 .collect())
         })
+    }
+
+    fn publish_timeout(&self) -> Duration {
+        self.0.confirm_timeout_value()
     }
 }
 

@@ -113,6 +113,7 @@ pub(crate) async fn run_on_broker(
             .exchange(broker.exchange.clone())
             .batch_size(batch_size)
             .poll_interval(poll_interval)
+            .store_timeout(Policy::process().with_env(settings).store_timeout)
             .health(relay_probe.clone());
         relay.run(cancel.clone()).await
     });

@@ -265,6 +265,7 @@ impl fmt::Debug for SchedulerBuilder {
             .field("batch_size", &self.policy.batch_size)
             .field("lease", &self.policy.lease)
             .field("dispatch_timeout", &self.policy.handler_timeout)
+            .field("store_timeout", &self.policy.store_timeout)
             .finish_non_exhaustive()
     }
 }

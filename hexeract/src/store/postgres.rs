@@ -851,6 +851,15 @@ impl RelayStore for PgStore {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let mut tx = crate::store::begin(&self.pool, None).await?;
+            // The transaction waits, idle, for the broker's confirms. Should this client vanish
+            // mid-pass (a network path gone silent), the database ends the transaction after
+            // twice the longest such wait, and the rows it locked come free for other passes.
+            let idle = millis(sink.publish_timeout().saturating_mul(2)).max(1_000);
+            sqlx::query(&format!(
+                "SET LOCAL idle_in_transaction_session_timeout = {idle}"
+            ))
+            .execute(&mut *tx)
+            .await?;
             if sink.exclusive() {
                 // Held to the end of the transaction: until this pass's rows are deleted (or
                 // back, after a failed publish), no other ordered relay of this schema starts.

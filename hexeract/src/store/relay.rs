@@ -1,7 +1,11 @@
 //! Relaying the outbox to a broker: the capability a store offers a broker relay
 //! ([`RelayStore`]), and what it hands the rows to ([`RelaySink`]).
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures_util::future::BoxFuture;
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::dead_letter::DeadLetter;
@@ -45,6 +49,15 @@ pub trait RelaySink: Send + Sync {
     fn exclusive(&self) -> bool {
         false
     }
+
+    /// The longest one publish waits for the broker (its confirm or acknowledgement timeout),
+    /// 30 s unless the sink says otherwise. A pass holds its transaction idle while it waits;
+    /// on PostgreSQL the database ends a pass's transaction left idle for twice this, so that
+    /// a relay whose client vanished mid-pass (a network path gone silent) frees the rows it
+    /// locked.
+    fn publish_timeout(&self) -> Duration {
+        Duration::from_secs(30)
+    }
 }
 
 /// An outbox row the broker can never take, and why.
@@ -76,4 +89,61 @@ pub(crate) fn unpublishable_letters(
             ))
         })
         .collect()
+}
+
+/// A relay's passes, each with a deadline that never cuts one in half: a pass holds a
+/// transaction across the broker's confirms, and a future dropped in the middle of one could
+/// leave its connection in it (sqlx #4393 is one way). So each pass runs in a task of its own;
+/// one that has not ended by `store_timeout` plus the sink's
+/// [`publish_timeout`](RelaySink::publish_timeout) is reported as a
+/// [`StoreError::Timeout`] and left to finish on its own, and no other pass starts while it
+/// runs (the next call waits for it again). Its rows are published and deleted, or stay for a
+/// later pass, as with any pass; a stopped relay leaves it to end by itself.
+pub(crate) struct Passes {
+    store: Arc<dyn RelayStore>,
+    limit: u32,
+    store_timeout: Duration,
+    /// A pass given up on that has not ended yet, with its deadline.
+    running: Option<(JoinHandle<Result<u64, StoreError>>, Duration)>,
+}
+
+impl Passes {
+    pub(crate) fn new(store: Arc<dyn RelayStore>, limit: u32, store_timeout: Duration) -> Passes {
+        Passes {
+            store,
+            limit,
+            store_timeout,
+            running: None,
+        }
+    }
+
+    /// Relays one pass to the sink `sink` makes (only called when a new pass starts), or waits
+    /// again for the one still running.
+    pub(crate) async fn next(
+        &mut self,
+        sink: impl FnOnce() -> Arc<dyn RelaySink>,
+    ) -> Result<u64, StoreError> {
+        let (mut pass, after) = match self.running.take() {
+            Some(running) => running,
+            None => {
+                let (store, limit, sink) = (self.store.clone(), self.limit, sink());
+                let after = self.store_timeout.saturating_add(sink.publish_timeout());
+                let pass = tokio::spawn(async move { store.relay(limit, &*sink).await });
+                (pass, after)
+            }
+        };
+        match tokio::time::timeout(after, &mut pass).await {
+            Ok(Ok(relayed)) => relayed,
+            Ok(Err(error)) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            // The runtime is shutting down.
+            Ok(Err(error)) => Err(StoreError::Relay(error.to_string())),
+            Err(_) => {
+                self.running = Some((pass, after));
+                Err(StoreError::Timeout {
+                    what: "relay pass",
+                    after,
+                })
+            }
+        }
+    }
 }
