@@ -41,7 +41,7 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::error::Error;
 use crate::registry::Registry;
-use crate::store::{Store, SCHEDULE_MESSAGE_TYPE};
+use crate::store::{DeadLetterFilter, Page, Store, SCHEDULE_MESSAGE_TYPE};
 
 /// Runs the command named by the process's arguments and returns the exit code: 0 on success,
 /// 1 when the command failed (the error is printed to stderr), 2 for a usage error.
@@ -367,50 +367,94 @@ impl Filter {
         self.handler.is_none() && self.reason.is_none() && self.older_than.is_none()
     }
 
-    fn keeps(&self, letter: &DeadLetter, now: chrono::DateTime<chrono::Utc>) -> bool {
-        self.handler
-            .as_deref()
-            .is_none_or(|handler| letter.handler.as_deref() == Some(handler))
-            && self
-                .reason
-                .as_deref()
-                .is_none_or(|reason| letter.reason.as_str() == reason)
-            && self.older_than.is_none_or(|age| {
-                (now - letter.dead_lettered_at).to_std().unwrap_or_default() >= age
-            })
+    /// The store's filter, `--older-than` counted back from `now`.
+    fn at(&self, now: chrono::DateTime<chrono::Utc>) -> DeadLetterFilter {
+        DeadLetterFilter {
+            handler: self.handler.clone(),
+            reason: self.reason.clone(),
+            before: self.older_than.map(|age| {
+                chrono::Duration::from_std(age)
+                    .ok()
+                    .and_then(|age| now.checked_sub_signed(age))
+                    .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC)
+            }),
+        }
     }
 }
 
-/// Dead letters are read in pages of this many; filters apply to what was read.
-const SCAN: u32 = 100_000;
+/// Dead letters are read from the store in pages of this many, filtered and ordered there.
+const PAGE: u32 = 1_000;
 
 async fn list(options: &[&str], out: &mut String) -> Result<(), CliError> {
     let filter = parse_filter(options)?;
     let store = crate::store::default_store().await?;
-    let now = chrono::Utc::now();
-    let letters: Vec<DeadLetter> = store
-        .dead_letters(SCAN)
-        .await?
-        .into_iter()
-        .filter(|letter| filter.keeps(letter, now))
-        .collect();
-    let shown = filter.limit.map_or(letters.len(), |limit| limit as usize);
-    let skip = letters.len().saturating_sub(shown);
-    for letter in &letters[skip..] {
-        let _ = writeln!(
-            out,
-            "{}  {}  {}  {}  {}  {} attempt(s)  {}",
-            letter.id,
-            letter.dead_lettered_at.format("%Y-%m-%dT%H:%M:%SZ"),
-            letter.envelope.message_type,
-            letter.handler.as_deref().unwrap_or("(no handler)"),
-            letter.reason,
-            letter.attempts,
-            first_line(&letter.detail),
-        );
+    let matching = filter.at(chrono::Utc::now());
+    let total = store.count_dead_letters(&matching).await?;
+    let mut print = |letters: &[DeadLetter]| {
+        for letter in letters {
+            let _ = writeln!(
+                out,
+                "{}  {}  {}  {}  {}  {} attempt(s)  {}",
+                letter.id,
+                letter.dead_lettered_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                letter.envelope.message_type,
+                letter.handler.as_deref().unwrap_or("(no handler)"),
+                letter.reason,
+                letter.attempts,
+                first_line(&letter.detail),
+            );
+        }
+    };
+    match filter.limit {
+        // The newest `limit`, shown oldest first like the rest.
+        Some(limit) => {
+            let mut newest = store
+                .dead_letters_matching(&matching, &Page::newest_first(limit))
+                .await?;
+            newest.reverse();
+            print(&newest);
+        }
+        None => {
+            let mut pages = Pages::new(&*store, matching);
+            while let Some(letters) = pages.next().await? {
+                print(&letters);
+            }
+        }
     }
-    let _ = writeln!(out, "{} dead letter(s)", letters.len());
+    let _ = writeln!(out, "{total} dead letter(s)");
     Ok(())
+}
+
+/// The pages of the dead letters a filter matches, oldest first, read one at a time.
+struct Pages<'a> {
+    store: &'a dyn Store,
+    filter: DeadLetterFilter,
+    page: Option<Page>,
+}
+
+impl<'a> Pages<'a> {
+    fn new(store: &'a dyn Store, filter: DeadLetterFilter) -> Pages<'a> {
+        Pages {
+            store,
+            filter,
+            page: Some(Page::oldest_first(PAGE)),
+        }
+    }
+
+    /// The next page; `None` after the last.
+    async fn next(&mut self) -> Result<Option<Vec<DeadLetter>>, CliError> {
+        let Some(page) = self.page.take() else {
+            return Ok(None);
+        };
+        let letters = self
+            .store
+            .dead_letters_matching(&self.filter, &page)
+            .await?;
+        if letters.len() == PAGE as usize {
+            self.page = letters.last().map(|last| page.after(last));
+        }
+        Ok((!letters.is_empty()).then_some(letters))
+    }
 }
 
 fn first_line(text: &str) -> &str {
@@ -424,32 +468,18 @@ fn parse_id(text: &str) -> Result<Uuid, CliError> {
 
 async fn find(store: &dyn Store, id: &Uuid) -> Result<DeadLetter, CliError> {
     store
-        .dead_letters(SCAN)
+        .find_dead_letter(*id)
         .await?
-        .into_iter()
-        .find(|letter| letter.id == *id)
         .ok_or_else(|| CliError::Usage(format!("no dead letter has the id {id}")))
 }
 
-/// The dead letters `selection` picks among the oldest [`SCAN`], oldest first, and whether
-/// there were that many (then newer ones were not looked at).
-async fn select(
-    store: &dyn Store,
-    selection: &Selection,
-) -> Result<(Vec<DeadLetter>, bool), CliError> {
-    let scanned = store.dead_letters(SCAN).await?;
-    let full = scanned.len() >= SCAN as usize;
-    let letters = match selection {
-        Selection::All => scanned,
-        Selection::Matching(filter) => {
-            let now = chrono::Utc::now();
-            scanned
-                .into_iter()
-                .filter(|letter| filter.keeps(letter, now))
-                .collect()
-        }
-    };
-    Ok((letters, full))
+/// The store's filter of `selection` (empty for `--all`), `--older-than` counted back from
+/// `now`.
+fn selected(selection: &Selection, now: chrono::DateTime<chrono::Utc>) -> DeadLetterFilter {
+    match selection {
+        Selection::All => DeadLetterFilter::default(),
+        Selection::Matching(filter) => filter.at(now),
+    }
 }
 
 async fn show(id: &Uuid, out: &mut String) -> Result<(), CliError> {
@@ -486,30 +516,9 @@ async fn show(id: &Uuid, out: &mut String) -> Result<(), CliError> {
 
 async fn purge(selection: &Selection, out: &mut String) -> Result<(), CliError> {
     let store = crate::store::default_store().await?;
-    let purged = match selection {
-        Selection::All => store.purge_dead_letters().await?,
-        Selection::Matching(_) => {
-            let mut purged = 0;
-            // What one page matched is gone from the next: read again while pages are full.
-            loop {
-                let (letters, full) = select(&*store, selection).await?;
-                let ids: Vec<Uuid> = letters.iter().map(|letter| letter.id).collect();
-                purged += store.delete_dead_letters(&ids).await?;
-                if !full {
-                    break;
-                }
-                if ids.is_empty() {
-                    let _ = writeln!(
-                        out,
-                        "the oldest {SCAN} dead letters match no more; newer ones were not \
-                         looked at"
-                    );
-                    break;
-                }
-            }
-            purged
-        }
-    };
+    let purged = store
+        .purge_dead_letters_matching(&selected(selection, chrono::Utc::now()))
+        .await?;
     let _ = writeln!(out, "purged {purged} dead letter(s)");
     Ok(())
 }
@@ -517,105 +526,135 @@ async fn purge(selection: &Selection, out: &mut String) -> Result<(), CliError> 
 async fn replay(target: &Replay, out: &mut String) -> Result<(), CliError> {
     let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
     let store = crate::store::default_store().await?;
-    let (letters, full) = match target {
-        Replay::One(id) => (vec![find(&*store, id).await?], false),
-        Replay::Selected(selection) => select(&*store, selection).await?,
+    let mut owners = Owners::of_this_program()?;
+    let selection = match target {
+        Replay::One(id) => {
+            let letter = find(&*store, id).await?;
+            owners.count(std::slice::from_ref(&letter));
+            owners.refuse(target)?;
+            let mut resend = Resend::new(&settings, &*store);
+            let sent = resend.send(&letter).await;
+            resend.close().await;
+            return match sent? {
+                Some(line) => {
+                    let _ = writeln!(out, "{line}");
+                    Ok(())
+                }
+                None => Err(CliError::Usage(format!("no dead letter has the id {id}"))),
+            };
+        }
+        Replay::Selected(selection) => selection,
     };
-    refuse_letters_nothing_here_handles(&letters, target)?;
+    // What was dead-lettered before now: a replayed message that fails again while this runs
+    // is a new dead letter, and is not taken again.
+    let now = chrono::Utc::now();
+    let mut filter = selected(selection, now);
+    filter.before = Some(filter.before.map_or(now, |before| before.min(now)));
+    // Nothing is replayed when any of them is for a handler or job this program does not have.
+    let mut pages = Pages::new(&*store, filter.clone());
+    while let Some(letters) = pages.next().await? {
+        owners.count(&letters);
+    }
+    owners.refuse(target)?;
     let mut resend = Resend::new(&settings, &*store);
     let mut replayed = 0;
-    for letter in &letters {
-        match resend.send(letter).await {
-            Ok(Some(line)) => {
-                let _ = writeln!(out, "{line}");
-                replayed += 1;
-            }
-            Ok(None) => match target {
-                Replay::One(id) => {
-                    resend.close().await;
-                    return Err(CliError::Usage(format!("no dead letter has the id {id}")));
+    // Replayed letters leave the table; the next page starts after the last one read.
+    let mut pages = Pages::new(&*store, filter);
+    while let Some(letters) = pages.next().await? {
+        for letter in &letters {
+            match resend.send(letter).await {
+                Ok(Some(line)) => {
+                    let _ = writeln!(out, "{line}");
+                    replayed += 1;
                 }
-                Replay::Selected(_) => {
+                Ok(None) => {
                     let _ = writeln!(
                         out,
                         "{}: no longer a dead letter (replayed or purged meanwhile)",
                         letter.id
                     );
                 }
-            },
-            Err(error) => {
-                resend.close().await;
-                if let Replay::Selected(_) = target {
+                Err(error) => {
+                    resend.close().await;
                     let _ = writeln!(
                         out,
                         "replayed {replayed} dead letter(s), then {} failed: it and those after \
                          it stay dead letters",
                         letter.id
                     );
+                    return Err(error);
                 }
-                return Err(error);
             }
         }
     }
     resend.close().await;
-    if let Replay::Selected(_) = target {
-        let _ = writeln!(out, "replayed {replayed} dead letter(s)");
-        if full {
-            let _ = writeln!(
-                out,
-                "only the oldest {SCAN} dead letters were looked at: run it again for the rest"
-            );
-        }
-    }
+    let _ = writeln!(out, "replayed {replayed} dead letter(s)");
     Ok(())
 }
 
-/// Refuses, before anything is replayed, when some of `letters` are for a handler or a
-/// scheduled job this program does not have: nothing here would ever handle them.
-fn refuse_letters_nothing_here_handles(
-    letters: &[DeadLetter],
-    target: &Replay,
-) -> Result<(), CliError> {
-    let jobs = crate::schedule::jobs_from_inventory()?;
-    let handlers = Registry::from_inventory().map_err(Error::from)?;
-    let mut missing: std::collections::BTreeMap<&str, usize> = Default::default();
-    for letter in letters {
-        let Some(owner) = letter.handler.as_deref() else {
-            continue; // no handler: it goes to every handler of its type
-        };
-        let known = if letter.envelope.message_type == SCHEDULE_MESSAGE_TYPE {
-            jobs.iter().any(|job| job.name() == owner)
-        } else {
-            // A message for a handler that is gone would wait for nobody (in the database, or
-            // in the old handler's queue if it is still on the broker).
-            handlers.handlers().any(|info| info.name == owner) || owner == crate::store::NO_HANDLER
-        };
-        if !known {
-            *missing.entry(owner).or_default() += 1;
+/// The handlers and scheduled jobs of this program, and the dead letters to replay that are for
+/// others (renamed or removed): nothing here would ever handle those.
+struct Owners {
+    jobs: Vec<crate::schedule::ScheduledJob>,
+    handlers: Registry,
+    /// Handler or job name → dead letters for it.
+    missing: std::collections::BTreeMap<String, usize>,
+}
+
+impl Owners {
+    fn of_this_program() -> Result<Owners, CliError> {
+        Ok(Owners {
+            jobs: crate::schedule::jobs_from_inventory()?,
+            handlers: Registry::from_inventory().map_err(Error::from)?,
+            missing: Default::default(),
+        })
+    }
+
+    /// Counts those of `letters` no handler or job of this program owns.
+    fn count(&mut self, letters: &[DeadLetter]) {
+        for letter in letters {
+            let Some(owner) = letter.handler.as_deref() else {
+                continue; // no handler: it goes to every handler of its type
+            };
+            let known = if letter.envelope.message_type == SCHEDULE_MESSAGE_TYPE {
+                self.jobs.iter().any(|job| job.name() == owner)
+            } else {
+                // A message for a handler that is gone would wait for nobody (in the database,
+                // or in the old handler's queue if it is still on the broker).
+                self.handlers.handlers().any(|info| info.name == owner)
+                    || owner == crate::store::NO_HANDLER
+            };
+            if !known {
+                *self.missing.entry(owner.to_owned()).or_default() += 1;
+            }
         }
     }
-    if missing.is_empty() {
-        return Ok(());
+
+    /// Refuses, before anything is replayed, when any letter counted has no owner here.
+    fn refuse(&self, target: &Replay) -> Result<(), CliError> {
+        if self.missing.is_empty() {
+            return Ok(());
+        }
+        let problem = match target {
+            Replay::One(id) => format!(
+                "{id} is for {:?}, a handler or scheduled job this program does not have \
+                 (renamed or removed?): nothing here would handle it. Replay it from a program \
+                 that has it, or delete it with `dead-letters purge --handler NAME`",
+                self.missing.keys().next().cloned().unwrap_or_default()
+            ),
+            Replay::Selected(_) => format!(
+                "nothing was replayed: some of the dead letters to replay are for handlers or \
+                 scheduled jobs this program does not have (renamed or removed?): {}. Narrow \
+                 the filters, or delete those with `dead-letters purge --handler NAME`",
+                self.missing
+                    .iter()
+                    .map(|(owner, count)| format!("{owner:?} ({count})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        Err(CliError::Failed(Error::Unsupported(problem)))
     }
-    let problem = match target {
-        Replay::One(id) => format!(
-            "{id} is for {:?}, a handler or scheduled job this program does not have \
-             (renamed or removed?): nothing here would handle it. Replay it from a program \
-             that has it, or delete it with `dead-letters purge --handler NAME`",
-            missing.keys().next().copied().unwrap_or_default()
-        ),
-        Replay::Selected(_) => format!(
-            "nothing was replayed: some of the dead letters to replay are for handlers or \
-             scheduled jobs this program does not have (renamed or removed?): {}. Narrow the \
-             filters, or delete those with `dead-letters purge --handler NAME`",
-            missing
-                .iter()
-                .map(|(owner, count)| format!("{owner:?} ({count})"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    Err(CliError::Failed(Error::Unsupported(problem)))
 }
 
 /// Where `replay` sends dead letters back: job runs to the scheduler's occurrences; messages

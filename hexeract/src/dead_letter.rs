@@ -34,7 +34,19 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    pub(crate) fn new(
+    /// A dead letter of `envelope` for `handler`, dead-lettered now with `reason` and `detail`
+    /// (cut to [`MAX_DETAIL_BYTES`]), its attempts those of the envelope: what a program that
+    /// parks messages of its own records with
+    /// [`DeadLetterStore::insert_dead_letter`](crate::store::DeadLetterStore::insert_dead_letter).
+    ///
+    /// ```
+    /// use hexeract::{DeadLetter, Envelope, Reason};
+    ///
+    /// let envelope = Envelope::from_raw("OrderPlaced", &b"{not json"[..]);
+    /// let letter = DeadLetter::new(envelope, None, Reason::PAYLOAD_INVALID, "expected a JSON object");
+    /// assert_eq!(letter.reason, Reason::PAYLOAD_INVALID);
+    /// ```
+    pub fn new(
         envelope: Envelope,
         handler: Option<String>,
         reason: Reason,

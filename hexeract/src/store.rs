@@ -24,7 +24,6 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 
 #[cfg(feature = "postgres")]
@@ -42,6 +41,8 @@ pub use process::{default_store, wait_until_drained};
 mod claims;
 pub use claims::Claims;
 pub(crate) use claims::{within, ClaimedRows, Row};
+mod dead_letters;
+pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;
 pub use queues::{DeclaredQueue, DeclaredQueues};
 mod relay;
@@ -144,42 +145,6 @@ pub trait DeliveryStore: Send + Sync + 'static {
     fn kind(&self) -> &'static str {
         "store"
     }
-}
-
-/// A store's dead letters: recorded, listed, replayed and deleted. Workers that park on a
-/// broker record theirs here; the operations commands and `run`'s retention use the rest.
-pub trait DeadLetterStore: Send + Sync + 'static {
-    /// Records a dead letter that did not come from this store's deliveries: a message a broker
-    /// worker parked. Recording the same letter (same id) twice keeps one.
-    fn insert_dead_letter<'a>(
-        &'a self,
-        letter: &'a DeadLetter,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-
-    /// Dead letters, oldest first, at most `limit`.
-    fn dead_letters(&self, limit: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>>;
-
-    /// Sends a dead letter back to its handler with attempts reset (to every handler of its
-    /// type when it had none). `false` when there is no dead letter with this id.
-    fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
-
-    /// Deletes the dead letters with these ids (an id with none is skipped) in one statement
-    /// and returns how many it deleted: what `dead-letters purge` with filters does.
-    fn delete_dead_letters<'a>(&'a self, ids: &'a [Uuid])
-        -> BoxFuture<'a, Result<u64, StoreError>>;
-
-    /// Deletes one dead letter (once it was replayed some other way, say to a broker);
-    /// `false` when there is none with this id.
-    fn delete_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
-        Box::pin(async move { Ok(self.delete_dead_letters(&[id]).await? == 1) })
-    }
-
-    /// Deletes every dead letter; returns how many there were.
-    fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
-
-    /// Deletes the dead letters older than `age` (by when they were dead-lettered) and returns
-    /// how many; what `run`'s retention task does with `DEAD_LETTER_RETENTION_DAYS`.
-    fn purge_dead_letters_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
 }
 
 /// What `run` reads of a store at startup and on a timer: who is still owed deliveries, how old

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use hexeract::cli::{execute, CliError};
-use hexeract::store::{ScheduleDefinition, SCHEDULE_MESSAGE_TYPE};
+use hexeract::store::{DeadLetterStore, ScheduleDefinition, SCHEDULE_MESSAGE_TYPE};
 use hexeract::{handler, scheduled, CancellationToken, Context, HandlerOutcome, Message};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -521,5 +521,72 @@ async fn a_dead_lettered_run_of_a_scheduled_job_is_replayed_and_the_job_runs_aga
         2,
         "ran once after the replay"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Filters and pages are the database's: letters past the first 100 000 are found by `show`,
+/// matched by `list`'s filters and purged (the commands used to read the oldest 100 000 and
+/// filter them in memory, so these were out of their sight).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn letters_past_the_first_hundred_thousand_are_shown_listed_and_purged() {
+    let dir = fresh_environment();
+    // Migrates the file the commands open.
+    run(&["migrate"]).await.unwrap();
+    let store = hexeract::store::sqlite::SqliteStore::open(dir.join("outbox.db"))
+        .await
+        .unwrap();
+    // 100 000 old letters of `billing::book`, written in one statement.
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
+         INSERT INTO hexeract_dead_letters
+             (id, message_id, handler, reason, detail, attempts, dead_lettered_at,
+              message_type, payload, headers, created_at)
+         SELECT printf('00000000-0000-7000-8000-%012d', i),
+                printf('00000000-0000-7000-9000-%012d', i),
+                'billing::book', 'ledger_closed', 'old', 1, 1000000 + i,
+                'cli.Invoice', X'7B7D', '{}', '2020-01-01T00:00:00+00:00'
+         FROM n",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    // Two newer ones of `archive::file`.
+    let mut newest = Vec::new();
+    for number in [1, 2] {
+        let envelope = hexeract::Envelope::new(&Receipt { number }).unwrap();
+        let letter = hexeract::DeadLetter::new(
+            envelope,
+            Some("archive::file".to_owned()),
+            hexeract::Reason::from("archive_full"),
+            &format!("receipt {number}: no room in the archive"),
+        );
+        store.insert_dead_letter(&letter).await.unwrap();
+        newest.push(letter.id.to_string());
+    }
+
+    let shown = run(&["dead-letters", "show", &newest[1]]).await.unwrap();
+    assert!(
+        shown.contains("receipt 2: no room in the archive"),
+        "{shown}"
+    );
+    let listed = run(&["dead-letters", "list", "--handler", "archive::file"])
+        .await
+        .unwrap();
+    assert_eq!(ids(&listed), newest, "{listed}");
+    assert!(listed.ends_with("\n2 dead letter(s)\n"), "{listed}");
+    let latest = run(&["dead-letters", "list", "--limit", "1"])
+        .await
+        .unwrap();
+    assert_eq!(ids(&latest), [newest[1].clone()], "{latest}");
+    assert!(latest.ends_with("\n100002 dead letter(s)\n"), "{latest}");
+    let purged = run(&["dead-letters", "purge", "--handler", "archive::file"])
+        .await
+        .unwrap();
+    assert_eq!(purged, "purged 2 dead letter(s)\n");
+    let purged = run(&["dead-letters", "purge", "--reason", "ledger_closed"])
+        .await
+        .unwrap();
+    assert_eq!(purged, "purged 100000 dead letter(s)\n");
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -48,8 +48,8 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     store.migrate().await.unwrap();
     assert_eq!(
         db.count("schema_versions").await,
-        5,
-        "versions 1 to 5, once each"
+        6,
+        "versions 1 to 6, once each"
     );
     db.drop_schema().await;
 }

@@ -26,8 +26,8 @@ use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::{
-    millis, Claimed, Claims, DeadLetterStore, DeliveryStore, Housekeeping, Identifier, RelaySink,
-    RelayStore, Routes, StoreError,
+    millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, DeliveryStore, Housekeeping,
+    Identifier, Page, RelaySink, RelayStore, Routes, StoreError,
 };
 
 /// The schema Hexeract's tables live in unless another is given.
@@ -415,14 +415,13 @@ impl<I> ClaimId for I where
 struct Statements {
     expand: String,
     claim: String,
-    dead_letters: String,
+    dead_letter: String,
     insert_dead_letter: String,
     relay_take: String,
     relay_delete: String,
     /// The advisory lock of ordered relay passes on this schema, hashed by PostgreSQL.
     relay_lock: String,
     replay: String,
-    purge: String,
     delete_dead_letters: String,
     purge_inbox: String,
     backlog: String,
@@ -474,11 +473,9 @@ impl Statements {
                      FOR UPDATE SKIP LOCKED))
                  RETURNING id, message_id, handler, attempts, recovered, {m}"
             ),
-            dead_letters: format!(
+            dead_letter: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
-                 FROM {s}.dead_letters
-                 ORDER BY dead_lettered_at, id
-                 LIMIT $1"
+                 FROM {s}.dead_letters WHERE id = $1"
             ),
             relay_take: format!(
                 "SELECT id AS message_id, {m}
@@ -506,7 +503,6 @@ impl Statements {
                  )
                  SELECT count(*) FROM gone"
             ),
-            purge: format!("DELETE FROM {s}.dead_letters"),
             delete_dead_letters: format!("DELETE FROM {s}.dead_letters WHERE id = ANY($1)"),
             backlog: format!(
                 "SELECT (SELECT count(*) FROM {s}.outbox) + (SELECT count(*) FROM {s}.deliveries)"
@@ -617,7 +613,7 @@ impl Statements {
 }
 
 /// The schema version [`migrate_in`] brings a schema to.
-const SCHEMA_VERSION: i32 = 5;
+const SCHEMA_VERSION: i32 = 6;
 
 /// Creates or upgrades the schema on `conn`, which is in a transaction.
 async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), StoreError> {
@@ -631,12 +627,55 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
          );"
     );
     let current_version = format!("SELECT max(version) FROM {s}.schema_versions");
-    let v1 = Statements::schema_v1(schema);
-    let record_v1 = format!("INSERT INTO {s}.schema_versions (version) VALUES (1)");
-    let v2 = format!(
-        "ALTER TABLE {s}.deliveries ADD COLUMN recovered boolean NOT NULL DEFAULT false;
-         INSERT INTO {s}.schema_versions (version) VALUES (2);"
-    );
+    // Each version: what it adds, and its statements, which record it.
+    let versions = [
+        (
+            1,
+            "the outbox",
+            format!(
+                "{}; INSERT INTO {s}.schema_versions (version) VALUES (1);",
+                Statements::schema_v1(schema)
+            ),
+        ),
+        (
+            2,
+            "deliveries.recovered",
+            format!(
+                "ALTER TABLE {s}.deliveries ADD COLUMN recovered boolean NOT NULL DEFAULT false;
+                 INSERT INTO {s}.schema_versions (version) VALUES (2);"
+            ),
+        ),
+        (3, "schedules", schedules::schema_v3(schema)),
+        (
+            4,
+            "declared_queues",
+            format!(
+                "CREATE TABLE {s}.declared_queues (
+                     queue text PRIMARY KEY,
+                     handler text NOT NULL,
+                     message_type text NOT NULL,
+                     declared_at timestamptz NOT NULL DEFAULT now()
+                 );
+                 INSERT INTO {s}.schema_versions (version) VALUES (4);"
+            ),
+        ),
+        (
+            5,
+            "scheduled_messages.aggregate",
+            schedules::schema_v5(schema),
+        ),
+        (
+            6,
+            "dead letters indexed by handler and by reason",
+            format!(
+                "CREATE INDEX dead_letters_by_handler
+                     ON {s}.dead_letters (handler, dead_lettered_at, id);
+                 CREATE INDEX dead_letters_by_reason
+                     ON {s}.dead_letters (reason, dead_lettered_at, id);
+                 INSERT INTO {s}.schema_versions (version) VALUES (6);"
+            ),
+        ),
+    ];
 
     // Several processes may start at once: one migrates, the others wait for its transaction
     // and then find the new version.
@@ -648,43 +687,13 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
     let current: Option<i32> = sqlx::query_scalar(&current_version)
         .fetch_one(&mut *conn)
         .await?;
-    let v4 = format!(
-        "CREATE TABLE {s}.declared_queues (
-             queue text PRIMARY KEY,
-             handler text NOT NULL,
-             message_type text NOT NULL,
-             declared_at timestamptz NOT NULL DEFAULT now()
-         );
-         INSERT INTO {s}.schema_versions (version) VALUES (4);"
-    );
     let current = current.unwrap_or(0);
-    // A new schema is announced once; each upgrade of an existing one is.
-    let upgrade = |version: i32, what: &str| {
+    for (version, what, statements) in versions.iter().filter(|(v, ..)| *v > current) {
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(statements)).await?;
+        // A new schema is announced once; each upgrade of an existing one is.
         if current > 0 {
             tracing::info!(%schema, "outbox schema upgraded to version {version} ({what})");
         }
-    };
-    if current < 1 {
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v1)).await?;
-        sqlx::query(&record_v1).execute(&mut *conn).await?;
-    }
-    if current < 2 {
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v2)).await?;
-        upgrade(2, "deliveries.recovered");
-    }
-    if current < 3 {
-        let v3 = schedules::schema_v3(schema);
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v3)).await?;
-        upgrade(3, "schedules");
-    }
-    if current < 4 {
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v4)).await?;
-        upgrade(4, "declared_queues");
-    }
-    if current < 5 {
-        let v5 = schedules::schema_v5(schema);
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v5)).await?;
-        upgrade(5, "scheduled_messages.aggregate");
     }
     if current == 0 {
         tracing::info!(%schema, "outbox schema created (version {SCHEMA_VERSION})");
@@ -733,6 +742,74 @@ fn insert_dead_letter<'q>(
         .bind(envelope.aggregate.as_deref())
         .bind(envelope.aggregate_key.as_deref())
         .bind(envelope.created_at)
+}
+
+/// A `dead_letters` row as a [`DeadLetter`].
+fn dead_letter_from_row(row: &PgRow) -> Result<DeadLetter, StoreError> {
+    let attempts: i32 = row.try_get("attempts")?;
+    Ok(DeadLetter {
+        id: row.try_get("id")?,
+        envelope: envelope_from_row(row, attempts)?,
+        handler: row.try_get("handler")?,
+        reason: Reason::from(row.try_get::<String, _>("reason")?),
+        detail: row.try_get("detail")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        dead_lettered_at: row.try_get("dead_lettered_at")?,
+    })
+}
+
+/// The `WHERE` of `filter` and of `page`'s cursor (empty when there is no condition), with
+/// placeholders from `$1` in the order [`bind_matching`] binds them, and how many it used.
+/// Only the conditions set are written, so that the planner sees each query as it is and takes
+/// the index it fits (by time, by handler, by reason).
+fn matching(filter: &DeadLetterFilter, page: Option<&Page>) -> (String, usize) {
+    let mut conditions = Vec::new();
+    let mut used = 0;
+    let mut next = || {
+        used += 1;
+        used
+    };
+    if filter.handler.is_some() {
+        conditions.push(format!("handler = ${}", next()));
+    }
+    if filter.reason.is_some() {
+        conditions.push(format!("reason = ${}", next()));
+    }
+    if filter.before.is_some() {
+        conditions.push(format!("dead_lettered_at < ${}", next()));
+    }
+    if let Some(page) = page.filter(|page| page.after.is_some()) {
+        let past = if page.newest_first { "<" } else { ">" };
+        let (at, id) = (next(), next());
+        conditions.push(format!("(dead_lettered_at, id) {past} (${at}, ${id})"));
+    }
+    let clause = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    };
+    (clause, used)
+}
+
+/// Binds the values of [`matching`]'s conditions, in its order.
+fn bind_matching<'q>(
+    mut query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    filter: &'q DeadLetterFilter,
+    page: Option<&'q Page>,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    if let Some(handler) = &filter.handler {
+        query = query.bind(handler);
+    }
+    if let Some(reason) = &filter.reason {
+        query = query.bind(reason);
+    }
+    if let Some(before) = filter.before {
+        query = query.bind(before);
+    }
+    if let Some((at, id)) = page.and_then(|page| page.after) {
+        query = query.bind(at).bind(id);
+    }
+    query
 }
 
 fn limit(value: u32) -> i64 {
@@ -921,26 +998,73 @@ impl DeadLetterStore for PgStore {
         })
     }
 
-    fn dead_letters(&self, limit_rows: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>> {
+    fn find_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<Option<DeadLetter>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(&self.sql.dead_letters)
-                .bind(limit(limit_rows))
+            let row = sqlx::query(&self.sql.dead_letter)
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+            row.as_ref().map(dead_letter_from_row).transpose()
+        })
+    }
+
+    fn dead_letters_matching<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+        page: &'a Page,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>> {
+        Box::pin(async move {
+            let (conditions, used) = matching(filter, Some(page));
+            let order = if page.newest_first { "DESC" } else { "ASC" };
+            let sql = format!(
+                "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
+                 FROM {s}.dead_letters {conditions}
+                 ORDER BY dead_lettered_at {order}, id {order}
+                 LIMIT ${limit}",
+                m = MESSAGE_COLUMNS,
+                s = self.schema.quoted(),
+                limit = used + 1,
+            );
+            let rows = bind_matching(sqlx::query(&sql), filter, Some(page))
+                .bind(limit(page.limit))
                 .fetch_all(&self.pool)
                 .await?;
-            rows.iter()
-                .map(|row| {
-                    let attempts: i32 = row.try_get("attempts")?;
-                    Ok(DeadLetter {
-                        id: row.try_get("id")?,
-                        envelope: envelope_from_row(row, attempts)?,
-                        handler: row.try_get("handler")?,
-                        reason: Reason::from(row.try_get::<String, _>("reason")?),
-                        detail: row.try_get("detail")?,
-                        attempts: u32::try_from(attempts).unwrap_or(0),
-                        dead_lettered_at: row.try_get("dead_lettered_at")?,
-                    })
-                })
-                .collect()
+            rows.iter().map(dead_letter_from_row).collect()
+        })
+    }
+
+    fn count_dead_letters<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (conditions, _) = matching(filter, None);
+            let sql = format!(
+                "SELECT count(*) FROM {}.dead_letters {conditions}",
+                self.schema.quoted()
+            );
+            let count: i64 = bind_matching(sqlx::query(&sql), filter, None)
+                .fetch_one(&self.pool)
+                .await?
+                .try_get(0)?;
+            Ok(u64::try_from(count).unwrap_or(0))
+        })
+    }
+
+    fn purge_dead_letters_matching<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (conditions, _) = matching(filter, None);
+            let sql = format!(
+                "DELETE FROM {}.dead_letters {conditions}",
+                self.schema.quoted()
+            );
+            let done = bind_matching(sqlx::query(&sql), filter, None)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
         })
     }
 
@@ -966,13 +1090,6 @@ impl DeadLetterStore for PgStore {
                 .bind(ids)
                 .execute(&self.pool)
                 .await?;
-            Ok(done.rows_affected())
-        })
-    }
-
-    fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;
             Ok(done.rows_affected())
         })
     }

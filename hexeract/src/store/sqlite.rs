@@ -35,8 +35,8 @@ use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::{
-    millis, Claimed, Claims, DeadLetterStore, DeliveryStore, Housekeeping, Identifier, RelaySink,
-    RelayStore, Routes, StoreError,
+    millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, DeliveryStore, Housekeeping,
+    Identifier, Page, RelaySink, RelayStore, Routes, StoreError,
 };
 
 mod queues;
@@ -413,14 +413,13 @@ struct Statements {
     expand_to_deliveries: String,
     expand_from_outbox: String,
     claim: String,
-    dead_letters: String,
+    dead_letter: String,
     insert_dead_letter: String,
     relay_take: String,
     relay_delete: String,
     replay_to_handler: String,
     replay_to_outbox: String,
     replay_delete: String,
-    purge: String,
     delete_dead_letters: String,
     purge_inbox: String,
 }
@@ -485,11 +484,9 @@ impl Statements {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
                  ON CONFLICT (id) DO NOTHING"
             ),
-            dead_letters: format!(
+            dead_letter: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
-                 FROM {dl}
-                 ORDER BY dead_lettered_at, id
-                 LIMIT ?1"
+                 FROM {dl} WHERE id = ?1"
             ),
             replay_to_handler: format!(
                 "INSERT INTO {d} (message_id, handler, available_at, {m})
@@ -504,7 +501,6 @@ impl Statements {
                  ON CONFLICT (id) DO NOTHING"
             ),
             replay_delete: format!("DELETE FROM {dl} WHERE id = ?1"),
-            purge: format!("DELETE FROM {dl}"),
             delete_dead_letters: format!(
                 "DELETE FROM {dl} WHERE id IN (SELECT value FROM json_each(?1))"
             ),
@@ -607,7 +603,7 @@ impl Statements {
 }
 
 /// The schema version [`migrate_in`] brings the tables to.
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 /// Creates or upgrades the schema on `conn`, which is in a `BEGIN IMMEDIATE` transaction:
 /// holding the write lock, it is the only migration running, in any process.
@@ -620,65 +616,75 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
          ) STRICT"
     );
     let current_version = format!("SELECT max(version) FROM {versions}");
-    let v1 = Statements::schema_v1(prefix);
-    let record_v1 = format!("INSERT INTO {versions} (version, applied_at) VALUES (1, ?1)");
-    let deliveries = table(prefix, "deliveries");
-    let v2 = format!(
-        "ALTER TABLE {deliveries} ADD COLUMN recovered INTEGER NOT NULL DEFAULT 0;
-         INSERT INTO {versions} (version, applied_at) VALUES (2, {NOW_MILLIS_SQL});"
-    );
+    let record = |version: i64| {
+        format!(
+            "INSERT INTO {versions} (version, applied_at) VALUES ({version}, {NOW_MILLIS_SQL});"
+        )
+    };
+    let (deliveries, dead_letters) = (table(prefix, "deliveries"), table(prefix, "dead_letters"));
+    let declared_queues = table(prefix, "declared_queues");
+    // Each version: what it adds, and its statements, which record it.
+    let steps = [
+        (
+            1,
+            "the outbox",
+            format!("{}; {}", Statements::schema_v1(prefix), record(1)),
+        ),
+        (
+            2,
+            "deliveries.recovered",
+            format!(
+                "ALTER TABLE {deliveries} ADD COLUMN recovered INTEGER NOT NULL DEFAULT 0; {}",
+                record(2)
+            ),
+        ),
+        (
+            3,
+            "schedules",
+            format!("{}; {}", schedules::schema_v3(prefix), record(3)),
+        ),
+        (
+            4,
+            "declared_queues",
+            format!(
+                "CREATE TABLE {declared_queues} (
+                     queue TEXT PRIMARY KEY,
+                     handler TEXT NOT NULL,
+                     message_type TEXT NOT NULL,
+                     declared_at INTEGER NOT NULL
+                 ) STRICT, WITHOUT ROWID; {}",
+                record(4)
+            ),
+        ),
+        (
+            5,
+            "scheduled_messages.aggregate",
+            format!("{}; {}", schedules::schema_v5(prefix), record(5)),
+        ),
+        (
+            6,
+            "dead letters indexed by handler and by reason",
+            format!(
+                "CREATE INDEX \"{prefix}_dead_letters_by_handler\"
+                     ON {dead_letters} (handler, dead_lettered_at, id);
+                 CREATE INDEX \"{prefix}_dead_letters_by_reason\"
+                     ON {dead_letters} (reason, dead_lettered_at, id); {}",
+                record(6)
+            ),
+        ),
+    ];
 
     sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&bootstrap)).await?;
     let current: Option<i64> = sqlx::query_scalar(&current_version)
         .fetch_one(&mut *conn)
         .await?;
-    let declared_queues = table(prefix, "declared_queues");
-    let v4 = format!(
-        "CREATE TABLE {declared_queues} (
-             queue TEXT PRIMARY KEY,
-             handler TEXT NOT NULL,
-             message_type TEXT NOT NULL,
-             declared_at INTEGER NOT NULL
-         ) STRICT, WITHOUT ROWID;
-         INSERT INTO {versions} (version, applied_at) VALUES (4, {NOW_MILLIS_SQL});"
-    );
     let current = current.unwrap_or(0);
-    // New tables are announced once; each upgrade of existing ones is.
-    let upgrade = |version: i64, what: &str| {
+    for (version, what, statements) in steps.iter().filter(|(v, ..)| *v > current) {
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(statements)).await?;
+        // New tables are announced once; each upgrade of existing ones is.
         if current > 0 {
             tracing::info!(%prefix, "outbox tables upgraded to version {version} ({what})");
         }
-    };
-    if current < 1 {
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v1)).await?;
-        sqlx::query(&record_v1)
-            .bind(now_millis())
-            .execute(&mut *conn)
-            .await?;
-    }
-    if current < 2 {
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v2)).await?;
-        upgrade(2, "deliveries.recovered");
-    }
-    if current < 3 {
-        let v3 = format!(
-            "{}; INSERT INTO {versions} (version, applied_at) VALUES (3, {NOW_MILLIS_SQL});",
-            schedules::schema_v3(prefix)
-        );
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v3)).await?;
-        upgrade(3, "schedules");
-    }
-    if current < 4 {
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v4)).await?;
-        upgrade(4, "declared_queues");
-    }
-    if current < 5 {
-        let v5 = format!(
-            "{}; INSERT INTO {versions} (version, applied_at) VALUES (5, {NOW_MILLIS_SQL});",
-            schedules::schema_v5(prefix)
-        );
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&v5)).await?;
-        upgrade(5, "scheduled_messages.aggregate");
     }
     if current == 0 {
         tracing::info!(%prefix, "outbox tables created (version {SCHEMA_VERSION})");
@@ -769,6 +775,61 @@ fn insert_dead_letter<'q>(
         .bind(envelope.aggregate.as_deref())
         .bind(envelope.aggregate_key.as_deref())
         .bind(envelope.created_at)
+}
+
+/// The `WHERE` of `filter` and of `page`'s cursor (empty when there is no condition), with
+/// placeholders from `?1` in the order [`bind_matching`] binds them, and how many it used.
+/// Only the conditions set are written, so that SQLite's planner takes the index each query
+/// fits (by time, by handler, by reason).
+fn matching(filter: &DeadLetterFilter, page: Option<&Page>) -> (String, usize) {
+    let mut conditions = Vec::new();
+    let mut used = 0;
+    let mut next = || {
+        used += 1;
+        used
+    };
+    if filter.handler.is_some() {
+        conditions.push(format!("handler = ?{}", next()));
+    }
+    if filter.reason.is_some() {
+        conditions.push(format!("reason = ?{}", next()));
+    }
+    if filter.before.is_some() {
+        conditions.push(format!("dead_lettered_at < ?{}", next()));
+    }
+    if let Some(page) = page.filter(|page| page.after.is_some()) {
+        let past = if page.newest_first { "<" } else { ">" };
+        let (at, id) = (next(), next());
+        conditions.push(format!("(dead_lettered_at, id) {past} (?{at}, ?{id})"));
+    }
+    let clause = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    };
+    (clause, used)
+}
+
+/// Binds the values of [`matching`]'s conditions, in its order (times as the INTEGER
+/// milliseconds and ids as the text they are stored as).
+fn bind_matching<'q>(
+    mut query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    filter: &'q DeadLetterFilter,
+    page: Option<&'q Page>,
+) -> sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+    if let Some(handler) = &filter.handler {
+        query = query.bind(handler);
+    }
+    if let Some(reason) = &filter.reason {
+        query = query.bind(reason);
+    }
+    if let Some(before) = filter.before {
+        query = query.bind(before.timestamp_millis());
+    }
+    if let Some((at, id)) = page.and_then(|page| page.after) {
+        query = query.bind(at.timestamp_millis()).bind(id.hyphenated());
+    }
+    query
 }
 
 fn limit(value: u32) -> i64 {
@@ -939,13 +1000,73 @@ impl DeadLetterStore for SqliteStore {
         })
     }
 
-    fn dead_letters(&self, limit_rows: u32) -> BoxFuture<'_, Result<Vec<DeadLetter>, StoreError>> {
+    fn find_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<Option<DeadLetter>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(&self.sql.dead_letters)
-                .bind(limit(limit_rows))
+            let row = sqlx::query(&self.sql.dead_letter)
+                .bind(id.hyphenated())
+                .fetch_optional(&self.pool)
+                .await?;
+            row.as_ref().map(dead_letter_from_row).transpose()
+        })
+    }
+
+    fn dead_letters_matching<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+        page: &'a Page,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>> {
+        Box::pin(async move {
+            let (conditions, used) = matching(filter, Some(page));
+            let order = if page.newest_first { "DESC" } else { "ASC" };
+            let sql = format!(
+                "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
+                 FROM {dl} {conditions}
+                 ORDER BY dead_lettered_at {order}, id {order}
+                 LIMIT ?{limit}",
+                m = MESSAGE_COLUMNS,
+                dl = table(&self.prefix, "dead_letters"),
+                limit = used + 1,
+            );
+            let rows = bind_matching(sqlx::query(&sql), filter, Some(page))
+                .bind(limit(page.limit))
                 .fetch_all(&self.pool)
                 .await?;
             rows.iter().map(dead_letter_from_row).collect()
+        })
+    }
+
+    fn count_dead_letters<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (conditions, _) = matching(filter, None);
+            let sql = format!(
+                "SELECT count(*) FROM {} {conditions}",
+                table(&self.prefix, "dead_letters")
+            );
+            let count: i64 = bind_matching(sqlx::query(&sql), filter, None)
+                .fetch_one(&self.pool)
+                .await?
+                .try_get(0)?;
+            Ok(u64::try_from(count).unwrap_or(0))
+        })
+    }
+
+    fn purge_dead_letters_matching<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (conditions, _) = matching(filter, None);
+            let sql = format!(
+                "DELETE FROM {} {conditions}",
+                table(&self.prefix, "dead_letters")
+            );
+            let done = bind_matching(sqlx::query(&sql), filter, None)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
         })
     }
 
@@ -983,13 +1104,6 @@ impl DeadLetterStore for SqliteStore {
                 .bind(Json(ids))
                 .execute(&self.pool)
                 .await?;
-            Ok(done.rows_affected())
-        })
-    }
-
-    fn purge_dead_letters(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let done = sqlx::query(&self.sql.purge).execute(&self.pool).await?;
             Ok(done.rows_affected())
         })
     }
