@@ -37,9 +37,14 @@ impl Reason {
     pub const HANDLER_PANICKED: Reason = Reason::from_static("handler_panicked");
     /// The handler was slower than its timeout on its last attempt.
     pub const HANDLER_TIMEOUT: Reason = Reason::from_static("handler_timeout");
+    /// RabbitMQ delivered the message as often as its queue's `x-delivery-limit` allows without
+    /// an outcome being settled (the consumer crashed or lost its connection each time): parked
+    /// by the worker, with a row, before one more return would have the broker park it without
+    /// a reason or a row.
+    pub const DELIVERY_LIMIT_REACHED: Reason = Reason::from_static("delivery_limit_reached");
 
     /// Every reason the framework itself records.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::PAYLOAD_INVALID,
         Reason::PAYLOAD_TOO_LARGE,
         Reason::MESSAGE_ID_MISSING,
@@ -48,6 +53,7 @@ impl Reason {
         Reason::HANDLER_REJECTED,
         Reason::HANDLER_PANICKED,
         Reason::HANDLER_TIMEOUT,
+        Reason::DELIVERY_LIMIT_REACHED,
     ];
 
     /// A reason from a string literal, usable in `const` items.

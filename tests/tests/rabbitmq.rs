@@ -1249,3 +1249,126 @@ async fn amqps_with_a_private_ca_in_cacertfile_consumes_and_publishes_and_an_unk
     );
     broker.delete(&topology).await;
 }
+
+/// Counts its calls and acks.
+struct Counted(Arc<AtomicU32>);
+
+impl Handler<OrderPlaced> for Counted {
+    type Output = HandlerOutcome;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        HandlerOutcome::Ack
+    }
+}
+
+/// Issue 17, item 2: messages the broker has already returned as often as the queue's
+/// `x-delivery-limit` allows (here by a plain client that nacks them, as crashed consumers
+/// would return them) are parked by the worker with a row and a reason of their own, before one
+/// more return would have the broker park them with neither; their handler is not called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_at_the_delivery_limit_is_parked_with_its_row_before_the_broker_parks_it() {
+    const MESSAGES: usize = 5;
+    const LIMIT: u32 = 3;
+    let broker = TestBroker::new().await;
+    let schema = hexeract_tests::pg::TestSchema::new("hexeract-tests-delivery-limit").await;
+    let store: Arc<dyn hexeract::store::Store> = Arc::new(schema.migrated_store().await);
+    let calls = Arc::new(AtomicU32::new(0));
+    let worker = worker(
+        &broker,
+        broker.connect("hexeract-tests-delivery-limit").await,
+    )
+    .register_handler_with::<OrderPlaced, _>(
+        Counted(calls.clone()),
+        HandlerOptions::new().name("limited"),
+    )
+    .max_attempts(50)
+    .delivery_limit(LIMIT)
+    .dead_letters(store.clone())
+    .build()
+    .unwrap();
+    worker.topology().declare(&broker.connection).await.unwrap();
+    let queue = worker.topology().queue_for("limited");
+    let parking = worker.topology().parking_queue_for("limited");
+    let publisher = publisher(&broker).await;
+    let mut sent = Vec::new();
+    for order_id in 0..MESSAGES as u32 {
+        let envelope = Envelope::new(&OrderPlaced { order_id }).unwrap();
+        sent.push(envelope.id);
+        publisher.publish(&envelope).await.unwrap();
+    }
+    // LIMIT rounds: take every message, then give them all back, as consumers that crashed
+    // with them would. Each return counts one more delivery in `x-delivery-count`.
+    let channel = broker.connection.lapin().create_channel().await.unwrap();
+    for round in 0..LIMIT {
+        let mut taken = Vec::new();
+        while taken.len() < MESSAGES {
+            match channel
+                .basic_get(
+                    queue.as_str().into(),
+                    lapin::options::BasicGetOptions { no_ack: false },
+                )
+                .await
+                .unwrap()
+            {
+                Some(message) => taken.push(message),
+                None => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        for message in taken {
+            message
+                .delivery
+                .acker
+                .nack(lapin::options::BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            broker.ready(&parking).await,
+            0,
+            "round {round}: the broker parked nothing yet"
+        );
+    }
+    let _ = channel.close(200, "done".into()).await;
+
+    let running = Running::start(worker);
+    let parked = broker
+        .wait_for(&parking, MESSAGES, Duration::from_secs(20))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let topology = running.stop().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no call was made");
+    assert_eq!(parked.len(), MESSAGES, "one parked copy each");
+    for message in &parked {
+        assert_eq!(
+            text(header(message, headers::REASON)),
+            "delivery_limit_reached"
+        );
+    }
+    let letters = store.dead_letters(100).await.unwrap();
+    let mut recorded: Vec<Uuid> = letters.iter().map(|letter| letter.envelope.id).collect();
+    recorded.sort();
+    sent.sort();
+    println!(
+        "delivery_limit: sent={MESSAGES} parked={} rows={} lost={}",
+        parked.len(),
+        letters.len(),
+        sent.iter().filter(|id| !recorded.contains(id)).count()
+    );
+    assert_eq!(recorded, sent, "one row each, none missing, none twice");
+    for letter in &letters {
+        assert_eq!(letter.reason.as_str(), "delivery_limit_reached");
+        assert!(
+            letter
+                .detail
+                .contains(&format!("delivered it {} times", LIMIT + 1)),
+            "{}",
+            letter.detail
+        );
+        assert_eq!(letter.handler.as_deref(), Some("limited"));
+    }
+    broker.delete(&topology).await;
+    schema.drop_schema().await;
+}

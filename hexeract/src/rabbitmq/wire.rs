@@ -114,6 +114,23 @@ pub(crate) struct Unreadable {
     pub(crate) detail: String,
 }
 
+/// How many times the broker delivered this message before (`x-delivery-count`, which a quorum
+/// queue keeps; 1 for a classic queue's redelivery).
+pub(crate) fn redeliveries_of(delivery: &Delivery) -> u64 {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|table| {
+            table
+                .inner()
+                .iter()
+                .find(|(name, _)| name.as_str() == headers::DELIVERY_COUNT)
+                .and_then(|(_, value)| number(value))
+        })
+        .unwrap_or(u64::from(delivery.redelivered))
+}
+
 /// The number of the call a delivery is for: the calls made before it was published
 /// (`x-hexeract-attempts`), plus the broker's redeliveries of it (`x-delivery-count`), plus
 /// one. What [`read`] puts in `attempt`, without reading the rest.

@@ -31,8 +31,8 @@ use crate::rabbitmq::acks::{AckTracker, Acks};
 use crate::rabbitmq::topology::{parking_queue, short, Queue};
 use crate::rabbitmq::wire::{self, ParkedInfo};
 use crate::rabbitmq::{
-    ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology, DEFAULT_EXCHANGE,
-    DEFAULT_PREFIX,
+    ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology,
+    DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PREFIX,
 };
 use crate::registry::{HandlerOptions, HandlerSet, RegisteredHandler, Registry};
 use crate::retry::Backoff;
@@ -86,6 +86,7 @@ pub struct RabbitMqWorkerBuilder {
     dead_letter_routing_key: Option<String>,
     policy: Policy,
     confirm_timeout: Duration,
+    delivery_limit: u32,
     declare: bool,
     dead_letters: Option<Arc<dyn DeadLetterStore>>,
     publisher: Option<Arc<dyn Publish>>,
@@ -113,6 +114,7 @@ impl RabbitMqWorkerBuilder {
             dead_letter_routing_key: None,
             policy,
             confirm_timeout: Duration::from_secs(30),
+            delivery_limit: DEFAULT_DELIVERY_LIMIT,
             declare: true,
             dead_letters: None,
             publisher: None,
@@ -234,6 +236,17 @@ impl RabbitMqWorkerBuilder {
         self
     }
 
+    /// The handler queues' `x-delivery-limit` (default [`DEFAULT_DELIVERY_LIMIT`], at least
+    /// 1): the queues are declared with it, and a delivery the broker has returned that often
+    /// (the consumer crashed or lost its connection each time) is parked by the worker, with
+    /// its `dead_letters` row and the reason `delivery_limit_reached`, before one more return
+    /// would have the broker park it without either. With [`queue`](Self::queue) or
+    /// [`skip_declare`](Self::skip_declare), set it to the limit the queues were declared with.
+    pub fn delivery_limit(mut self, limit: u32) -> RabbitMqWorkerBuilder {
+        self.delivery_limit = limit;
+        self
+    }
+
     /// Declare nothing: the topology exists already (default: declare it at start).
     pub fn skip_declare(mut self) -> RabbitMqWorkerBuilder {
         self.declare = false;
@@ -281,7 +294,8 @@ impl RabbitMqWorkerBuilder {
         let mut checks = policy
             .checks("max_attempts")
             .at_least_one("prefetch", policy.prefetch.into())
-            .not_zero("confirm_timeout", self.confirm_timeout);
+            .not_zero("confirm_timeout", self.confirm_timeout)
+            .at_least_one("delivery_limit", self.delivery_limit.into());
         if policy.prefetch > u32::from(u16::MAX) {
             checks = checks.problem(
                 "prefetch",
@@ -325,7 +339,8 @@ impl RabbitMqWorkerBuilder {
         let topology = Topology::from_registry(&registry)
             .exchange(self.exchange.clone())
             .prefix(self.prefix)
-            .wait_tiers(wait_tiers);
+            .wait_tiers(wait_tiers)
+            .delivery_limit(self.delivery_limit);
         topology.validate().map_err(|error| {
             config_problem(
                 "queue and exchange names",
@@ -401,6 +416,7 @@ impl RabbitMqWorkerBuilder {
                 max_payload_bytes: policy.max_payload_bytes,
                 shutdown_grace: policy.shutdown_grace,
                 confirm_timeout: self.confirm_timeout,
+                delivery_limit: self.delivery_limit,
                 declare: self.declare,
                 dead_letters: self.dead_letters,
                 publisher: self.publisher,
@@ -464,6 +480,7 @@ struct Shared {
     max_payload_bytes: usize,
     shutdown_grace: Duration,
     confirm_timeout: Duration,
+    delivery_limit: u32,
     declare: bool,
     dead_letters: Option<Arc<dyn DeadLetterStore>>,
     publisher: Option<Arc<dyn Publish>>,
@@ -822,16 +839,35 @@ impl ConsumeLoop<'_> {
                         Some(slot) => Target::Slot(slot),
                         None => Target::NoHandlerForType(queue_handler),
                     };
-                    let verdict = shared
-                        .engine
-                        .deliver(
+                    let redeliveries = wire::redeliveries_of(&delivery);
+                    let verdict = if redeliveries >= u64::from(shared.delivery_limit) {
+                        // One more return (a crash, a lost connection) and the broker would
+                        // park it itself, with no reason and no row.
+                        shared.engine.reject(
                             target,
                             &envelope,
-                            self.stop,
-                            self.interrupt,
-                            self.ctx_publisher,
+                            crate::reason::Reason::DELIVERY_LIMIT_REACHED,
+                            format!(
+                                "the broker delivered it {} times without an outcome settled \
+                                 (the queue's x-delivery-limit is {}): its consumer crashed or \
+                                 lost its connection each time; no call was made",
+                                redeliveries.saturating_add(1),
+                                shared.delivery_limit
+                            ),
+                            envelope.attempt.saturating_sub(1),
                         )
-                        .await;
+                    } else {
+                        shared
+                            .engine
+                            .deliver(
+                                target,
+                                &envelope,
+                                self.stop,
+                                self.interrupt,
+                                self.ctx_publisher,
+                            )
+                            .await
+                    };
                     (envelope, verdict)
                 }
                 Err(unreadable) => {
