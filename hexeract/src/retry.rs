@@ -129,11 +129,13 @@ impl RetryPolicy {
 /// random by up to a fifth, as [`RetryPolicy::backoff`] does, so that the processes that lost a
 /// broker together do not all knock again at the same instant.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
 pub(crate) struct Backoff {
     policy: RetryPolicy,
     tries: u32,
 }
 
+#[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
 impl Backoff {
     pub(crate) fn new(first: Duration, longest: Duration) -> Backoff {
         Backoff {

@@ -46,7 +46,10 @@ pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;
 pub use queues::{DeclaredQueue, DeclaredQueues};
 mod relay;
-pub(crate) use relay::{unpublishable_letters, Passes};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use relay::unpublishable_letters;
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
+pub(crate) use relay::Passes;
 pub use relay::{RelaySink, RelayStore, Unpublishable};
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

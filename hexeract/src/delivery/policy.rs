@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::config::EnvSettings;
-use crate::error::KnobChecks;
+use crate::config::KnobChecks;
 use crate::retry::RetryPolicy;
 
 /// Calls of one handler running at once in the in-memory world, where nothing else bounds

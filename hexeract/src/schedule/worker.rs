@@ -11,10 +11,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::config::KnobChecks;
 use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, World};
 use crate::envelope::Envelope;
 use crate::envelope::FIRE_TIME_HEADER;
-use crate::error::{Error, KnobChecks};
+use crate::error::Error;
 use crate::health::Probe;
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;

@@ -49,9 +49,10 @@ pub trait Claims<Id>: Send + Sync {
 
 /// Runs one of a worker's own statements with a deadline: a statement whose network path went
 /// silent (PostgreSQL has no heartbeat) fails the cycle after `after` instead of holding the
-/// worker for good. Only statements that hold no transaction across the wait are given one
-/// (a transaction begins in a task of its own, see `store::begin`, and is rolled back where
-/// it is dropped).
+/// worker for good. A statement given up on inside a short transaction (SQLite's dead letter,
+/// the scheduler's plan) leaves nothing open: the transaction began in a task of its own
+/// (`store::begin`, against sqlx #4393) and is rolled back where it is dropped. A relay pass,
+/// whose transaction waits for the broker, is never cut: see `store::Passes`.
 pub(crate) async fn within<T>(
     what: &'static str,
     after: Duration,

@@ -203,3 +203,129 @@ impl Page {
         self
     }
 }
+
+/// The SQL of the dead-letter queries on `table`, for a database whose placeholders are `mark`
+/// and a number (`$1`, `?1`). Only the conditions set are written, so that the planner sees each
+/// query as it is and takes the index it fits (by time, by handler, by reason). The values are
+/// bound in this order: handler, reason, `before`, the cursor's time and id, then a page's
+/// limit.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) struct DeadLetterSql {
+    pub(crate) table: String,
+    pub(crate) mark: char,
+}
+
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+impl DeadLetterSql {
+    /// A page of letters, with `columns` after the letter's own.
+    pub(crate) fn select(&self, columns: &str, filter: &DeadLetterFilter, page: &Page) -> String {
+        let (conditions, used) = self.conditions(filter, Some(page));
+        let order = if page.newest_first { "DESC" } else { "ASC" };
+        format!(
+            "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {columns}
+             FROM {table} {conditions}
+             ORDER BY dead_lettered_at {order}, id {order}
+             LIMIT {mark}{limit}",
+            table = self.table,
+            mark = self.mark,
+            limit = used + 1,
+        )
+    }
+
+    /// How many letters match.
+    pub(crate) fn count(&self, filter: &DeadLetterFilter) -> String {
+        let (conditions, _) = self.conditions(filter, None);
+        format!("SELECT count(*) FROM {} {conditions}", self.table)
+    }
+
+    /// Deletes the letters that match.
+    pub(crate) fn purge(&self, filter: &DeadLetterFilter) -> String {
+        let (conditions, _) = self.conditions(filter, None);
+        format!("DELETE FROM {} {conditions}", self.table)
+    }
+
+    /// The `WHERE` of `filter` and of `page`'s cursor (empty without a condition), and how many
+    /// placeholders it used.
+    fn conditions(&self, filter: &DeadLetterFilter, page: Option<&Page>) -> (String, usize) {
+        let mark = self.mark;
+        let mut conditions = Vec::new();
+        let mut used = 0;
+        let mut next = || {
+            used += 1;
+            format!("{mark}{used}")
+        };
+        if filter.handler.is_some() {
+            conditions.push(format!("handler = {}", next()));
+        }
+        if filter.reason.is_some() {
+            conditions.push(format!("reason = {}", next()));
+        }
+        if filter.before.is_some() {
+            conditions.push(format!("dead_lettered_at < {}", next()));
+        }
+        if let Some(page) = page.filter(|page| page.after.is_some()) {
+            let past = if page.newest_first { "<" } else { ">" };
+            let (at, id) = (next(), next());
+            conditions.push(format!("(dead_lettered_at, id) {past} ({at}, {id})"));
+        }
+        if conditions.is_empty() {
+            (String::new(), used)
+        } else {
+            (format!("WHERE {}", conditions.join(" AND ")), used)
+        }
+    }
+}
+
+/// The [`DeadLetterStore`] methods whose text is the same on every database: a query from
+/// [`DeadLetterSql`], its values bound by the backend's `bind_matching`, its rows read by the
+/// backend's `dead_letter_from_row`. Expanded inside each backend's `impl DeadLetterStore`,
+/// where those names (and `limit`, `MESSAGE_COLUMNS`, `dead_letter_sql`) are the backend's own:
+/// sqlx has no trait that would let one generic function bind and read for both.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! dead_letter_queries {
+    () => {
+        fn dead_letters_matching<'a>(
+            &'a self,
+            filter: &'a DeadLetterFilter,
+            page: &'a Page,
+        ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>> {
+            Box::pin(async move {
+                let sql = self.dead_letter_sql().select(MESSAGE_COLUMNS, filter, page);
+                let rows = bind_matching(sqlx::query(&sql), filter, Some(page))
+                    .bind(limit(page.limit))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(dead_letter_from_row).collect()
+            })
+        }
+
+        fn count_dead_letters<'a>(
+            &'a self,
+            filter: &'a DeadLetterFilter,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            Box::pin(async move {
+                let sql = self.dead_letter_sql().count(filter);
+                let count: i64 = bind_matching(sqlx::query(&sql), filter, None)
+                    .fetch_one(&self.pool)
+                    .await?
+                    .try_get(0)?;
+                Ok(u64::try_from(count).unwrap_or(0))
+            })
+        }
+
+        fn purge_dead_letters_matching<'a>(
+            &'a self,
+            filter: &'a DeadLetterFilter,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            Box::pin(async move {
+                let sql = self.dead_letter_sql().purge(filter);
+                let done = bind_matching(sqlx::query(&sql), filter, None)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(done.rows_affected())
+            })
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use dead_letter_queries;

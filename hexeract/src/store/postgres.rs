@@ -25,6 +25,7 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
+use crate::store::dead_letters::{dead_letter_queries, DeadLetterSql};
 use crate::store::{
     millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, DeliveryStore, Housekeeping,
     Identifier, Page, RelaySink, RelayStore, Routes, StoreError,
@@ -77,6 +78,14 @@ impl Drop for Wake {
 }
 
 impl PgStore {
+    /// The dead-letter queries on this store's table.
+    fn dead_letter_sql(&self) -> DeadLetterSql {
+        DeadLetterSql {
+            table: format!("{}.dead_letters", self.schema.quoted()),
+            mark: '$',
+        }
+    }
+
     /// Connects to `url` (a `postgres://` URL; TLS through `sslmode`) with a pool of 10
     /// connections named `hexeract`, using the default schema.
     pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
@@ -758,40 +767,7 @@ fn dead_letter_from_row(row: &PgRow) -> Result<DeadLetter, StoreError> {
     })
 }
 
-/// The `WHERE` of `filter` and of `page`'s cursor (empty when there is no condition), with
-/// placeholders from `$1` in the order [`bind_matching`] binds them, and how many it used.
-/// Only the conditions set are written, so that the planner sees each query as it is and takes
-/// the index it fits (by time, by handler, by reason).
-fn matching(filter: &DeadLetterFilter, page: Option<&Page>) -> (String, usize) {
-    let mut conditions = Vec::new();
-    let mut used = 0;
-    let mut next = || {
-        used += 1;
-        used
-    };
-    if filter.handler.is_some() {
-        conditions.push(format!("handler = ${}", next()));
-    }
-    if filter.reason.is_some() {
-        conditions.push(format!("reason = ${}", next()));
-    }
-    if filter.before.is_some() {
-        conditions.push(format!("dead_lettered_at < ${}", next()));
-    }
-    if let Some(page) = page.filter(|page| page.after.is_some()) {
-        let past = if page.newest_first { "<" } else { ">" };
-        let (at, id) = (next(), next());
-        conditions.push(format!("(dead_lettered_at, id) {past} (${at}, ${id})"));
-    }
-    let clause = if conditions.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", conditions.join(" AND "))
-    };
-    (clause, used)
-}
-
-/// Binds the values of [`matching`]'s conditions, in its order.
+/// Binds the values of a [`DeadLetterSql`] query's conditions, in their order.
 fn bind_matching<'q>(
     mut query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     filter: &'q DeadLetterFilter,
@@ -1008,65 +984,7 @@ impl DeadLetterStore for PgStore {
         })
     }
 
-    fn dead_letters_matching<'a>(
-        &'a self,
-        filter: &'a DeadLetterFilter,
-        page: &'a Page,
-    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>> {
-        Box::pin(async move {
-            let (conditions, used) = matching(filter, Some(page));
-            let order = if page.newest_first { "DESC" } else { "ASC" };
-            let sql = format!(
-                "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
-                 FROM {s}.dead_letters {conditions}
-                 ORDER BY dead_lettered_at {order}, id {order}
-                 LIMIT ${limit}",
-                m = MESSAGE_COLUMNS,
-                s = self.schema.quoted(),
-                limit = used + 1,
-            );
-            let rows = bind_matching(sqlx::query(&sql), filter, Some(page))
-                .bind(limit(page.limit))
-                .fetch_all(&self.pool)
-                .await?;
-            rows.iter().map(dead_letter_from_row).collect()
-        })
-    }
-
-    fn count_dead_letters<'a>(
-        &'a self,
-        filter: &'a DeadLetterFilter,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let (conditions, _) = matching(filter, None);
-            let sql = format!(
-                "SELECT count(*) FROM {}.dead_letters {conditions}",
-                self.schema.quoted()
-            );
-            let count: i64 = bind_matching(sqlx::query(&sql), filter, None)
-                .fetch_one(&self.pool)
-                .await?
-                .try_get(0)?;
-            Ok(u64::try_from(count).unwrap_or(0))
-        })
-    }
-
-    fn purge_dead_letters_matching<'a>(
-        &'a self,
-        filter: &'a DeadLetterFilter,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let (conditions, _) = matching(filter, None);
-            let sql = format!(
-                "DELETE FROM {}.dead_letters {conditions}",
-                self.schema.quoted()
-            );
-            let done = bind_matching(sqlx::query(&sql), filter, None)
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
-    }
+    dead_letter_queries!();
 
     fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {

@@ -108,6 +108,7 @@ pub(crate) struct Passes {
     running: Option<(JoinHandle<Result<u64, StoreError>>, Duration)>,
 }
 
+#[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
 impl Passes {
     pub(crate) fn new(store: Arc<dyn RelayStore>, limit: u32, store_timeout: Duration) -> Passes {
         Passes {

@@ -34,6 +34,7 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
+use crate::store::dead_letters::{dead_letter_queries, DeadLetterSql};
 use crate::store::{
     millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, DeliveryStore, Housekeeping,
     Identifier, Page, RelaySink, RelayStore, Routes, StoreError,
@@ -75,6 +76,14 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// The dead-letter queries on this store's table.
+    fn dead_letter_sql(&self) -> DeadLetterSql {
+        DeadLetterSql {
+            table: table(&self.prefix, "dead_letters"),
+            mark: '?',
+        }
+    }
+
     /// Opens the database file at `path`, creating it if missing, with a pool of 10
     /// connections: WAL journal, `synchronous = NORMAL`, busy timeout 5 s. Tables get the
     /// default prefix.
@@ -777,40 +786,7 @@ fn insert_dead_letter<'q>(
         .bind(envelope.created_at)
 }
 
-/// The `WHERE` of `filter` and of `page`'s cursor (empty when there is no condition), with
-/// placeholders from `?1` in the order [`bind_matching`] binds them, and how many it used.
-/// Only the conditions set are written, so that SQLite's planner takes the index each query
-/// fits (by time, by handler, by reason).
-fn matching(filter: &DeadLetterFilter, page: Option<&Page>) -> (String, usize) {
-    let mut conditions = Vec::new();
-    let mut used = 0;
-    let mut next = || {
-        used += 1;
-        used
-    };
-    if filter.handler.is_some() {
-        conditions.push(format!("handler = ?{}", next()));
-    }
-    if filter.reason.is_some() {
-        conditions.push(format!("reason = ?{}", next()));
-    }
-    if filter.before.is_some() {
-        conditions.push(format!("dead_lettered_at < ?{}", next()));
-    }
-    if let Some(page) = page.filter(|page| page.after.is_some()) {
-        let past = if page.newest_first { "<" } else { ">" };
-        let (at, id) = (next(), next());
-        conditions.push(format!("(dead_lettered_at, id) {past} (?{at}, ?{id})"));
-    }
-    let clause = if conditions.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", conditions.join(" AND "))
-    };
-    (clause, used)
-}
-
-/// Binds the values of [`matching`]'s conditions, in its order (times as the INTEGER
+/// Binds the values of a [`DeadLetterSql`] query's conditions, in their order (times as the INTEGER
 /// milliseconds and ids as the text they are stored as).
 fn bind_matching<'q>(
     mut query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
@@ -1010,65 +986,7 @@ impl DeadLetterStore for SqliteStore {
         })
     }
 
-    fn dead_letters_matching<'a>(
-        &'a self,
-        filter: &'a DeadLetterFilter,
-        page: &'a Page,
-    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>> {
-        Box::pin(async move {
-            let (conditions, used) = matching(filter, Some(page));
-            let order = if page.newest_first { "DESC" } else { "ASC" };
-            let sql = format!(
-                "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
-                 FROM {dl} {conditions}
-                 ORDER BY dead_lettered_at {order}, id {order}
-                 LIMIT ?{limit}",
-                m = MESSAGE_COLUMNS,
-                dl = table(&self.prefix, "dead_letters"),
-                limit = used + 1,
-            );
-            let rows = bind_matching(sqlx::query(&sql), filter, Some(page))
-                .bind(limit(page.limit))
-                .fetch_all(&self.pool)
-                .await?;
-            rows.iter().map(dead_letter_from_row).collect()
-        })
-    }
-
-    fn count_dead_letters<'a>(
-        &'a self,
-        filter: &'a DeadLetterFilter,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let (conditions, _) = matching(filter, None);
-            let sql = format!(
-                "SELECT count(*) FROM {} {conditions}",
-                table(&self.prefix, "dead_letters")
-            );
-            let count: i64 = bind_matching(sqlx::query(&sql), filter, None)
-                .fetch_one(&self.pool)
-                .await?
-                .try_get(0)?;
-            Ok(u64::try_from(count).unwrap_or(0))
-        })
-    }
-
-    fn purge_dead_letters_matching<'a>(
-        &'a self,
-        filter: &'a DeadLetterFilter,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let (conditions, _) = matching(filter, None);
-            let sql = format!(
-                "DELETE FROM {} {conditions}",
-                table(&self.prefix, "dead_letters")
-            );
-            let done = bind_matching(sqlx::query(&sql), filter, None)
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        })
-    }
+    dead_letter_queries!();
 
     fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
