@@ -442,6 +442,44 @@ impl DuplicateName {
     }
 }
 
+/// The handler-registration methods of a worker builder, over its `handlers: HandlerSet`: the
+/// same four in every world.
+macro_rules! handler_registration {
+    ($builder:ident) => {
+        /// Every `#[handler]` in the program (plus those registered with
+        /// [`register_handler`](Self::register_handler)).
+        pub fn from_registry(mut self) -> $builder {
+            self.handlers.use_program();
+            self
+        }
+
+        /// These handlers (plus those registered with `register_handler`).
+        pub fn registry(mut self, registry: $crate::Registry) -> $builder {
+            self.handlers.use_registry(registry);
+            self
+        }
+
+        /// Adds a handler written as a type; its name is the type's path.
+        pub fn register_handler<M: $crate::Message, H: $crate::Handler<M>>(
+            self,
+            handler: H,
+        ) -> $builder {
+            self.register_handler_with::<M, H>(handler, $crate::HandlerOptions::new())
+        }
+
+        /// Adds a handler written as a type, with its name, timeout or concurrency.
+        pub fn register_handler_with<M: $crate::Message, H: $crate::Handler<M>>(
+            mut self,
+            handler: H,
+            options: $crate::HandlerOptions,
+        ) -> $builder {
+            self.handlers.add::<M, H>(handler, options);
+            self
+        }
+    };
+}
+pub(crate) use handler_registration;
+
 #[cfg(test)]
 mod tests {
     use super::*;

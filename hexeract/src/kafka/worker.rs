@@ -27,16 +27,14 @@ use crate::delivery::{
 };
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::handler::Handler;
 use crate::health::{Health, Probe};
 use crate::kafka::logged::Logged;
 use crate::kafka::{wire, KafkaConfig, KafkaError};
-use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
 use crate::reason::Reason;
-use crate::registry::{HandlerOptions, HandlerSet, Registry};
+use crate::registry::HandlerSet;
 use crate::retry::Backoff;
 use crate::store::Store;
 
@@ -82,33 +80,7 @@ impl KafkaWorkerBuilder {
         }
     }
 
-    /// Every `#[handler]` in the program (plus those registered with
-    /// [`register_handler`](KafkaWorkerBuilder::register_handler)).
-    pub fn from_registry(mut self) -> KafkaWorkerBuilder {
-        self.handlers.use_program();
-        self
-    }
-
-    /// These handlers (plus those registered with `register_handler`).
-    pub fn registry(mut self, registry: Registry) -> KafkaWorkerBuilder {
-        self.handlers.use_registry(registry);
-        self
-    }
-
-    /// Adds a handler written as a type; its name is the type's path.
-    pub fn register_handler<M: Message, H: Handler<M>>(self, handler: H) -> KafkaWorkerBuilder {
-        self.register_handler_with::<M, H>(handler, HandlerOptions::new())
-    }
-
-    /// Adds a handler written as a type, with its name, timeout or concurrency.
-    pub fn register_handler_with<M: Message, H: Handler<M>>(
-        mut self,
-        handler: H,
-        options: HandlerOptions,
-    ) -> KafkaWorkerBuilder {
-        self.handlers.add::<M, H>(handler, options);
-        self
-    }
+    crate::registry::handler_registration!(KafkaWorkerBuilder);
 
     /// Where `ctx.publish` in a handler writes (default: the store's outbox, which the relay
     /// takes to Kafka).

@@ -13,12 +13,10 @@ use uuid::Uuid;
 
 use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
 use crate::error::Error;
-use crate::handler::Handler;
 use crate::health::Probe;
-use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
-use crate::registry::{HandlerOptions, HandlerSet, Registry};
+use crate::registry::HandlerSet;
 use crate::store::{ClaimedRows, DeliveryStore, Routes, Row, NO_HANDLER};
 
 /// Builds an [`OutboxWorker`]. The defaults are the library's: `poll_interval` 100 ms,
@@ -60,33 +58,7 @@ impl OutboxWorkerBuilder {
         }
     }
 
-    /// Every `#[handler]` in the program (plus those registered with
-    /// [`register_handler`](OutboxWorkerBuilder::register_handler)).
-    pub fn from_registry(mut self) -> OutboxWorkerBuilder {
-        self.handlers.use_program();
-        self
-    }
-
-    /// These handlers (plus those registered with `register_handler`).
-    pub fn registry(mut self, registry: Registry) -> OutboxWorkerBuilder {
-        self.handlers.use_registry(registry);
-        self
-    }
-
-    /// Adds a handler written as a type; its name is the type's path.
-    pub fn register_handler<M: Message, H: Handler<M>>(self, handler: H) -> OutboxWorkerBuilder {
-        self.register_handler_with::<M, H>(handler, HandlerOptions::new())
-    }
-
-    /// Adds a handler written as a type, with its name, timeout or concurrency.
-    pub fn register_handler_with<M: Message, H: Handler<M>>(
-        mut self,
-        handler: H,
-        options: HandlerOptions,
-    ) -> OutboxWorkerBuilder {
-        self.handlers.add::<M, H>(handler, options);
-        self
-    }
+    crate::registry::handler_registration!(OutboxWorkerBuilder);
 
     /// How long to sleep after a poll that found nothing (default 100 ms). A publish in this
     /// process wakes the worker sooner.

@@ -22,9 +22,7 @@ use crate::dead_letter::DeadLetter;
 use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
 use crate::envelope::Envelope;
 use crate::error::{ConfigError, ConfigProblem, Error};
-use crate::handler::Handler;
 use crate::health::Probe;
-use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
 use crate::rabbitmq::acks::{AckTracker, Acks};
@@ -34,7 +32,7 @@ use crate::rabbitmq::{
     ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology,
     DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PREFIX,
 };
-use crate::registry::{HandlerOptions, HandlerSet, RegisteredHandler, Registry};
+use crate::registry::{HandlerSet, RegisteredHandler};
 use crate::retry::Backoff;
 use crate::store::DeadLetterStore;
 
@@ -122,33 +120,7 @@ impl RabbitMqWorkerBuilder {
         }
     }
 
-    /// Every `#[handler]` in the program (plus those registered with
-    /// [`register_handler`](RabbitMqWorkerBuilder::register_handler)).
-    pub fn from_registry(mut self) -> RabbitMqWorkerBuilder {
-        self.handlers.use_program();
-        self
-    }
-
-    /// These handlers (plus those registered with `register_handler`).
-    pub fn registry(mut self, registry: Registry) -> RabbitMqWorkerBuilder {
-        self.handlers.use_registry(registry);
-        self
-    }
-
-    /// Adds a handler written as a type; its name is the type's path.
-    pub fn register_handler<M: Message, H: Handler<M>>(self, handler: H) -> RabbitMqWorkerBuilder {
-        self.register_handler_with::<M, H>(handler, HandlerOptions::new())
-    }
-
-    /// Adds a handler written as a type, with its name, timeout or concurrency.
-    pub fn register_handler_with<M: Message, H: Handler<M>>(
-        mut self,
-        handler: H,
-        options: HandlerOptions,
-    ) -> RabbitMqWorkerBuilder {
-        self.handlers.add::<M, H>(handler, options);
-        self
-    }
+    crate::registry::handler_registration!(RabbitMqWorkerBuilder);
 
     /// The message exchange (default `hexeract`).
     pub fn exchange(mut self, exchange: impl Into<String>) -> RabbitMqWorkerBuilder {

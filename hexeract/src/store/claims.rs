@@ -13,8 +13,8 @@ use crate::reason::Reason;
 use crate::store::StoreError;
 
 /// Rows claimed under a token, settled by the worker that holds it: handler deliveries (ids
-/// `i64`, [`DeliveryStore::deliveries`]) and scheduler occurrences (ids `Uuid`,
-/// [`ScheduleStore::occurrences`]) follow this one claim model. Each method touches only rows
+/// `i64`, [`DeliveryStore::deliveries`](crate::store::DeliveryStore::deliveries)) and scheduler occurrences (ids `Uuid`,
+/// [`ScheduleStore::occurrences`](crate::store::ScheduleStore::occurrences)) follow this one claim model. Each method touches only rows
 /// still claimed under `token`: a worker whose lease ended (another took the row over) changes
 /// nothing.
 pub trait Claims<Id>: Send + Sync {
