@@ -106,8 +106,8 @@ async fn run_baseline(pool: &PgPool, store: &PgStore, occurrences: u64) -> Durat
         let token = Uuid::now_v7();
         let rows = sqlx::query(claim)
             .bind(token)
-            .bind(i64::from(BATCH))
             .bind(30_000_i64)
+            .bind(i64::from(BATCH))
             .bind(&names)
             .fetch_all(pool)
             .await

@@ -177,7 +177,6 @@ async fn run_loops(
     .build()?;
     #[cfg(feature = "rabbitmq")]
     if let Some(amqp) = &settings.amqp {
-        tokio::spawn(stop_on_signal(stop.clone()));
         let broker = crate::rabbitmq::supervisor::BrokerSettings {
             url: amqp.url.clone(),
             exchange: amqp.exchange.clone(),
@@ -191,15 +190,10 @@ async fn run_loops(
             startup,
             stop.clone(),
         );
-        let (delivered, scheduled) = tokio::join!(
-            stop_all_on_error(delivering, &stop),
-            scheduler.run(stop.clone()),
-        );
-        return delivered.and(scheduled);
+        return beside_the_scheduler(delivering, scheduler, &stop).await;
     }
     #[cfg(feature = "kafka")]
     if let Some(kafka) = &settings.kafka {
-        tokio::spawn(stop_on_signal(stop.clone()));
         let delivering = crate::kafka::supervisor::run_on_kafka(
             kafka,
             settings,
@@ -208,11 +202,7 @@ async fn run_loops(
             startup,
             stop.clone(),
         );
-        let (delivered, scheduled) = tokio::join!(
-            stop_all_on_error(delivering, &stop),
-            scheduler.run(stop.clone()),
-        );
-        return delivered.and(scheduled);
+        return beside_the_scheduler(delivering, scheduler, &stop).await;
     }
     #[cfg(not(feature = "kafka"))]
     if settings.kafka.is_some() {
@@ -233,10 +223,20 @@ async fn run_loops(
         .health(health.probe("outbox worker"))
         .build()?;
     startup.pass();
+    beside_the_scheduler(worker.run(stop.clone()), scheduler, &stop).await
+}
+
+/// Runs what delivers the messages beside the scheduler until `stop` (or SIGTERM, Ctrl-C);
+/// if either fails, stops the other too.
+async fn beside_the_scheduler(
+    delivering: impl std::future::Future<Output = Result<(), Error>>,
+    scheduler: SchedulerWorker,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
     tokio::spawn(stop_on_signal(stop.clone()));
     let (delivered, scheduled) = tokio::join!(
-        stop_all_on_error(worker.run(stop.clone()), &stop),
-        scheduler.run(stop.clone())
+        stop_all_on_error(delivering, stop),
+        scheduler.run(stop.clone()),
     );
     delivered.and(scheduled)
 }

@@ -397,6 +397,28 @@ fn deliveries(pool: PgPool, schema: &Identifier) -> Settle {
     )
 }
 
+/// The claim of up to `$3` due rows of `table` (that also meet `also`, an `AND …` of their
+/// own, from `$4`) under the token `$1` for a lease of `$2` milliseconds: the attempt counted,
+/// due again at the lease's end, `recovered` set where an earlier claim was never settled.
+/// `returning` names the columns it gives back.
+pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
+    format!(
+        "UPDATE {table}
+         SET attempts = attempts + 1,
+             -- SET sees the row as it was: a token still there is an unsettled claim.
+             recovered = recovered OR lease_owner IS NOT NULL,
+             lease_owner = $1,
+             available_at = now() + $2::bigint * interval '1 millisecond'
+         WHERE id = ANY(ARRAY(
+             SELECT id FROM {table}
+             WHERE available_at <= now() {also}
+             ORDER BY available_at
+             LIMIT $3
+             FOR UPDATE SKIP LOCKED))
+         RETURNING {returning}"
+    )
+}
+
 /// The id of a claimed row: `bigint` (deliveries) or `uuid` (occurrences).
 pub(super) trait ClaimId:
     for<'q> sqlx::Encode<'q, Postgres>
@@ -467,20 +489,10 @@ impl Statements {
                  )
                  SELECT count(*) FROM fresh"
             ),
-            claim: format!(
-                "UPDATE {s}.deliveries
-                 SET attempts = attempts + 1,
-                     -- SET sees the row as it was: a token still there is an unsettled claim.
-                     recovered = recovered OR lease_owner IS NOT NULL,
-                     lease_owner = $1,
-                     available_at = now() + $2::bigint * interval '1 millisecond'
-                 WHERE id = ANY(ARRAY(
-                     SELECT id FROM {s}.deliveries
-                     WHERE available_at <= now()
-                     ORDER BY available_at
-                     LIMIT $3
-                     FOR UPDATE SKIP LOCKED))
-                 RETURNING id, message_id, handler, attempts, recovered, {m}"
+            claim: claim(
+                &format!("{s}.deliveries"),
+                "",
+                &format!("id, message_id, handler, attempts, recovered, {m}"),
             ),
             dead_letter: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}

@@ -391,6 +391,27 @@ fn deliveries(pool: SqlitePool, prefix: &Identifier) -> Settle {
     )
 }
 
+/// The claim of up to `?4` rows of `table` due at `?2` (that also meet `also`, an `AND …` of
+/// their own, from `?5`) under the token `?1`, due again at `?3` (the lease's end): the attempt
+/// counted, `recovered` set where an earlier claim was never settled. One statement, so SQLite
+/// runs it atomically under its write lock. `returning` names the columns it gives back.
+pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
+    format!(
+        "UPDATE {table}
+         SET attempts = attempts + 1,
+             -- SET sees the row as it was: a token still there is an unsettled claim.
+             recovered = recovered OR lease_owner IS NOT NULL,
+             lease_owner = ?1,
+             available_at = ?3
+         WHERE id IN (
+             SELECT id FROM {table}
+             WHERE available_at <= ?2 {also}
+             ORDER BY available_at
+             LIMIT ?4)
+         RETURNING {returning}"
+    )
+}
+
 /// The id of a claimed row: an INTEGER (deliveries) or a UUID as text (occurrences). Lists of
 /// them are bound as JSON arrays, which a UUID joins in the same text form.
 pub(super) trait ClaimId: serde::Serialize + Send + Sync + Copy + 'static {
@@ -471,19 +492,10 @@ impl Statements {
                 "DELETE FROM {o} WHERE id IN (SELECT id FROM {o} ORDER BY id LIMIT ?1)"
             ),
             // One statement, so SQLite runs it atomically under its write lock.
-            claim: format!(
-                "UPDATE {d}
-                 SET attempts = attempts + 1,
-                     -- SET sees the row as it was: a token still there is an unsettled claim.
-                     recovered = recovered OR lease_owner IS NOT NULL,
-                     lease_owner = ?1,
-                     available_at = ?3
-                 WHERE id IN (
-                     SELECT id FROM {d}
-                     WHERE available_at <= ?2
-                     ORDER BY available_at
-                     LIMIT ?4)
-                 RETURNING id, message_id, handler, attempts, recovered, {m}"
+            claim: claim(
+                &d,
+                "",
+                &format!("id, message_id, handler, attempts, recovered, {m}"),
             ),
             relay_take: format!("SELECT id AS message_id, {m} FROM {o} ORDER BY id LIMIT ?1"),
             relay_delete: format!("DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1))"),

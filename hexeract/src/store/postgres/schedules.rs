@@ -11,7 +11,7 @@ use sqlx::postgres::PgPool;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{limit, notify_channel, PgStore, Settle, MESSAGE_COLUMNS};
+use super::{claim, limit, notify_channel, PgStore, Settle, MESSAGE_COLUMNS};
 use crate::envelope::Envelope;
 use crate::store::schedules::{
     occurrence_id, ClaimedOccurrence, Due, FirstFire, Planner, ScheduleDefinition, ScheduleStore,
@@ -147,20 +147,10 @@ impl ScheduleStatements {
             advance: format!(
                 "UPDATE {s}.schedules SET next_fire_at = $2, updated_at = now() WHERE name = $1"
             ),
-            claim: format!(
-                "UPDATE {s}.occurrences
-                 SET attempts = attempts + 1,
-                     -- SET sees the row as it was: a token still there is an unsettled claim.
-                     recovered = recovered OR lease_owner IS NOT NULL,
-                     lease_owner = $1,
-                     available_at = now() + $3::bigint * interval '1 millisecond'
-                 WHERE id = ANY(ARRAY(
-                     SELECT id FROM {s}.occurrences
-                     WHERE available_at <= now() AND schedule = ANY($4)
-                     ORDER BY available_at
-                     LIMIT $2
-                     FOR UPDATE SKIP LOCKED))
-                 RETURNING id, schedule, fire_at, attempts, recovered"
+            claim: claim(
+                &format!("{s}.occurrences"),
+                "AND schedule = ANY($4)",
+                "id, schedule, fire_at, attempts, recovered",
             ),
             // The dead letter's message id is the occurrence's id and its `created_at` the fire
             // time (see `occurrences`): the run comes back as it was, attempts from 1.
@@ -316,8 +306,8 @@ impl ScheduleStore for PgStore {
         Box::pin(async move {
             let rows = sqlx::query(&self.schedule_sql.claim)
                 .bind(token)
-                .bind(limit(limit_rows))
                 .bind(millis(lease))
+                .bind(limit(limit_rows))
                 .bind(names)
                 .fetch_all(&self.pool)
                 .await?;

@@ -13,7 +13,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{
-    limit, now_millis, table, uuid, Settle, SqliteStore, BEGIN_IMMEDIATE, MESSAGE_COLUMNS,
+    claim, limit, now_millis, table, uuid, Settle, SqliteStore, BEGIN_IMMEDIATE, MESSAGE_COLUMNS,
 };
 use crate::envelope::Envelope;
 use crate::store::schedules::{
@@ -152,18 +152,10 @@ impl ScheduleStatements {
             advance: format!(
                 "UPDATE {schedules} SET next_fire_at = ?2, updated_at = ?3 WHERE name = ?1"
             ),
-            claim: format!(
-                "UPDATE {o}
-                 SET attempts = attempts + 1,
-                     recovered = recovered OR lease_owner IS NOT NULL,
-                     lease_owner = ?1,
-                     available_at = ?3
-                 WHERE id IN (
-                     SELECT id FROM {o}
-                     WHERE available_at <= ?2 AND schedule IN (SELECT value FROM json_each(?5))
-                     ORDER BY available_at
-                     LIMIT ?4)
-                 RETURNING id, schedule, fire_at, attempts, recovered"
+            claim: claim(
+                &o,
+                "AND schedule IN (SELECT value FROM json_each(?5))",
+                "id, schedule, fire_at, attempts, recovered",
             ),
             // The dead letter's message id is the occurrence's id and its `created_at` the fire
             // time (see `occurrences`): the run comes back as it was, attempts from 1.
