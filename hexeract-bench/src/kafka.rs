@@ -147,8 +147,8 @@ impl Count {
 }
 
 impl Handler<AccountCredited> for Count {
-    type Output = Result<(), std::convert::Infallible>;
-    async fn handle(&self, credit: AccountCredited, _ctx: &Context) -> Self::Output {
+    type Error = std::convert::Infallible;
+    async fn handle(&self, credit: AccountCredited, _ctx: &Context) -> Result<(), Self::Error> {
         black_box(&credit);
         self.one();
         Ok(())

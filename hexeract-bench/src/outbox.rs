@@ -36,8 +36,8 @@ struct Count {
 }
 
 impl Handler<ItemShipped> for Count {
-    type Output = Result<(), std::convert::Infallible>;
-    async fn handle(&self, item: ItemShipped, _ctx: &Context) -> Self::Output {
+    type Error = std::convert::Infallible;
+    async fn handle(&self, item: ItemShipped, _ctx: &Context) -> Result<(), Self::Error> {
         black_box(&item);
         if self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.expected {
             self.done.notify_one();
@@ -305,8 +305,8 @@ struct Probe {}
 struct Stopwatch(Arc<Notify>);
 
 impl Handler<Probe> for Stopwatch {
-    type Output = Result<(), std::convert::Infallible>;
-    async fn handle(&self, _probe: Probe, _ctx: &Context) -> Self::Output {
+    type Error = std::convert::Infallible;
+    async fn handle(&self, _probe: Probe, _ctx: &Context) -> Result<(), Self::Error> {
         self.0.notify_one();
         Ok(())
     }

@@ -91,8 +91,8 @@ impl Count {
 }
 
 impl Handler<StockReserved> for Count {
-    type Output = Result<(), std::convert::Infallible>;
-    async fn handle(&self, item: StockReserved, _ctx: &Context) -> Self::Output {
+    type Error = std::convert::Infallible;
+    async fn handle(&self, item: StockReserved, _ctx: &Context) -> Result<(), Self::Error> {
         black_box(&item);
         if self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.expected {
             self.done.notify_one();

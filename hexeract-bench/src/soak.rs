@@ -209,8 +209,8 @@ impl Tally {
 struct Record(Arc<Tally>);
 
 impl Handler<SoakOrder> for Record {
-    type Output = Result<(), Infallible>;
-    async fn handle(&self, order: SoakOrder, _ctx: &Context) -> Self::Output {
+    type Error = Infallible;
+    async fn handle(&self, order: SoakOrder, _ctx: &Context) -> Result<(), Self::Error> {
         self.0.record(order.seq);
         black_box(&order);
         Ok(())

@@ -406,7 +406,8 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
         other => other.span(),
     };
     let call_context = quote_spanned! {context_span=> ::hexeract::__private::context_arg(#ctx) };
-    let output = quote_spanned! {output_ty.span()=> #output_ty };
+    let outcome_result =
+        quote_spanned! {output_ty.span()=> #private::outcome_result::<#output_ty> };
     let call = quote_spanned! {ident.span()=> #ident(#message, #call_context) };
     let location = quote_spanned! {ident.span()=>
         file: ::core::file!(),
@@ -422,14 +423,16 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
             struct #adapter;
 
             impl #private::Handler<#message_ty> for #adapter {
-                type Output = #output;
+                type Error = #private::HandlerOutcome;
 
                 fn handle(
                     &self,
                     #message: #message_ty,
                     #ctx: &#private::Context,
-                ) -> impl ::core::future::Future<Output = Self::Output> + ::core::marker::Send {
-                    #call
+                ) -> impl ::core::future::Future<
+                    Output = ::core::result::Result<(), #private::HandlerOutcome>,
+                > + ::core::marker::Send {
+                    #private::outcome_of(#call, #outcome_result)
                 }
             }
 

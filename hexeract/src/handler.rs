@@ -10,14 +10,19 @@ use futures_util::future::BoxFuture;
 use crate::context::Context;
 use crate::envelope::Envelope;
 use crate::message::Message;
-use crate::outcome::{HandlerOutcome, IntoOutcome};
+use crate::outcome::{HandlerError, HandlerOutcome};
 use crate::reason::Reason;
 
 /// Handles messages of type `M`.
 ///
 /// `#[handler]` implements this for an async fn; implement it yourself for a handler that
-/// carries state (a pool, a client), and register it with
-/// [`RuntimeBuilder::register_handler`](crate::RuntimeBuilder::register_handler).
+/// carries state (a pool, a client), and register it with a builder's `register_handler`
+/// ([`OutboxWorkerBuilder`](crate::outbox::OutboxWorkerBuilder::register_handler),
+/// [`RuntimeBuilder`](crate::RuntimeBuilder::register_handler), …).
+///
+/// `Ok(())` acks. An `Err` is retried (with backoff, until the calls run out) when `Error` is an
+/// ordinary error; with `type Error = HandlerOutcome` the handler says what an `Err` does, such
+/// as `Err(HandlerOutcome::dead_letter("sku_unknown", …))` ([`HandlerError`]).
 ///
 /// ```
 /// use hexeract::{Context, Handler, Message};
@@ -29,20 +34,24 @@ use crate::reason::Reason;
 /// struct ReserveStock { warehouse: String }
 ///
 /// impl Handler<OrderPlaced> for ReserveStock {
-///     type Output = Result<(), std::io::Error>;
+///     type Error = std::io::Error;
 ///
-///     async fn handle(&self, event: OrderPlaced, ctx: &Context) -> Self::Output {
+///     async fn handle(&self, event: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
 ///         println!("{}: reserve order {} (message {})", self.warehouse, event.order_id, ctx.message_id());
 ///         Ok(())
 ///     }
 /// }
 /// ```
 pub trait Handler<M>: Send + Sync + 'static {
-    /// What a call returns: `Result<(), E>`, `Result<HandlerOutcome, E>` or `HandlerOutcome`.
-    type Output: IntoOutcome;
+    /// What an `Err` of a call is: any `Display` error (retried), or [`HandlerOutcome`].
+    type Error: HandlerError;
 
     /// Handles one delivery of `message`.
-    fn handle(&self, message: M, ctx: &Context) -> impl Future<Output = Self::Output> + Send;
+    fn handle(
+        &self,
+        message: M,
+        ctx: &Context,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
 /// A handler with its message type erased: what the registry stores and workers call.
@@ -109,7 +118,10 @@ impl<M: Message, H: Handler<M>> ErasedHandler for TypedHandler<M, H> {
     ) -> BoxFuture<'a, HandlerOutcome> {
         Box::pin(async move {
             match envelope.decode::<M>() {
-                Ok(message) => self.handler.handle(message, ctx).await.into_outcome(),
+                Ok(message) => match self.handler.handle(message, ctx).await {
+                    Ok(()) => HandlerOutcome::Ack,
+                    Err(error) => error.into_outcome(),
+                },
                 Err(error) => HandlerOutcome::dead_letter(Reason::PAYLOAD_INVALID, error),
             }
         })

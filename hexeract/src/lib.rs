@@ -123,7 +123,7 @@ pub use error::{ConfigError, ConfigProblem, Error};
 pub use handler::{ErasedHandler, Handler, TypedHandler};
 pub use memory::InMemoryStore;
 pub use message::{AggregateKey, Message};
-pub use outcome::{HandlerOutcome, IntoOutcome};
+pub use outcome::{HandlerError, HandlerOutcome, IntoOutcome};
 pub use publish::{Publish, PublishError};
 pub use reason::Reason;
 pub use registry::{

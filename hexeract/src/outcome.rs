@@ -1,6 +1,6 @@
 //! [`HandlerOutcome`]: what a handler says about one delivery, and how return types map to it.
 
-use std::fmt::{self, Display};
+use std::fmt::Display;
 use std::time::Duration;
 
 use crate::reason::Reason;
@@ -78,21 +78,25 @@ impl HandlerOutcome {
         HandlerOutcome::dead_letter(Reason::HANDLER_REJECTED, detail)
     }
 
+    /// This outcome as a typed [`Handler`](crate::Handler)'s result, with
+    /// `type Error = HandlerOutcome`: `Ok(())` for an ack, `Err(self)` for anything else.
+    ///
+    /// ```
+    /// use hexeract::HandlerOutcome;
+    ///
+    /// assert_eq!(HandlerOutcome::Ack.into_result(), Ok(()));
+    /// assert!(HandlerOutcome::reject("no such SKU").into_result().is_err());
+    /// ```
+    pub fn into_result(self) -> Result<(), HandlerOutcome> {
+        match self {
+            HandlerOutcome::Ack => Ok(()),
+            other => Err(other),
+        }
+    }
+
     /// `true` for [`HandlerOutcome::Ack`].
     pub fn is_ack(&self) -> bool {
         matches!(self, HandlerOutcome::Ack)
-    }
-}
-
-impl fmt::Display for HandlerOutcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HandlerOutcome::Ack => f.write_str("ack"),
-            HandlerOutcome::Retry { detail, .. } => write!(f, "retry: {detail}"),
-            HandlerOutcome::DeadLetter { reason, detail } => {
-                write!(f, "dead letter ({reason}): {detail}")
-            }
-        }
     }
 }
 
@@ -116,20 +120,60 @@ impl IntoOutcome for HandlerOutcome {
     }
 }
 
-impl<E: Display> IntoOutcome for Result<(), E> {
+impl<E: HandlerError> IntoOutcome for Result<(), E> {
     fn into_outcome(self) -> HandlerOutcome {
         match self {
             Ok(()) => HandlerOutcome::Ack,
-            Err(error) => HandlerOutcome::retry(format_args!("{error:#}")),
+            Err(error) => error.into_outcome(),
         }
     }
 }
 
-impl<E: Display> IntoOutcome for Result<HandlerOutcome, E> {
+impl<E: HandlerError> IntoOutcome for Result<HandlerOutcome, E> {
     fn into_outcome(self) -> HandlerOutcome {
         match self {
             Ok(outcome) => outcome,
-            Err(error) => HandlerOutcome::retry(format_args!("{error:#}")),
+            Err(error) => error.into_outcome(),
         }
+    }
+}
+
+/// What the `Err` of a handler call means: the [`Handler::Error`](crate::Handler::Error) of a
+/// typed handler, the `E` of a `#[handler]` fn's `Result<(), E>`.
+///
+/// Any error that implements `Display` (every `std::error::Error`, `anyhow::Error`, `String`)
+/// is a failure that may pass: the call is retried, and dead-lettered as
+/// `max_deliveries_exceeded` when the calls run out. A [`HandlerOutcome`] says what to do
+/// itself: `Err(HandlerOutcome::dead_letter("sku_unknown", …))` dead-letters at once with that
+/// reason.
+///
+/// ```
+/// use hexeract::{HandlerError, HandlerOutcome};
+///
+/// let io = std::io::Error::other("stock service unavailable");
+/// assert!(matches!(io.into_outcome(), HandlerOutcome::Retry { .. }));
+/// let unknown = HandlerOutcome::dead_letter("sku_unknown", "SKU 42");
+/// assert!(matches!(unknown.into_outcome(), HandlerOutcome::DeadLetter { .. }));
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a handler's error",
+    label = "not a handler error",
+    note = "a handler's error is a type that implements Display (std::error::Error types, anyhow::Error, Box<dyn Error>, String), whose `Err` retries, or `hexeract::HandlerOutcome`, which says itself what to do"
+)]
+pub trait HandlerError {
+    /// The outcome this error stands for.
+    fn into_outcome(self) -> HandlerOutcome;
+}
+
+impl<E: Display> HandlerError for E {
+    fn into_outcome(self) -> HandlerOutcome {
+        HandlerOutcome::retry(format_args!("{self:#}"))
+    }
+}
+
+// `HandlerOutcome` has no `Display`: that is what lets it be an error of its own here.
+impl HandlerError for HandlerOutcome {
+    fn into_outcome(self) -> HandlerOutcome {
+        self
     }
 }

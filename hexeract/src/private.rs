@@ -118,3 +118,22 @@ impl Default for ConstMessage {
         ConstMessage::new()
     }
 }
+
+/// A `#[handler]` fn's return value as the typed [`Handler`](crate::Handler)'s result: an ack
+/// is `Ok(())`, any other outcome the `Err` that carries it. Named at the fn's return type, so
+/// that an unsupported one is reported there.
+pub fn outcome_result<O: IntoOutcome>(output: O) -> Result<(), HandlerOutcome> {
+    output.into_outcome().into_result()
+}
+
+/// The call of a `#[handler]` fn, its output turned into a result by `result`: no future of its
+/// own around the fn's, so that one that is not `Send` is reported as the fn's.
+pub fn outcome_of<F: std::future::Future>(
+    call: F,
+    result: ToResult<F::Output>,
+) -> futures_util::future::Map<F, ToResult<F::Output>> {
+    futures_util::FutureExt::map(call, result)
+}
+
+/// How a `#[handler]` fn's output becomes a result ([`outcome_result`]).
+pub type ToResult<O> = fn(O) -> Result<(), HandlerOutcome>;

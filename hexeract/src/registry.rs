@@ -493,8 +493,8 @@ mod tests {
 
     struct Noop;
     impl Handler<Ping> for Noop {
-        type Output = Result<(), String>;
-        async fn handle(&self, _: Ping, _: &Context) -> Self::Output {
+        type Error = String;
+        async fn handle(&self, _: Ping, _: &Context) -> Result<(), Self::Error> {
             Ok(())
         }
     }
@@ -562,8 +562,8 @@ mod tests {
     fn code_registration_checks_names() {
         struct Generic<T>(std::marker::PhantomData<fn() -> T>);
         impl<T: 'static> Handler<Ping> for Generic<T> {
-            type Output = Result<(), String>;
-            async fn handle(&self, _: Ping, _: &Context) -> Self::Output {
+            type Error = String;
+            async fn handle(&self, _: Ping, _: &Context) -> Result<(), Self::Error> {
                 Ok(())
             }
         }

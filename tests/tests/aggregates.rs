@@ -295,16 +295,16 @@ impl Seen {
 }
 
 impl Handler<OrderPlaced> for Seen {
-    type Output = Result<(), String>;
-    async fn handle(&self, _order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, _order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.record(ctx);
         Ok(())
     }
 }
 
 impl Handler<Ping> for Seen {
-    type Output = Result<(), String>;
-    async fn handle(&self, _ping: Ping, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, _ping: Ping, ctx: &Context) -> Result<(), Self::Error> {
         self.record(ctx);
         Ok(())
     }

@@ -72,8 +72,8 @@ impl Seen {
 struct Record(Seen);
 
 impl Handler<Order> for Record {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: Order, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: Order, ctx: &Context) -> Result<(), Self::Error> {
         if let Some(note) = ctx.envelope().header(NOTE) {
             self.0
                 .notes

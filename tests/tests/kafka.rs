@@ -75,8 +75,8 @@ impl Recorder {
 }
 
 impl Handler<Step> for Recorder {
-    type Output = HandlerOutcome;
-    async fn handle(&self, step: Step, ctx: &Context) -> HandlerOutcome {
+    type Error = HandlerOutcome;
+    async fn handle(&self, step: Step, ctx: &Context) -> Result<(), HandlerOutcome> {
         if !self.pause.is_zero() {
             tokio::time::sleep(self.pause).await;
         }
@@ -94,6 +94,7 @@ impl Handler<Step> for Recorder {
             }
             _ => HandlerOutcome::Ack,
         }
+        .into_result()
     }
 }
 
@@ -787,8 +788,8 @@ async fn a_row_too_large_for_the_brokers_is_dead_lettered_and_the_relay_goes_on_
 async fn a_handler_whose_message_has_no_aggregate_cannot_start() {
     struct Pong;
     impl Handler<Ping> for Pong {
-        type Output = Result<(), String>;
-        async fn handle(&self, _ping: Ping, _ctx: &Context) -> Self::Output {
+        type Error = String;
+        async fn handle(&self, _ping: Ping, _ctx: &Context) -> Result<(), Self::Error> {
             Ok(())
         }
     }

@@ -654,9 +654,9 @@ struct InProcessLedger {
 }
 
 impl Handler<Job> for InProcessLedger {
-    type Output = Result<(), String>;
+    type Error = String;
 
-    async fn handle(&self, _job: Job, ctx: &Context) -> Self::Output {
+    async fn handle(&self, _job: Job, ctx: &Context) -> Result<(), Self::Error> {
         tokio::time::sleep(Duration::from_millis(1)).await;
         let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
         sqlx::query(&self.insert)
@@ -866,9 +866,9 @@ struct DroppableLedger {
 }
 
 impl Handler<Job> for DroppableLedger {
-    type Output = Result<(), String>;
+    type Error = String;
 
-    async fn handle(&self, _job: Job, ctx: &Context) -> Self::Output {
+    async fn handle(&self, _job: Job, ctx: &Context) -> Result<(), Self::Error> {
         ledger::record(
             &self.pool,
             &self.schema,

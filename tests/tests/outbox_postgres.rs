@@ -315,8 +315,8 @@ struct Calls(Arc<Mutex<Vec<Call>>>);
 struct Confirm(Calls);
 
 impl Handler<OrderPlaced> for Confirm {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.0
              .0
             .lock()
@@ -330,8 +330,8 @@ impl Handler<OrderPlaced> for Confirm {
 struct Reserve(Calls);
 
 impl Handler<OrderPlaced> for Reserve {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.0
              .0
             .lock()
@@ -440,8 +440,8 @@ async fn three_workers_deliver_every_message_to_every_handler_with_independent_r
 struct Signal(Arc<tokio::sync::Notify>);
 
 impl Handler<OrderPlaced> for Signal {
-    type Output = Result<(), String>;
-    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Result<(), Self::Error> {
         self.0.notify_one();
         Ok(())
     }
@@ -488,8 +488,8 @@ struct OneAtATime {
 }
 
 impl Handler<OrderPlaced> for OneAtATime {
-    type Output = Result<(), String>;
-    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Result<(), Self::Error> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(5)).await;

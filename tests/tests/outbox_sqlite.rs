@@ -600,8 +600,8 @@ impl Calls {
 struct Confirm(Calls);
 
 impl Handler<OrderPlaced> for Confirm {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.0.record(&order, "confirm", ctx);
         Ok(())
     }
@@ -611,8 +611,8 @@ impl Handler<OrderPlaced> for Confirm {
 struct Reserve(Calls);
 
 impl Handler<OrderPlaced> for Reserve {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.0.record(&order, "reserve", ctx);
         if ctx.attempt() == 1 {
             return Err("warehouse unavailable".into());
@@ -696,10 +696,13 @@ async fn three_workers_share_one_file_without_losing_or_repeating_a_delivery() {
 struct Later(Arc<Mutex<Vec<std::time::Instant>>>);
 
 impl Handler<OrderPlaced> for Later {
-    type Output = hexeract::HandlerOutcome;
-    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+    type Error = hexeract::HandlerOutcome;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Result<(), Self::Error> {
         self.0.lock().unwrap().push(std::time::Instant::now());
-        hexeract::HandlerOutcome::retry_after(Duration::from_secs(3600), "come back in an hour")
+        Err(hexeract::HandlerOutcome::retry_after(
+            Duration::from_secs(3600),
+            "come back in an hour",
+        ))
     }
 }
 

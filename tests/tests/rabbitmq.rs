@@ -61,8 +61,8 @@ impl Calls {
 struct Record(Calls, &'static str);
 
 impl Handler<OrderPlaced> for Record {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.0
              .0
             .lock()
@@ -76,8 +76,8 @@ impl Handler<OrderPlaced> for Record {
 struct FailFirst(Calls, u32);
 
 impl Handler<OrderPlaced> for FailFirst {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.0
              .0
             .lock()
@@ -336,8 +336,8 @@ struct Slow {
 }
 
 impl Handler<OrderPlaced> for Slow {
-    type Output = Result<(), String>;
-    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Result<(), Self::Error> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -397,8 +397,8 @@ async fn no_more_than_prefetch_calls_run_at_once_and_cancel_finishes_the_calls_i
 struct FirstSlow(Calls, Duration);
 
 impl Handler<OrderPlaced> for FirstSlow {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         if order.order_id == 0 {
             tokio::time::sleep(self.1).await;
         }
@@ -455,8 +455,8 @@ async fn deliveries_settled_behind_a_slow_call_are_acked_while_it_runs() {
 struct Pausing(Calls, Duration);
 
 impl Handler<OrderPlaced> for Pausing {
-    type Output = Result<(), String>;
-    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.0
              .0
             .lock()
@@ -623,9 +623,9 @@ async fn build_rejects_invalid_knobs_all_at_once() {
 struct Reject;
 
 impl Handler<OrderPlaced> for Reject {
-    type Output = HandlerOutcome;
-    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
-        HandlerOutcome::dead_letter("sku_unknown", "no such SKU")
+    type Error = HandlerOutcome;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Result<(), Self::Error> {
+        Err(HandlerOutcome::dead_letter("sku_unknown", "no such SKU"))
     }
 }
 
@@ -813,8 +813,8 @@ struct Seen(Arc<Mutex<Vec<Sight>>>);
 struct Inspect(Seen);
 
 impl Handler<OrderPlaced> for Inspect {
-    type Output = Result<(), String>;
-    async fn handle(&self, _order: OrderPlaced, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, _order: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
         self.0 .0.lock().unwrap().push((
             ctx.message_id(),
             ctx.correlation_id(),
@@ -1254,10 +1254,10 @@ async fn amqps_with_a_private_ca_in_cacertfile_consumes_and_publishes_and_an_unk
 struct Counted(Arc<AtomicU32>);
 
 impl Handler<OrderPlaced> for Counted {
-    type Output = HandlerOutcome;
-    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Self::Output {
+    type Error = std::convert::Infallible;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Result<(), Self::Error> {
         self.0.fetch_add(1, Ordering::SeqCst);
-        HandlerOutcome::Ack
+        Ok(())
     }
 }
 

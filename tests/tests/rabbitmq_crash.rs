@@ -219,8 +219,8 @@ async fn a_message_that_kills_its_consumer_is_parked_after_max_attempts_and_the_
 struct NoOp;
 
 impl hexeract::Handler<Task> for NoOp {
-    type Output = Result<(), String>;
-    async fn handle(&self, _task: Task, _ctx: &hexeract::Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, _task: Task, _ctx: &hexeract::Context) -> Result<(), Self::Error> {
         Ok(())
     }
 }

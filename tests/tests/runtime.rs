@@ -91,8 +91,8 @@ async fn resume_as(
 ) -> Vec<(String, u32)> {
     struct Recorder(std::sync::Arc<Mutex<Vec<(String, u32)>>>);
     impl hexeract::Handler<Ping> for Recorder {
-        type Output = Result<(), String>;
-        async fn handle(&self, _ping: Ping, ctx: &Context) -> Self::Output {
+        type Error = String;
+        async fn handle(&self, _ping: Ping, ctx: &Context) -> Result<(), Self::Error> {
             self.0
                 .lock()
                 .unwrap()

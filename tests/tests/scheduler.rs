@@ -487,8 +487,8 @@ struct Reminder {
 struct Arrivals(Arc<Mutex<Vec<(u32, std::time::Instant)>>>);
 
 impl hexeract::Handler<Reminder> for Arrivals {
-    type Output = Result<(), String>;
-    async fn handle(&self, reminder: Reminder, _ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, reminder: Reminder, _ctx: &Context) -> Result<(), Self::Error> {
         self.0
             .lock()
             .unwrap()

@@ -30,8 +30,8 @@ struct Seen(Arc<Mutex<Vec<Sighting>>>);
 struct Ship(Seen);
 
 impl Handler<Ordered> for Ship {
-    type Output = Result<(), hexeract::PublishError>;
-    async fn handle(&self, _order: Ordered, ctx: &Context) -> Self::Output {
+    type Error = hexeract::PublishError;
+    async fn handle(&self, _order: Ordered, ctx: &Context) -> Result<(), Self::Error> {
         tracing::info!("shipping");
         self.0
              .0
@@ -46,8 +46,8 @@ impl Handler<Ordered> for Ship {
 struct Notify(Seen);
 
 impl Handler<Shipped> for Notify {
-    type Output = Result<(), String>;
-    async fn handle(&self, _shipped: Shipped, ctx: &Context) -> Self::Output {
+    type Error = String;
+    async fn handle(&self, _shipped: Shipped, ctx: &Context) -> Result<(), Self::Error> {
         tracing::info!("notifying");
         self.0
              .0

@@ -21,9 +21,9 @@
 //! struct RecordRevenue { pool: sqlx::PgPool }
 //!
 //! impl Handler<OrderPlaced> for RecordRevenue {
-//!     type Output = Result<(), hexeract::store::StoreError>;
+//!     type Error = hexeract::store::StoreError;
 //!
-//!     async fn handle(&self, event: OrderPlaced, ctx: &Context) -> Self::Output {
+//!     async fn handle(&self, event: OrderPlaced, ctx: &Context) -> Result<(), Self::Error> {
 //!         let mut tx = self.pool.begin().await?;
 //!         if !mark_processed(&mut tx, ctx).await? {
 //!             return Ok(()); // a redelivery: this handler's work for it is committed

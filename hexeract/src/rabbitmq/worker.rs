@@ -46,8 +46,8 @@ use crate::store::DeadLetterStore;
 /// # struct OrderPlaced { order_id: u64 }
 /// # struct MyHandler;
 /// # impl Handler<OrderPlaced> for MyHandler {
-/// #     type Output = Result<(), std::io::Error>;
-/// #     async fn handle(&self, _: OrderPlaced, _: &Context) -> Self::Output { Ok(()) }
+/// #     type Error = std::io::Error;
+/// #     async fn handle(&self, _: OrderPlaced, _: &Context) -> Result<(), Self::Error> { Ok(()) }
 /// # }
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;

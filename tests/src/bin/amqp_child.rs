@@ -33,9 +33,9 @@ struct Work {
 }
 
 impl Handler<Task> for Work {
-    type Output = Result<(), String>;
+    type Error = String;
 
-    async fn handle(&self, task: Task, ctx: &Context) -> Self::Output {
+    async fn handle(&self, task: Task, ctx: &Context) -> Result<(), Self::Error> {
         if task.hang {
             say(&format!("hang {} {}", task.n, ctx.attempt()));
             std::future::pending::<()>().await;

@@ -47,9 +47,9 @@ struct Ledger {
 }
 
 impl Handler<Job> for Ledger {
-    type Output = Result<(), String>;
+    type Error = String;
 
-    async fn handle(&self, job: Job, ctx: &Context) -> Self::Output {
+    async fn handle(&self, job: Job, ctx: &Context) -> Result<(), Self::Error> {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }

@@ -168,10 +168,18 @@ struct Scripted {
 }
 
 impl Handler<Order> for Scripted {
-    type Output = Result<HandlerOutcome, String>;
+    type Error = HandlerOutcome;
 
-    async fn handle(&self, order: Order, ctx: &Context) -> Self::Output {
+    async fn handle(&self, order: Order, ctx: &Context) -> Result<(), Self::Error> {
         self.calls.record(&order, ctx);
+        hexeract::IntoOutcome::into_outcome(self.act(ctx).await).into_result()
+    }
+}
+
+impl Scripted {
+    /// What this call does, as a `#[handler]` fn returning `Result<HandlerOutcome, String>`
+    /// would say it.
+    async fn act(&self, ctx: &Context) -> Result<HandlerOutcome, String> {
         match &self.act {
             Act::Succeed => Ok(HandlerOutcome::Ack),
             Act::FailFirst(failures) if ctx.attempt() <= *failures => {
