@@ -27,13 +27,19 @@ async fn pg_store() -> (hexeract_tests::pg::TestSchema, Arc<dyn Store>) {
 }
 
 async fn sqlite_store() -> (std::path::PathBuf, Arc<dyn Store>) {
+    let (dir, store) = sqlite_file().await;
+    (dir, Arc::new(store))
+}
+
+/// A migrated SQLite store in a directory of its own.
+async fn sqlite_file() -> (std::path::PathBuf, hexeract::store::sqlite::SqliteStore) {
     let dir = std::env::temp_dir().join(format!("hexeract-dead-letters-{}", Uuid::now_v7()));
     std::fs::create_dir_all(&dir).unwrap();
     let store = hexeract::store::sqlite::SqliteStore::open(dir.join("outbox.db"))
         .await
         .unwrap();
     store.migrate().await.unwrap();
-    (dir, Arc::new(store))
+    (dir, store)
 }
 
 async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, done: impl Fn() -> F) {
@@ -477,12 +483,7 @@ async fn a_filter_by_handler_or_by_reason_has_an_index_on_both_stores() {
     drop(conn);
     schema.drop_schema().await;
 
-    let dir = std::env::temp_dir().join(format!("hexeract-dead-letters-{}", Uuid::now_v7()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = hexeract::store::sqlite::SqliteStore::open(dir.join("outbox.db"))
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
+    let (dir, store) = sqlite_file().await;
     for (column, index) in [
         ("handler", "hexeract_dead_letters_by_handler"),
         ("reason", "hexeract_dead_letters_by_reason"),

@@ -91,12 +91,16 @@ async fn sqlite() -> (std::path::PathBuf, Arc<SqliteStore>) {
     (dir, Arc::new(store))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_documents_handler_is_retried_then_dead_lettered_by_an_outbox_worker() {
+/// Runs `handler` in an `OutboxWorker` on a SQLite store (3 calls at most, retries 20–50 ms
+/// apart), publishes the order `order_id`, and returns its dead letter once there is one.
+async fn dead_letter_from_an_outbox_worker<H: Handler<OrderPlaced>>(
+    handler: H,
+    order_id: u64,
+) -> DeadLetter {
     let (dir, store) = sqlite().await;
     let worker = OutboxWorker::builder_shared(store.clone())
         .registry(Registry::new())
-        .register_handler::<OrderPlaced, _>(MyHandler)
+        .register_handler::<OrderPlaced, _>(handler)
         .max_deliveries(3)
         .retry_delays(Duration::from_millis(20), Duration::from_millis(50))
         .poll_interval(Duration::from_millis(10))
@@ -105,12 +109,19 @@ async fn the_documents_handler_is_retried_then_dead_lettered_by_an_outbox_worker
     let cancel = CancellationToken::new();
     let running = tokio::spawn(worker.run(cancel.clone()));
     store
-        .publish(vec![Envelope::new(&OrderPlaced { order_id: 7 }).unwrap()])
+        .publish(vec![Envelope::new(&OrderPlaced { order_id }).unwrap()])
         .await
         .unwrap();
     let letter = dead_letter_in(&*store).await;
     cancel.cancel();
     running.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+    letter
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documents_handler_is_retried_then_dead_lettered_by_an_outbox_worker() {
+    let letter = dead_letter_from_an_outbox_worker(MyHandler, 7).await;
     assert_eq!(
         CALLS.load(Ordering::SeqCst),
         3,
@@ -123,7 +134,6 @@ async fn the_documents_handler_is_retried_then_dead_lettered_by_an_outbox_worker
         "{}",
         letter.detail
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,25 +187,8 @@ async fn the_documents_handler_is_retried_then_parked_by_a_rabbitmq_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_that_is_an_outcome_dead_letters_at_once_with_its_reason() {
-    let (dir, store) = sqlite().await;
-    let worker = OutboxWorker::builder_shared(store.clone())
-        .registry(Registry::new())
-        .register_handler::<OrderPlaced, _>(UnknownSku)
-        .max_deliveries(3)
-        .poll_interval(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let cancel = CancellationToken::new();
-    let running = tokio::spawn(worker.run(cancel.clone()));
-    store
-        .publish(vec![Envelope::new(&OrderPlaced { order_id: 9 }).unwrap()])
-        .await
-        .unwrap();
-    let letter = dead_letter_in(&*store).await;
-    cancel.cancel();
-    running.await.unwrap().unwrap();
+    let letter = dead_letter_from_an_outbox_worker(UnknownSku, 9).await;
     assert_eq!(CALLS.load(Ordering::SeqCst), 1, "no retry");
     assert_eq!(letter.reason.as_str(), "sku_unknown");
     assert_eq!(letter.detail, "order 9 names no SKU we sell");
-    let _ = std::fs::remove_dir_all(dir);
 }
