@@ -45,6 +45,8 @@ struct HandlerFn<'a> {
     ident: &'a Ident,
     message_ty: &'a Type,
     context_ty: &'a Type,
+    /// The parameters after the context: state (`State<T>`).
+    state_tys: Vec<&'a Type>,
     output_ty: &'a Type,
 }
 
@@ -164,7 +166,7 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>>
             FnArg::Typed(typed_arg) => typed.push(typed_arg),
         }
     }
-    let usage = "a handler takes the message and the context: `async fn name(message: OrderPlaced, ctx: &Context)`";
+    let usage = "a handler takes the message and the context, then any state: `async fn name(message: OrderPlaced, ctx: &Context, db: State<PgPool>)`";
     match typed.len() {
         0 => {
             if !sig
@@ -183,16 +185,9 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>>
             sig.paren_token.span.close(),
             format!("missing the `&Context` parameter: {usage}"),
         ),
-        2 => {}
-        _ => {
-            for extra in &typed[2..] {
-                cx.error_spanned_by(
-                    extra,
-                    format!("unexpected parameter: {usage}; anything else a handler needs is reached through the context or captured state"),
-                );
-            }
-        }
+        _ => {}
     }
+    let state_tys = state_parameters(typed.iter().skip(2).map(|arg| &**arg), cx);
 
     // `_` in a type is reported by the compiler on the function itself; the registration would
     // only repeat it.
@@ -293,8 +288,57 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>>
         ident: &sig.ident,
         message_ty,
         context_ty: context_ty?,
+        state_tys: state_tys?,
         output_ty: output_ty?,
     })
+}
+
+/// The types of the state parameters (after the context) of a handler or job; a reference is
+/// reported here, every other type is checked by the compiler (`FromStates`) at its tokens.
+pub(crate) fn state_parameters<'a>(
+    params: impl Iterator<Item = &'a syn::PatType>,
+    cx: &mut Ctxt,
+) -> Option<Vec<&'a Type>> {
+    let mut types = Vec::new();
+    let mut placeholder = false;
+    for param in params {
+        match types::peel(&param.ty) {
+            Type::Reference(reference) => {
+                let inner = types::display(&reference.elem);
+                let written = if inner.starts_with("State<") {
+                    inner
+                } else {
+                    format!("State<{inner}>")
+                };
+                cx.error_spanned_by(
+                    reference,
+                    format!(
+                        "state is taken by value: write `{}: {written}` and give the value to the \
+                         worker with `.state(value)` (it is cloned for each call: share what is \
+                         costly to clone, as pools are)",
+                        pat_name(&param.pat),
+                    ),
+                )
+            }
+            _ => match types::find_unowned(&param.ty) {
+                Some(Unowned::Placeholder) => placeholder = true,
+                Some(Unowned::ImplTrait(impl_trait)) => cx.error_spanned_by(
+                    impl_trait,
+                    "state needs a concrete type, e.g. `db: State<PgPool>`",
+                ),
+                Some(Unowned::Borrow { tokens, written }) => cx.error_spanned_by(
+                    tokens,
+                    format!(
+                        "state cannot borrow (`{written}`): it is given to the worker once and \
+                         outlives every call; use an owned type, or an `Arc`"
+                    ),
+                ),
+                None => {}
+            },
+        }
+        types.push(&*param.ty);
+    }
+    (!placeholder).then_some(types)
 }
 
 fn is_context_by_value(path: &TypePath) -> bool {
@@ -346,6 +390,7 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
         ident,
         message_ty,
         context_ty,
+        state_tys,
         output_ty,
     } = handler;
     let declared = &args.message;
@@ -408,7 +453,14 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
     let call_context = quote_spanned! {context_span=> ::hexeract::__private::context_arg(#ctx) };
     let outcome_result =
         quote_spanned! {output_ty.span()=> #private::outcome_result::<#output_ty> };
-    let call = quote_spanned! {ident.span()=> #ident(#message, #call_context) };
+    let states = Ident::new("__hexeract_states", Span::mixed_site());
+    let missing = Ident::new("__hexeract_missing", Span::mixed_site());
+    let crate::state::StateExpansion {
+        take,
+        fields,
+        call_args,
+    } = crate::state::expand(state_tys, &states, &missing);
+    let call = quote_spanned! {ident.span()=> #ident(#message, #call_context #(, #call_args)*) };
     let location = quote_spanned! {ident.span()=>
         file: ::core::file!(),
         line: ::core::line!(),
@@ -419,8 +471,17 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
         #[doc(hidden)]
         #[allow(non_camel_case_types, unreachable_pub, deprecated)]
         const _: () = {
-            #[derive(::core::default::Default)]
-            struct #adapter;
+            struct #adapter(#(#state_tys),*);
+
+            impl #private::Build for #adapter {
+                fn build(
+                    #states: &#private::States,
+                    #missing: &mut ::std::vec::Vec<&'static str>,
+                ) -> ::core::option::Option<Self> {
+                    #take
+                    ::core::option::Option::Some(#adapter(#(#fields),*))
+                }
+            }
 
             impl #private::Handler<#message_ty> for #adapter {
                 type Error = #private::HandlerOutcome;
@@ -436,7 +497,7 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
                 }
             }
 
-            const MESSAGE_TYPE_MATCHES: fn() -> #private::Arc<dyn #private::ErasedHandler> = #constructor;
+            const MESSAGE_TYPE_MATCHES: #private::MakeHandler = #constructor;
 
             #private::inventory::submit! {
                 #private::HandlerRegistration {

@@ -11,6 +11,7 @@ mod fn_checks;
 mod handler;
 mod message;
 mod scheduled;
+mod state;
 mod types;
 
 use proc_macro::TokenStream;

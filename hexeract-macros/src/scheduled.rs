@@ -56,6 +56,8 @@ struct ScheduleArgs {
 struct JobFn<'a> {
     ident: &'a Ident,
     context_ty: &'a Type,
+    /// The parameters after the context: state (`State<T>`).
+    state_tys: Vec<&'a Type>,
     output_ty: &'a Type,
 }
 
@@ -241,7 +243,7 @@ fn check_job_name(name: &str) -> Result<(), String> {
 }
 
 const USAGE: &str =
-    "a scheduled job takes the context and nothing else: `async fn name(ctx: &Context)`";
+    "a scheduled job takes the context, then any state: `async fn name(ctx: &Context)` or `async fn name(ctx: &Context, db: State<PgPool>)`";
 
 fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<JobFn<'a>> {
     let sig = &function.sig;
@@ -278,15 +280,7 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<JobFn<'a>> {
             format!("missing the `&Context` parameter: {USAGE}"),
         );
     }
-    for extra in typed.iter().skip(1) {
-        cx.error_spanned_by(
-            extra,
-            format!(
-                "unexpected parameter: {USAGE}; anything else a job needs comes from the context \
-                 or from shared state, such as a `static`"
-            ),
-        );
-    }
+    let state_tys = crate::handler::state_parameters(typed.iter().skip(1).map(|arg| &**arg), cx);
 
     let context_ty = typed.first().map(|arg| &*arg.ty);
     if let Some(context_ty) = context_ty {
@@ -337,6 +331,7 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<JobFn<'a>> {
     Some(JobFn {
         ident: &sig.ident,
         context_ty: context_ty?,
+        state_tys: state_tys?,
         output_ty: output_ty?,
     })
 }
@@ -354,6 +349,7 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
     let JobFn {
         ident,
         context_ty,
+        state_tys,
         output_ty,
     } = job;
     let private = quote!(::hexeract::__private);
@@ -400,7 +396,14 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
         other => other.span(),
     };
     let call_context = quote_spanned! {context_span=> JobContext::from_context(#ctx) };
-    let call = quote_spanned! {ident.span()=> #ident(#call_context) };
+    let states = Ident::new("__hexeract_states", Span::mixed_site());
+    let missing = Ident::new("__hexeract_missing", Span::mixed_site());
+    let crate::state::StateExpansion {
+        take,
+        fields,
+        call_args,
+    } = crate::state::expand(state_tys, &states, &missing);
+    let call = quote_spanned! {ident.span()=> #ident(#call_context #(, #call_args)*) };
     let location = quote_spanned! {ident.span()=>
         file: ::core::file!(),
         line: ::core::line!(),
@@ -431,14 +434,31 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
                 future
             }
 
-            fn __hexeract_run<'a>(
-                #ctx: &'a #private::Context,
-            ) -> #private::BoxFuture<'a, #private::HandlerOutcome> {
-                ::std::boxed::Box::pin(async move {
-                    let #outcome = future_must_be_send(#call).await;
-                    #private::IntoOutcome::into_outcome(#outcome)
-                })
+            struct __HexeractJob(#(#state_tys),*);
+
+            impl #private::Build for __HexeractJob {
+                fn build(
+                    #states: &#private::States,
+                    #missing: &mut ::std::vec::Vec<&'static str>,
+                ) -> ::core::option::Option<Self> {
+                    #take
+                    ::core::option::Option::Some(__HexeractJob(#(#fields),*))
+                }
             }
+
+            impl #private::ErasedJob for __HexeractJob {
+                fn run<'a>(
+                    &'a self,
+                    #ctx: &'a #private::Context,
+                ) -> #private::BoxFuture<'a, #private::HandlerOutcome> {
+                    ::std::boxed::Box::pin(async move {
+                        let #outcome = future_must_be_send(#call).await;
+                        #private::IntoOutcome::into_outcome(#outcome)
+                    })
+                }
+            }
+
+            const __HEXERACT_MAKE: #private::MakeJob = #private::job::<__HexeractJob>();
 
             #private::inventory::submit! {
                 #private::ScheduleRegistration {
@@ -449,7 +469,7 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
                     catch_up: #catch_up,
                     timeout: #timeout,
                     #location
-                    run: __hexeract_run,
+                    make: __HEXERACT_MAKE,
                 }
             }
         };

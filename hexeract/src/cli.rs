@@ -46,9 +46,43 @@ use crate::store::{DeadLetterFilter, Page, Store, SCHEDULE_MESSAGE_TYPE};
 /// Runs the command named by the process's arguments and returns the exit code: 0 on success,
 /// 1 when the command failed (the error is printed to stderr), 2 for a usage error.
 pub async fn main() -> ExitCode {
+    match crate::config::WorkerConfig::from_env() {
+        Ok(config) => main_with(crate::Worker::new(config)).await,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// [`main`] for an application built with [`Worker`](crate::Worker): `run` runs that worker
+/// (with its state, middleware and handlers), and the other commands use its settings and
+/// know its handlers.
+///
+/// ```no_run
+/// use hexeract::{Worker, WorkerConfig};
+///
+/// #[derive(Clone)]
+/// struct Settings { cart_ttl_secs: u64 }
+///
+/// #[tokio::main]
+/// async fn main() -> std::process::ExitCode {
+///     let config = match WorkerConfig::from_env() {
+///         Ok(config) => config,
+///         Err(error) => {
+///             eprintln!("{error}");
+///             return std::process::ExitCode::FAILURE;
+///         }
+///     };
+///     let worker = Worker::new(config).state(Settings { cart_ttl_secs: 900 });
+///     // `app`, `app run`, `app handlers`, `app dead-letters list`, …
+///     hexeract::cli::main_with(worker).await
+/// }
+/// ```
+pub async fn main_with(worker: crate::Worker) -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut out = String::new();
-    let result = execute(&args, &mut out).await;
+    let result = execute_with(worker, &args, &mut out).await;
     print!("{out}");
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -99,43 +133,89 @@ filter, or --all for every dead letter";
 /// Runs the command `args` (the arguments after the program name), writing what it prints to
 /// `out`: for tests and for programs with commands of their own.
 pub async fn execute(args: &[String], out: &mut String) -> Result<(), CliError> {
+    let config = crate::config::WorkerConfig::from_env().map_err(Error::from)?;
+    execute_with(crate::Worker::new(config), args, out).await
+}
+
+/// [`execute`] for an application built with [`Worker`](crate::Worker) (see [`main_with`]).
+pub async fn execute_with(
+    worker: crate::Worker,
+    args: &[String],
+    out: &mut String,
+) -> Result<(), CliError> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
-    match words.as_slice() {
-        [] | ["run"] => Ok(crate::run(tokio_util::sync::CancellationToken::new()).await?),
-        ["handlers"] => handlers(out).await,
-        ["migrate"] => {
-            let store = crate::store::default_store().await?;
-            store.migrate().await?;
-            let _ = writeln!(out, "the store's tables are up to date");
-            Ok(())
-        }
-        ["dead-letters", "list", options @ ..] => list(options, out).await,
-        ["dead-letters", "show", id] => show(&parse_id(id)?, out).await,
-        // Arguments are checked before the store is opened: a usage error touches nothing.
-        ["dead-letters", "replay", options @ ..] => replay(&parse_replay(options)?, out).await,
-        ["dead-letters", "purge", options @ ..] => {
-            purge(&parse_selection("purge", options)?, out).await
+    // Arguments are checked before the store is opened: a usage error touches nothing.
+    let command = match words.as_slice() {
+        [] | ["run"] => {
+            return Ok(worker
+                .try_run(tokio_util::sync::CancellationToken::new())
+                .await?)
         }
         ["help" | "--help" | "-h"] => {
             let _ = writeln!(out, "{USAGE}");
+            return Ok(());
+        }
+        ["handlers"] => Command::Handlers,
+        ["migrate"] => Command::Migrate,
+        ["dead-letters", "list", options @ ..] => Command::List(options),
+        ["dead-letters", "show", id] => Command::Show(parse_id(id)?),
+        ["dead-letters", "replay", options @ ..] => Command::Replay(parse_replay(options)?),
+        ["dead-letters", "purge", options @ ..] => {
+            Command::Purge(parse_selection("purge", options)?)
+        }
+        _ => {
+            return Err(CliError::Usage(format!(
+                "unknown command: {}",
+                if args.is_empty() {
+                    String::new()
+                } else {
+                    args.join(" ")
+                }
+            )))
+        }
+    };
+    let (config, application) = worker.prepare()?;
+    let program = Program {
+        store: crate::store::process::store_for(&config.database).await?,
+        config,
+        registry: application.registry,
+    };
+    match command {
+        Command::Handlers => handlers(&program, out).await,
+        Command::Migrate => {
+            program.store.migrate().await?;
+            let _ = writeln!(out, "the store's tables are up to date");
             Ok(())
         }
-        _ => Err(CliError::Usage(format!(
-            "unknown command: {}",
-            if args.is_empty() {
-                String::new()
-            } else {
-                args.join(" ")
-            }
-        ))),
+        Command::List(options) => list(&program, options, out).await,
+        Command::Show(id) => show(&program, &id, out).await,
+        Command::Replay(target) => replay(&program, &target, out).await,
+        Command::Purge(selection) => purge(&program, &selection, out).await,
     }
 }
 
-async fn handlers(out: &mut String) -> Result<(), CliError> {
-    let registry = Registry::from_inventory().map_err(Error::from)?;
+/// A command that works on the program's store and handlers.
+enum Command<'a> {
+    Handlers,
+    Migrate,
+    List(&'a [&'a str]),
+    Show(Uuid),
+    Replay(Replay),
+    Purge(Selection),
+}
+
+/// What the commands work on: the worker's settings, its store and its handlers.
+struct Program {
+    config: crate::config::WorkerConfig,
+    store: std::sync::Arc<dyn Store>,
+    registry: Registry,
+}
+
+async fn handlers(program: &Program, out: &mut String) -> Result<(), CliError> {
+    let registry = &program.registry;
     // Without the `rabbitmq` feature there are no queues to show (and `AMQP_URL` is refused).
     #[cfg_attr(not(feature = "rabbitmq"), allow(unused_variables))]
-    let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
+    let settings = &program.config;
     let _ = writeln!(out, "handlers ({}):", registry.len());
     for info in registry.handlers() {
         let location = info
@@ -169,8 +249,8 @@ async fn handlers(out: &mut String) -> Result<(), CliError> {
             job.catch_up_rule()
         );
     }
-    let store = crate::store::default_store().await?;
-    let unowned = crate::run::unowned_deliveries(&*store).await?;
+    let store = program.store.clone();
+    let unowned = crate::run::unowned_deliveries(&*store, registry).await?;
     if !unowned.is_empty() {
         let _ = writeln!(out, "pending deliveries no handler here owns:");
         for (handler, count) in unowned {
@@ -184,7 +264,7 @@ async fn handlers(out: &mut String) -> Result<(), CliError> {
     }
     #[cfg(feature = "rabbitmq")]
     if let Some(amqp) = &settings.amqp {
-        if let Err(error) = unowned_queues(amqp, &registry, &*store, out).await {
+        if let Err(error) = unowned_queues(amqp, registry, &*store, out).await {
             // The rest of the listing does not need the broker.
             let error = match error {
                 CliError::Failed(error) => error.to_string(),
@@ -385,9 +465,9 @@ impl Filter {
 /// Dead letters are read from the store in pages of this many, filtered and ordered there.
 const PAGE: u32 = 1_000;
 
-async fn list(options: &[&str], out: &mut String) -> Result<(), CliError> {
+async fn list(program: &Program, options: &[&str], out: &mut String) -> Result<(), CliError> {
     let filter = parse_filter(options)?;
-    let store = crate::store::default_store().await?;
+    let store = program.store.clone();
     let matching = filter.at(chrono::Utc::now());
     let total = store.count_dead_letters(&matching).await?;
     let mut print = |letters: &[DeadLetter]| {
@@ -482,8 +562,8 @@ fn selected(selection: &Selection, now: chrono::DateTime<chrono::Utc>) -> DeadLe
     }
 }
 
-async fn show(id: &Uuid, out: &mut String) -> Result<(), CliError> {
-    let store = crate::store::default_store().await?;
+async fn show(program: &Program, id: &Uuid, out: &mut String) -> Result<(), CliError> {
+    let store = program.store.clone();
     let letter = find(&*store, id).await?;
     let envelope = &letter.envelope;
     let _ = writeln!(out, "id:              {}", letter.id);
@@ -514,8 +594,8 @@ async fn show(id: &Uuid, out: &mut String) -> Result<(), CliError> {
     Ok(())
 }
 
-async fn purge(selection: &Selection, out: &mut String) -> Result<(), CliError> {
-    let store = crate::store::default_store().await?;
+async fn purge(program: &Program, selection: &Selection, out: &mut String) -> Result<(), CliError> {
+    let store = program.store.clone();
     let purged = store
         .purge_dead_letters_matching(&selected(selection, chrono::Utc::now()))
         .await?;
@@ -523,16 +603,16 @@ async fn purge(selection: &Selection, out: &mut String) -> Result<(), CliError> 
     Ok(())
 }
 
-async fn replay(target: &Replay, out: &mut String) -> Result<(), CliError> {
-    let settings = crate::config::EnvSettings::from_env().map_err(Error::from)?;
-    let store = crate::store::default_store().await?;
-    let mut owners = Owners::of_this_program()?;
+async fn replay(program: &Program, target: &Replay, out: &mut String) -> Result<(), CliError> {
+    let settings = &program.config;
+    let store = program.store.clone();
+    let mut owners = Owners::of_this_program(&program.registry)?;
     let selection = match target {
         Replay::One(id) => {
             let letter = find(&*store, id).await?;
             owners.count(std::slice::from_ref(&letter));
             owners.refuse(target)?;
-            let mut resend = Resend::new(&settings, &*store);
+            let mut resend = Resend::new(settings, &*store);
             let sent = resend.send(&letter).await;
             resend.close().await;
             return match sent? {
@@ -556,7 +636,7 @@ async fn replay(target: &Replay, out: &mut String) -> Result<(), CliError> {
         owners.count(&letters);
     }
     owners.refuse(target)?;
-    let mut resend = Resend::new(&settings, &*store);
+    let mut resend = Resend::new(settings, &*store);
     let mut replayed = 0;
     // Replayed letters leave the table; the next page starts after the last one read.
     let mut pages = Pages::new(&*store, filter);
@@ -602,10 +682,10 @@ struct Owners {
 }
 
 impl Owners {
-    fn of_this_program() -> Result<Owners, CliError> {
+    fn of_this_program(registry: &Registry) -> Result<Owners, CliError> {
         Ok(Owners {
             jobs: crate::schedule::jobs_from_inventory()?,
-            handlers: Registry::from_inventory().map_err(Error::from)?,
+            handlers: registry.clone(),
             missing: Default::default(),
         })
     }
@@ -671,7 +751,7 @@ struct Resend<'a> {
 }
 
 impl<'a> Resend<'a> {
-    fn new(settings: &'a crate::config::EnvSettings, store: &'a dyn Store) -> Resend<'a> {
+    fn new(settings: &'a crate::config::WorkerConfig, store: &'a dyn Store) -> Resend<'a> {
         let _ = settings;
         Resend {
             store,

@@ -8,15 +8,26 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::delivery::Policy;
 use crate::redact::redact_url;
 
-/// Where `hexeract::run` and `hexeract::publish` keep messages.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) enum Database {
+/// Where [`hexeract::run`](crate::run), [`Worker`](crate::Worker) and
+/// [`hexeract::publish`](crate::publish) keep messages.
+///
+/// In a configuration file: `{ "postgres": "postgres://…" }` or `{ "sqlite": "hexeract.db" }`.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Database {
     /// `DATABASE_URL`, a `postgres://` URL.
     Postgres(String),
     /// An SQLite file: `HEXERACT_SQLITE_PATH`, or `hexeract.db` in the working directory.
     Sqlite(PathBuf),
+}
+
+impl Default for Database {
+    fn default() -> Database {
+        Database::Sqlite(PathBuf::from(DEFAULT_SQLITE_PATH))
+    }
 }
 
 impl std::fmt::Debug for Database {
@@ -31,69 +42,139 @@ impl std::fmt::Debug for Database {
 /// The SQLite file used when neither `DATABASE_URL` nor `HEXERACT_SQLITE_PATH` is set.
 pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 
-/// Settings taken from the environment; `None` where the variable is unset.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct EnvSettings {
-    pub(crate) database: Database,
-    pub(crate) max_deliveries: Option<NonZeroU32>,
-    pub(crate) retry_max_delay: Option<Duration>,
-    pub(crate) handler_timeout: Option<Duration>,
-    pub(crate) shutdown_grace: Option<Duration>,
-    pub(crate) relay_batch_size: Option<u32>,
-    pub(crate) relay_poll_interval: Option<Duration>,
-    pub(crate) consumer_poll_interval: Option<Duration>,
-    /// `DELIVERY_LEASE_MS`: how long the outbox worker's claim of a delivery lasts.
-    pub(crate) delivery_lease: Option<Duration>,
-    /// `MAX_PAYLOAD_BYTES`: larger payloads are dead-lettered (parked) without being decoded.
-    pub(crate) max_payload_bytes: Option<usize>,
-    /// `STORE_TIMEOUT_MS`: the deadline of the workers' own statements.
-    pub(crate) store_timeout: Option<Duration>,
+/// The settings of a worker process: every variable of `docs/configuration.md` is one of its
+/// fields, the knobs around handler calls in the engine's [`Policy`].
+///
+/// Read it from the environment ([`WorkerConfig::from_env`]), build it in code (it starts from
+/// the process's defaults: [`WorkerConfig::default`]), or load it from a file with serde (every
+/// key optional, durations in milliseconds, retentions in days):
+///
+/// ```
+/// use std::time::Duration;
+/// use hexeract::config::{Database, WorkerConfig};
+///
+/// let config: WorkerConfig = serde_json::from_str(r#"{
+///     "database": { "postgres": "postgres://app@db/shop" },
+///     "worker_port": 9100,
+///     "policy": { "handler_timeout_ms": 5000, "retry": { "max_deliveries": 3 } },
+///     "amqp": { "url": "amqp://guest:guest@rabbit:5672/%2f" }
+/// }"#)?;
+/// assert_eq!(config.database, Database::Postgres("postgres://app@db/shop".into()));
+/// assert_eq!(config.policy.handler_timeout, Duration::from_secs(5));
+/// assert_eq!(config.amqp.as_ref().unwrap().exchange, "hexeract");
+/// config.check()?;
+///
+/// let mut in_code = WorkerConfig::default();
+/// in_code.policy.shutdown_grace = Duration::from_secs(20);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// | variable | field |
+/// | --- | --- |
+/// | `DATABASE_URL`, `HEXERACT_SQLITE_PATH` | `database` |
+/// | `MAX_DELIVERIES` | `policy.retry` (`max_deliveries`) |
+/// | `RETRY_MAX_DELAY_MS` | `policy.retry` (`max_delay_ms`) |
+/// | `HANDLER_TIMEOUT_MS` | `policy.handler_timeout` |
+/// | `SHUTDOWN_GRACE_MS` | `policy.shutdown_grace` |
+/// | `MAX_PAYLOAD_BYTES` | `policy.max_payload_bytes` |
+/// | `STORE_TIMEOUT_MS` | `policy.store_timeout` |
+/// | `RELAY_BATCH_SIZE` | `policy.batch_size` |
+/// | `CONSUMER_POLL_INTERVAL_MS` | `policy.poll_interval` |
+/// | `DELIVERY_LEASE_MS` | `policy.lease` |
+/// | `AMQP_PREFETCH` | `policy.prefetch` |
+/// | `RELAY_POLL_INTERVAL_MS` | `relay_poll_interval` |
+/// | `SCHEDULER_*` | `scheduler` |
+/// | `WORKER_PORT` | `worker_port` |
+/// | `INBOX_RETENTION_DAYS`, `DEAD_LETTER_RETENTION_DAYS` | `inbox_retention`, `dead_letter_retention` |
+/// | `AMQP_URL`, `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX` | `amqp` |
+/// | `KAFKA_BROKERS`, `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS` | `kafka` |
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Where messages are kept.
+    pub database: Database,
+    /// The knobs around handler calls and the workers' loops (the process's preset, with the
+    /// variables that are set).
+    pub policy: Policy,
+    /// `RELAY_POLL_INTERVAL_MS`: the broker relays' sleep after a pass that found nothing.
+    #[serde(rename = "relay_poll_interval_ms", with = "millis")]
+    pub relay_poll_interval: Duration,
     /// The `SCHEDULER_*` variables.
-    pub(crate) scheduler: SchedulerSettings,
+    pub scheduler: SchedulerConfig,
     /// `WORKER_PORT`: the port of the health and metrics endpoints (8081; 0 picks a free one).
-    pub(crate) worker_port: u16,
+    pub worker_port: u16,
     /// `INBOX_RETENTION_DAYS` (7): inbox marks older than this are deleted; `None`: kept.
-    pub(crate) inbox_retention: Option<Duration>,
+    #[serde(rename = "inbox_retention_days", with = "days")]
+    pub inbox_retention: Option<Duration>,
     /// `DEAD_LETTER_RETENTION_DAYS` (30): dead letters older than this are deleted; `None`: kept.
-    pub(crate) dead_letter_retention: Option<Duration>,
+    #[serde(rename = "dead_letter_retention_days", with = "days")]
+    pub dead_letter_retention: Option<Duration>,
     /// `AMQP_URL`: deliver through RabbitMQ.
-    pub(crate) amqp: Option<Amqp>,
+    pub amqp: Option<Amqp>,
     /// `KAFKA_BROKERS`: deliver through Kafka.
-    pub(crate) kafka: Option<Kafka>,
+    pub kafka: Option<Kafka>,
 }
 
 /// `KAFKA_BROKERS` with `KAFKA_TOPIC_PREFIX` and `KAFKA_TOPIC_PARTITIONS`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Kafka {
-    pub(crate) brokers: String,
-    pub(crate) topic_prefix: String,
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kafka {
+    /// `host:port[,host:port…]`.
+    pub brokers: String,
+    /// The prefix of every topic and consumer group.
+    pub topic_prefix: String,
     /// `KAFKA_TOPIC_PARTITIONS`; `None` where unset (3).
-    pub(crate) partitions: Option<u32>,
+    #[serde(default)]
+    pub partitions: Option<u32>,
 }
 
-/// The scheduler's own variables; `None` where unset.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SchedulerSettings {
+/// The scheduler's own variables; `None` where unset (the scheduler's defaults).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerConfig {
     /// `SCHEDULER_POLL_INTERVAL_MS`
-    pub(crate) poll_interval: Option<Duration>,
+    #[serde(rename = "poll_interval_ms", with = "millis_option")]
+    pub poll_interval: Option<Duration>,
     /// `SCHEDULER_BATCH_SIZE`
-    pub(crate) batch_size: Option<u32>,
+    pub batch_size: Option<u32>,
     /// `SCHEDULER_MIN_CYCLE_DELAY_MS`
-    pub(crate) min_cycle_delay: Option<Duration>,
+    #[serde(rename = "min_cycle_delay_ms", with = "millis_option")]
+    pub min_cycle_delay: Option<Duration>,
     /// `SCHEDULER_DISPATCH_TIMEOUT_MS`
-    pub(crate) dispatch_timeout: Option<Duration>,
+    #[serde(rename = "dispatch_timeout_ms", with = "millis_option")]
+    pub dispatch_timeout: Option<Duration>,
     /// `SCHEDULER_LEASE_MS`
-    pub(crate) lease: Option<Duration>,
+    #[serde(rename = "lease_ms", with = "millis_option")]
+    pub lease: Option<Duration>,
 }
 
-/// `AMQP_URL` with `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX` and `AMQP_PREFETCH`.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Amqp {
-    pub(crate) url: String,
-    pub(crate) exchange: String,
-    pub(crate) queue_prefix: String,
-    /// `AMQP_PREFETCH`; `None` where unset.
-    pub(crate) prefetch: Option<u32>,
+/// `AMQP_URL` with `HEXERACT_EXCHANGE` and `HEXERACT_QUEUE_PREFIX`.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Amqp {
+    /// `amqp://` or `amqps://`.
+    pub url: String,
+    /// `HEXERACT_EXCHANGE` (`hexeract`).
+    #[serde(default = "default_name")]
+    pub exchange: String,
+    /// `HEXERACT_QUEUE_PREFIX` (`hexeract`).
+    #[serde(default = "default_name")]
+    pub queue_prefix: String,
+}
+
+fn default_name() -> String {
+    "hexeract".to_owned()
+}
+
+impl Amqp {
+    /// `url` with the default exchange and queue prefix.
+    pub fn new(url: impl Into<String>) -> Amqp {
+        Amqp {
+            url: url.into(),
+            exchange: default_name(),
+            queue_prefix: default_name(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Amqp {
@@ -102,26 +183,19 @@ impl std::fmt::Debug for Amqp {
             .field("url", &redact_url(&self.url))
             .field("exchange", &self.exchange)
             .field("queue_prefix", &self.queue_prefix)
-            .field("prefetch", &self.prefetch)
             .finish()
     }
 }
 
-impl Default for EnvSettings {
-    fn default() -> EnvSettings {
-        EnvSettings {
-            database: Database::Sqlite(PathBuf::from(DEFAULT_SQLITE_PATH)),
-            max_deliveries: None,
-            retry_max_delay: None,
-            handler_timeout: None,
-            shutdown_grace: None,
-            relay_batch_size: None,
-            relay_poll_interval: None,
-            consumer_poll_interval: None,
-            delivery_lease: None,
-            max_payload_bytes: None,
-            store_timeout: None,
-            scheduler: SchedulerSettings::default(),
+impl Default for WorkerConfig {
+    /// The process's defaults, as with no variable set: SQLite in `hexeract.db`,
+    /// [`Policy::process`], port 8081, inbox marks kept 7 days and dead letters 30.
+    fn default() -> WorkerConfig {
+        WorkerConfig {
+            database: Database::default(),
+            policy: Policy::process(),
+            relay_poll_interval: Policy::process().poll_interval,
+            scheduler: SchedulerConfig::default(),
             worker_port: DEFAULT_WORKER_PORT,
             inbox_retention: Some(days(DEFAULT_INBOX_RETENTION_DAYS)),
             dead_letter_retention: Some(days(DEFAULT_DEAD_LETTER_RETENTION_DAYS)),
@@ -151,14 +225,17 @@ fn retention(days_set: Option<u64>, default: u64) -> Option<Duration> {
 /// The port of the health and metrics endpoints unless `WORKER_PORT` says otherwise.
 pub(crate) const DEFAULT_WORKER_PORT: u16 = 8081;
 
-impl EnvSettings {
-    pub(crate) fn from_env() -> Result<EnvSettings, ConfigError> {
-        EnvSettings::from_lookup(|name| std::env::var(name).ok())
+impl WorkerConfig {
+    /// The settings of the environment's variables (`docs/configuration.md`); every invalid
+    /// one is reported at once.
+    pub fn from_env() -> Result<WorkerConfig, ConfigError> {
+        WorkerConfig::from_lookup(|name| std::env::var(name).ok())
     }
 
-    pub(crate) fn from_lookup(
+    /// Like [`from_env`](WorkerConfig::from_env), reading the variables through `lookup`.
+    pub fn from_lookup(
         lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<EnvSettings, ConfigError> {
+    ) -> Result<WorkerConfig, ConfigError> {
         let mut problems = Vec::new();
         let mut read = |name: &str, parse: fn(&str) -> Result<u64, String>| -> Option<u64> {
             let value = lookup(name)?;
@@ -174,31 +251,46 @@ impl EnvSettings {
                 }
             }
         };
-        let mut settings = EnvSettings {
-            database: Database::Sqlite(PathBuf::from(DEFAULT_SQLITE_PATH)),
-            max_deliveries: read("MAX_DELIVERIES", |v| whole_number(v, 1, 1_000))
-                .and_then(|n| NonZeroU32::new(n as u32)),
-            retry_max_delay: read("RETRY_MAX_DELAY_MS", |v| whole_number(v, 1, 86_400_000))
-                .map(Duration::from_millis),
-            handler_timeout: read("HANDLER_TIMEOUT_MS", |v| whole_number(v, 1, 86_400_000))
-                .map(Duration::from_millis),
-            shutdown_grace: read("SHUTDOWN_GRACE_MS", |v| whole_number(v, 0, 3_600_000))
-                .map(Duration::from_millis),
-            relay_batch_size: read("RELAY_BATCH_SIZE", |v| whole_number(v, 1, 10_000))
-                .map(|n| n as u32),
-            relay_poll_interval: read("RELAY_POLL_INTERVAL_MS", |v| whole_number(v, 1, 3_600_000))
-                .map(Duration::from_millis),
-            consumer_poll_interval: read("CONSUMER_POLL_INTERVAL_MS", |v| {
-                whole_number(v, 1, 3_600_000)
-            })
-            .map(Duration::from_millis),
-            delivery_lease: read("DELIVERY_LEASE_MS", |v| whole_number(v, 1, 86_400_000))
-                .map(Duration::from_millis),
-            max_payload_bytes: read("MAX_PAYLOAD_BYTES", |v| whole_number(v, 1, 1_073_741_824))
-                .map(|n| n as usize),
-            store_timeout: read("STORE_TIMEOUT_MS", |v| whole_number(v, 1, 3_600_000))
-                .map(Duration::from_millis),
-            scheduler: SchedulerSettings {
+        let ms = |n: u64| Duration::from_millis(n);
+        let mut policy = Policy::process();
+        if let Some(max) = read("MAX_DELIVERIES", |v| whole_number(v, 1, 1_000))
+            .and_then(|n| NonZeroU32::new(n as u32))
+        {
+            policy.retry = policy.retry.max_deliveries(max);
+        }
+        if let Some(delay) = read("RETRY_MAX_DELAY_MS", |v| whole_number(v, 1, 86_400_000)) {
+            policy.retry = policy.retry.max_delay(ms(delay));
+        }
+        if let Some(timeout) = read("HANDLER_TIMEOUT_MS", |v| whole_number(v, 1, 86_400_000)) {
+            policy.handler_timeout = ms(timeout);
+        }
+        if let Some(grace) = read("SHUTDOWN_GRACE_MS", |v| whole_number(v, 0, 3_600_000)) {
+            policy.shutdown_grace = ms(grace);
+        }
+        if let Some(batch) = read("RELAY_BATCH_SIZE", |v| whole_number(v, 1, 10_000)) {
+            policy.batch_size = batch as u32;
+        }
+        let relay_poll_interval = read("RELAY_POLL_INTERVAL_MS", |v| whole_number(v, 1, 3_600_000))
+            .map_or(policy.poll_interval, ms);
+        if let Some(interval) = read("CONSUMER_POLL_INTERVAL_MS", |v| {
+            whole_number(v, 1, 3_600_000)
+        }) {
+            policy.poll_interval = ms(interval);
+        }
+        if let Some(lease) = read("DELIVERY_LEASE_MS", |v| whole_number(v, 1, 86_400_000)) {
+            policy.lease = ms(lease);
+        }
+        if let Some(max) = read("MAX_PAYLOAD_BYTES", |v| whole_number(v, 1, 1_073_741_824)) {
+            policy.max_payload_bytes = max as usize;
+        }
+        if let Some(timeout) = read("STORE_TIMEOUT_MS", |v| whole_number(v, 1, 3_600_000)) {
+            policy.store_timeout = ms(timeout);
+        }
+        let mut settings = WorkerConfig {
+            database: Database::default(),
+            policy,
+            relay_poll_interval,
+            scheduler: SchedulerConfig {
                 poll_interval: read("SCHEDULER_POLL_INTERVAL_MS", |v| {
                     whole_number(v, 1, 3_600_000)
                 })
@@ -236,20 +328,62 @@ impl EnvSettings {
             None => None,
         };
         // Like the names below, read only when there is a broker to apply it to.
-        let prefetch = match lookup("AMQP_URL") {
-            Some(_) => read("AMQP_PREFETCH", |v| whole_number(v, 1, 65_535)).map(|n| n as u32),
-            None => None,
-        };
+        if lookup("AMQP_URL").is_some() {
+            if let Some(prefetch) = read("AMQP_PREFETCH", |v| whole_number(v, 1, 65_535)) {
+                settings.policy.prefetch = prefetch as u32;
+            }
+        }
         if let Some(url) = lookup("AMQP_URL") {
             let name = |variable: &str, default: &str| {
                 lookup(variable).unwrap_or_else(|| default.to_owned())
             };
-            let amqp = Amqp {
+            settings.amqp = Some(Amqp {
                 exchange: name("HEXERACT_EXCHANGE", "hexeract"),
                 queue_prefix: name("HEXERACT_QUEUE_PREFIX", "hexeract"),
-                prefetch,
                 url,
-            };
+            });
+        }
+        match (lookup("DATABASE_URL"), lookup("HEXERACT_SQLITE_PATH")) {
+            (Some(url), None) => settings.database = Database::Postgres(url),
+            (None, Some(path)) => settings.database = Database::Sqlite(PathBuf::from(path)),
+            (Some(url), Some(_)) => problems.push(ConfigProblem {
+                setting: "DATABASE_URL".to_owned(),
+                value: redact_url(&url),
+                expected:
+                    "either DATABASE_URL (PostgreSQL) or HEXERACT_SQLITE_PATH (SQLite), not both"
+                        .to_owned(),
+            }),
+            (None, None) => {}
+        }
+        if let Some(brokers) = lookup("KAFKA_BROKERS") {
+            settings.kafka = Some(Kafka {
+                brokers,
+                topic_prefix: lookup("KAFKA_TOPIC_PREFIX").unwrap_or_default(),
+                partitions,
+            });
+        }
+        problems.extend(settings.problems());
+        if problems.is_empty() {
+            Ok(settings)
+        } else {
+            Err(ConfigError { problems })
+        }
+    }
+
+    /// Checks the settings as [`from_env`](WorkerConfig::from_env) does, for settings built in
+    /// code or loaded from a file: every problem at once, named by its variable.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { problems })
+        }
+    }
+
+    fn problems(&self) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        if let Some(amqp) = &self.amqp {
             if !(amqp.url.starts_with("amqp://") || amqp.url.starts_with("amqps://")) {
                 problems.push(ConfigProblem {
                     setting: "AMQP_URL".to_owned(),
@@ -281,7 +415,7 @@ impl EnvSettings {
                     });
                 }
             }
-            if lookup("KAFKA_BROKERS").is_some() {
+            if self.kafka.is_some() {
                 problems.push(ConfigProblem {
                     setting: "AMQP_URL".to_owned(),
                     value: redact_url(&amqp.url),
@@ -289,64 +423,47 @@ impl EnvSettings {
                         .to_owned(),
                 });
             }
-            settings.amqp = Some(amqp);
         }
-        match (lookup("DATABASE_URL"), lookup("HEXERACT_SQLITE_PATH")) {
-            (Some(url), None) => {
-                if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-                    settings.database = Database::Postgres(url);
-                } else {
+        match &self.database {
+            Database::Postgres(url) => {
+                if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
                     problems.push(ConfigProblem {
                         setting: "DATABASE_URL".to_owned(),
-                        value: redact_url(&url),
+                        value: redact_url(url),
                         expected: "a postgres:// URL (unset it to use SQLite)".to_owned(),
                     });
                 }
             }
-            (None, Some(path)) if !path.trim().is_empty() => {
-                settings.database = Database::Sqlite(PathBuf::from(path));
+            Database::Sqlite(path) => {
+                if path.as_os_str().to_string_lossy().trim().is_empty() {
+                    problems.push(ConfigProblem {
+                        setting: "HEXERACT_SQLITE_PATH".to_owned(),
+                        value: path.display().to_string(),
+                        expected: "a file path".to_owned(),
+                    });
+                }
             }
-            (None, Some(path)) => problems.push(ConfigProblem {
-                setting: "HEXERACT_SQLITE_PATH".to_owned(),
-                value: path,
-                expected: "a file path".to_owned(),
-            }),
-            (Some(url), Some(_)) => problems.push(ConfigProblem {
-                setting: "DATABASE_URL".to_owned(),
-                value: redact_url(&url),
-                expected:
-                    "either DATABASE_URL (PostgreSQL) or HEXERACT_SQLITE_PATH (SQLite), not both"
-                        .to_owned(),
-            }),
-            (None, None) => {}
         }
-        if let Some(brokers) = lookup("KAFKA_BROKERS") {
-            if let Err(expected) = broker_list(&brokers) {
+        if let Some(kafka) = &self.kafka {
+            if let Err(expected) = broker_list(&kafka.brokers) {
                 problems.push(ConfigProblem {
                     setting: "KAFKA_BROKERS".to_owned(),
-                    value: brokers.clone(),
+                    value: kafka.brokers.clone(),
                     expected,
                 });
             }
-            let topic_prefix = lookup("KAFKA_TOPIC_PREFIX").unwrap_or_default();
-            if let Err(expected) = topic_prefix_ok(&topic_prefix) {
+            if let Err(expected) = topic_prefix_ok(&kafka.topic_prefix) {
                 problems.push(ConfigProblem {
                     setting: "KAFKA_TOPIC_PREFIX".to_owned(),
-                    value: topic_prefix.clone(),
+                    value: kafka.topic_prefix.clone(),
                     expected,
                 });
             }
-            settings.kafka = Some(Kafka {
-                brokers,
-                topic_prefix,
-                partitions,
-            });
         }
-        if problems.is_empty() {
-            Ok(settings)
-        } else {
-            Err(ConfigError { problems })
+        if let Err(error) = self.policy.checks("MAX_DELIVERIES").finish() {
+            problems.extend(error.problems);
         }
+        problems
     }
 }
 
@@ -504,6 +621,64 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// A duration as whole milliseconds, for serde (`#[serde(with = "millis")]`).
+pub(crate) mod millis {
+    use std::time::Duration;
+
+    pub(crate) fn serialize<S: serde::Serializer>(
+        value: &Duration,
+        to: S,
+    ) -> Result<S::Ok, S::Error> {
+        to.serialize_u64(u64::try_from(value.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        from: D,
+    ) -> Result<Duration, D::Error> {
+        <u64 as serde::Deserialize>::deserialize(from).map(Duration::from_millis)
+    }
+}
+
+/// An optional duration as whole milliseconds, for serde.
+pub(crate) mod millis_option {
+    use std::time::Duration;
+
+    pub(crate) fn serialize<S: serde::Serializer>(
+        value: &Option<Duration>,
+        to: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => super::millis::serialize(value, to),
+            None => to.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        from: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        <Option<u64> as serde::Deserialize>::deserialize(from)
+            .map(|ms| ms.map(Duration::from_millis))
+    }
+}
+
+/// A retention as whole days, 0 for "kept forever" (`None`), for serde.
+pub(crate) mod days {
+    use std::time::Duration;
+
+    pub(crate) fn serialize<S: serde::Serializer>(
+        value: &Option<Duration>,
+        to: S,
+    ) -> Result<S::Ok, S::Error> {
+        to.serialize_u64(value.map_or(0, |age| age.as_secs() / 86_400))
+    }
+
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        from: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        <u64 as serde::Deserialize>::deserialize(from).map(|days| super::retention(Some(days), 0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,14 +694,14 @@ mod tests {
     #[test]
     fn unset_variables_leave_defaults() {
         assert_eq!(
-            EnvSettings::from_lookup(lookup(&[])),
-            Ok(EnvSettings::default())
+            WorkerConfig::from_lookup(lookup(&[])),
+            Ok(WorkerConfig::default())
         );
     }
 
     #[test]
     fn valid_variables_are_read() {
-        let settings = EnvSettings::from_lookup(lookup(&[
+        let settings = WorkerConfig::from_lookup(lookup(&[
             ("MAX_DELIVERIES", "3"),
             ("RETRY_MAX_DELAY_MS", "2500"),
             ("SHUTDOWN_GRACE_MS", "0"),
@@ -537,10 +712,13 @@ mod tests {
             ),
         ]))
         .unwrap();
-        assert_eq!(settings.max_deliveries, NonZeroU32::new(3));
-        assert_eq!(settings.retry_max_delay, Some(Duration::from_millis(2500)));
-        assert_eq!(settings.shutdown_grace, Some(Duration::ZERO));
-        assert_eq!(settings.relay_batch_size, Some(250));
+        assert_eq!(settings.policy.retry.max_deliveries_value(), 3);
+        assert_eq!(
+            settings.policy.retry.delays().1,
+            Duration::from_millis(2500)
+        );
+        assert_eq!(settings.policy.shutdown_grace, Duration::ZERO);
+        assert_eq!(settings.policy.batch_size, 250);
         assert_eq!(
             settings.database,
             Database::Postgres("postgres://app:pw@db:5432/app?sslmode=require".into())
@@ -550,7 +728,7 @@ mod tests {
 
     #[test]
     fn every_invalid_variable_is_reported_at_once_without_secrets() {
-        let error = EnvSettings::from_lookup(lookup(&[
+        let error = WorkerConfig::from_lookup(lookup(&[
             ("MAX_DELIVERIES", "0"),
             ("RETRY_MAX_DELAY_MS", "soon"),
             ("DATABASE_URL", "mysql://user:secret@db/app"),
@@ -583,7 +761,7 @@ mod tests {
 
     #[test]
     fn retention_defaults_to_7_and_30_days_and_0_keeps_forever() {
-        let defaults = EnvSettings::from_lookup(lookup(&[])).unwrap();
+        let defaults = WorkerConfig::from_lookup(lookup(&[])).unwrap();
         assert_eq!(
             defaults.inbox_retention,
             Some(Duration::from_secs(7 * 86_400))
@@ -592,7 +770,7 @@ mod tests {
             defaults.dead_letter_retention,
             Some(Duration::from_secs(30 * 86_400))
         );
-        let set = EnvSettings::from_lookup(lookup(&[
+        let set = WorkerConfig::from_lookup(lookup(&[
             ("INBOX_RETENTION_DAYS", "0"),
             ("DEAD_LETTER_RETENTION_DAYS", "90"),
         ]))
@@ -602,7 +780,7 @@ mod tests {
             set.dead_letter_retention,
             Some(Duration::from_secs(90 * 86_400))
         );
-        let error = EnvSettings::from_lookup(lookup(&[("DEAD_LETTER_RETENTION_DAYS", "a month")]))
+        let error = WorkerConfig::from_lookup(lookup(&[("DEAD_LETTER_RETENTION_DAYS", "a month")]))
             .unwrap_err()
             .to_string();
         assert!(error.contains("DEAD_LETTER_RETENTION_DAYS"), "{error}");
@@ -611,16 +789,16 @@ mod tests {
     #[test]
     fn worker_port_defaults_to_8081_and_a_bad_one_is_named() {
         assert_eq!(
-            EnvSettings::from_lookup(lookup(&[])).unwrap().worker_port,
+            WorkerConfig::from_lookup(lookup(&[])).unwrap().worker_port,
             8081
         );
-        let settings = EnvSettings::from_lookup(lookup(&[("WORKER_PORT", "9100")])).unwrap();
+        let settings = WorkerConfig::from_lookup(lookup(&[("WORKER_PORT", "9100")])).unwrap();
         assert_eq!(settings.worker_port, 9100);
         for bad in [
             &[("WORKER_PORT", "65536")][..],
             &[("WORKER_PORT", "http")][..],
         ] {
-            let error = EnvSettings::from_lookup(lookup(bad))
+            let error = WorkerConfig::from_lookup(lookup(bad))
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -644,7 +822,7 @@ mod tests {
             )],
         ];
         for vars in cases {
-            let error = EnvSettings::from_lookup(lookup(vars))
+            let error = WorkerConfig::from_lookup(lookup(vars))
                 .unwrap_err()
                 .to_string();
             assert!(error.contains("AMQP_URL"), "{error}");
@@ -676,7 +854,7 @@ mod tests {
 
     #[test]
     fn worker_knobs_are_read_into_their_own_settings() {
-        let settings = EnvSettings::from_lookup(lookup(&[
+        let settings = WorkerConfig::from_lookup(lookup(&[
             ("SCHEDULER_POLL_INTERVAL_MS", "250"),
             ("SCHEDULER_BATCH_SIZE", "7"),
             ("SCHEDULER_MIN_CYCLE_DELAY_MS", "0"),
@@ -691,7 +869,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             settings.scheduler,
-            SchedulerSettings {
+            SchedulerConfig {
                 poll_interval: Some(Duration::from_millis(250)),
                 batch_size: Some(7),
                 min_cycle_delay: Some(Duration::ZERO),
@@ -699,22 +877,31 @@ mod tests {
                 lease: Some(Duration::from_millis(4321)),
             }
         );
-        assert_eq!(settings.delivery_lease, Some(Duration::from_secs(60)));
-        assert_eq!(settings.max_payload_bytes, Some(4096));
-        assert_eq!(settings.store_timeout, Some(Duration::from_millis(2500)));
-        assert_eq!(settings.amqp.unwrap().prefetch, Some(64));
-        // Unset, each keeps the builder's default.
-        let unset = EnvSettings::from_lookup(lookup(&[("AMQP_URL", "amqp://localhost")])).unwrap();
-        assert_eq!(unset.scheduler, SchedulerSettings::default());
+        assert_eq!(settings.policy.lease, Duration::from_secs(60));
+        assert_eq!(settings.policy.max_payload_bytes, 4096);
+        assert_eq!(settings.policy.store_timeout, Duration::from_millis(2500));
+        assert_eq!(settings.policy.prefetch, 64);
+        // Unset, each keeps the process's default (the scheduler's, its own builder's).
+        let unset = WorkerConfig::from_lookup(lookup(&[("AMQP_URL", "amqp://localhost")])).unwrap();
+        assert_eq!(unset.scheduler, SchedulerConfig::default());
+        let process = Policy::process();
         assert_eq!(
             (
-                unset.delivery_lease,
-                unset.max_payload_bytes,
-                unset.store_timeout
+                unset.policy.lease,
+                unset.policy.max_payload_bytes,
+                unset.policy.store_timeout
             ),
-            (None, None, None)
+            (
+                process.lease,
+                process.max_payload_bytes,
+                process.store_timeout
+            )
         );
-        assert_eq!(unset.amqp.unwrap().prefetch, None);
+        assert_eq!(unset.policy.prefetch, process.prefetch);
+        assert_eq!(
+            unset.policy, process,
+            "no variable set: the process's policy"
+        );
     }
 
     #[test]
@@ -725,7 +912,7 @@ mod tests {
                 if name == "AMQP_PREFETCH" {
                     vars.push(("AMQP_URL", "amqp://localhost".to_owned()));
                 }
-                EnvSettings::from_lookup(owned_lookup(vars))
+                WorkerConfig::from_lookup(owned_lookup(vars))
             };
             for fits in [min, max] {
                 assert!(with(fits.to_string()).is_ok(), "{name} = {fits}");
@@ -746,7 +933,7 @@ mod tests {
 
     #[test]
     fn every_invalid_worker_knob_is_reported_at_once() {
-        let error = EnvSettings::from_lookup(lookup(&[
+        let error = WorkerConfig::from_lookup(lookup(&[
             ("SCHEDULER_POLL_INTERVAL_MS", "0"),
             ("SCHEDULER_BATCH_SIZE", "10001"),
             ("SCHEDULER_MIN_CYCLE_DELAY_MS", "5ms"),
@@ -791,9 +978,9 @@ mod tests {
     #[test]
     fn amqp_prefetch_is_read_only_with_amqp_url() {
         // Like HEXERACT_EXCHANGE: without a broker it is ignored, even when invalid.
-        let settings = EnvSettings::from_lookup(lookup(&[("AMQP_PREFETCH", "0")])).unwrap();
+        let settings = WorkerConfig::from_lookup(lookup(&[("AMQP_PREFETCH", "0")])).unwrap();
         assert_eq!(settings.amqp, None);
-        let error = EnvSettings::from_lookup(lookup(&[
+        let error = WorkerConfig::from_lookup(lookup(&[
             ("AMQP_URL", "amqp://localhost"),
             ("AMQP_PREFETCH", "0"),
         ]))
@@ -808,7 +995,7 @@ mod tests {
     #[test]
     fn amqp_url_selects_the_broker_with_default_names() {
         let settings =
-            EnvSettings::from_lookup(lookup(&[("AMQP_URL", "amqps://app:pw@broker/vh")])).unwrap();
+            WorkerConfig::from_lookup(lookup(&[("AMQP_URL", "amqps://app:pw@broker/vh")])).unwrap();
         let amqp = settings.amqp.unwrap();
         assert_eq!(amqp.url, "amqps://app:pw@broker/vh");
         assert_eq!(
@@ -816,7 +1003,7 @@ mod tests {
             ("hexeract", "hexeract")
         );
         assert!(!format!("{amqp:?}").contains("pw"));
-        let both = EnvSettings::from_lookup(lookup(&[
+        let both = WorkerConfig::from_lookup(lookup(&[
             ("AMQP_URL", "amqp://localhost"),
             ("KAFKA_BROKERS", "localhost:9092"),
         ]))
@@ -827,7 +1014,7 @@ mod tests {
 
     #[test]
     fn kafka_brokers_need_a_topic_prefix_and_valid_names() {
-        let settings = EnvSettings::from_lookup(lookup(&[
+        let settings = WorkerConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "localhost:9092, kafka-2:9093"),
             ("KAFKA_TOPIC_PREFIX", "shop"),
             ("KAFKA_TOPIC_PARTITIONS", "6"),
@@ -841,7 +1028,7 @@ mod tests {
                 partitions: Some(6),
             })
         );
-        let error = EnvSettings::from_lookup(lookup(&[
+        let error = WorkerConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "http://localhost"),
             ("KAFKA_TOPIC_PARTITIONS", "0"),
         ]))
@@ -860,7 +1047,7 @@ mod tests {
             text.contains("KAFKA_TOPIC_PARTITIONS = \"0\": a whole number from 1 to 10000"),
             "{text}"
         );
-        let bad_prefix = EnvSettings::from_lookup(lookup(&[
+        let bad_prefix = WorkerConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "localhost:9092"),
             ("KAFKA_TOPIC_PREFIX", "my shop"),
         ]))
@@ -871,7 +1058,133 @@ mod tests {
             "{bad_prefix}"
         );
         // Without brokers, the other Kafka variables are not read.
-        let unused = EnvSettings::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")])).unwrap();
+        let unused = WorkerConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")])).unwrap();
         assert_eq!(unused.kafka, None);
+    }
+
+    /// Every variable docs/configuration.md lists, set alone to a value that is not its
+    /// default, changes the settings: each maps to a field.
+    #[test]
+    fn every_documented_variable_maps_to_a_field() {
+        let doc = include_str!("../../docs/configuration.md");
+        let documented: std::collections::BTreeSet<&str> = doc
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|rest| rest.split('`').next())
+            .filter(|name| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+            .collect();
+        assert!(documented.len() >= 27, "{documented:?}");
+        // Variables that only apply beside another one.
+        let needs: &[(&str, &[(&str, &str)])] = &[
+            ("AMQP_PREFETCH", &[("AMQP_URL", "amqp://localhost")]),
+            ("HEXERACT_EXCHANGE", &[("AMQP_URL", "amqp://localhost")]),
+            ("HEXERACT_QUEUE_PREFIX", &[("AMQP_URL", "amqp://localhost")]),
+            (
+                "KAFKA_TOPIC_PARTITIONS",
+                &[
+                    ("KAFKA_BROKERS", "localhost:9092"),
+                    ("KAFKA_TOPIC_PREFIX", "shop"),
+                ],
+            ),
+            (
+                "KAFKA_TOPIC_PREFIX",
+                &[
+                    ("KAFKA_BROKERS", "localhost:9092"),
+                    ("KAFKA_TOPIC_PREFIX", "shop"),
+                ],
+            ),
+            ("KAFKA_BROKERS", &[("KAFKA_TOPIC_PREFIX", "shop")]),
+        ];
+        for name in documented {
+            let value = match name {
+                "AMQP_URL" => "amqp://localhost",
+                "DATABASE_URL" => "postgres://localhost/app",
+                "HEXERACT_SQLITE_PATH" => "other.db",
+                "HEXERACT_EXCHANGE" | "HEXERACT_QUEUE_PREFIX" | "KAFKA_TOPIC_PREFIX" => "other",
+                "KAFKA_BROKERS" => "broker:9093",
+                "WORKER_PORT" => "9999",
+                _ => "11",
+            };
+            let base: Vec<(String, String)> = needs
+                .iter()
+                .find(|(variable, _)| *variable == name)
+                .map(|(_, with)| {
+                    with.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let read = |vars: &[(String, String)]| {
+                WorkerConfig::from_lookup(|wanted| {
+                    vars.iter()
+                        .find(|(key, _)| key == wanted)
+                        .map(|(_, v)| v.clone())
+                })
+                .unwrap_or_else(|error| panic!("{name}: {error}"))
+            };
+            let mut with = base.clone();
+            with.retain(|(key, _)| key != name);
+            with.push((name.to_owned(), value.to_owned()));
+            assert_ne!(read(&with), read(&base), "{name} = {value} changed nothing");
+        }
+    }
+
+    #[test]
+    fn a_config_file_reads_into_the_same_settings_as_the_variables() {
+        let from_vars = WorkerConfig::from_lookup(lookup(&[
+            ("DATABASE_URL", "postgres://app@db/shop"),
+            ("HANDLER_TIMEOUT_MS", "5000"),
+            ("MAX_DELIVERIES", "3"),
+            ("RELAY_POLL_INTERVAL_MS", "250"),
+            ("INBOX_RETENTION_DAYS", "0"),
+            ("AMQP_URL", "amqp://rabbit"),
+            ("AMQP_PREFETCH", "32"),
+            ("SCHEDULER_LEASE_MS", "60000"),
+        ]))
+        .unwrap();
+        let from_file: WorkerConfig = serde_json::from_str(
+            r#"{
+                "database": { "postgres": "postgres://app@db/shop" },
+                "policy": { "handler_timeout_ms": 5000, "retry": { "max_deliveries": 3 }, "prefetch": 32 },
+                "relay_poll_interval_ms": 250,
+                "inbox_retention_days": 0,
+                "amqp": { "url": "amqp://rabbit" },
+                "scheduler": { "lease_ms": 60000 }
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(from_file, from_vars);
+        // And back: what it writes, it reads.
+        let written = serde_json::to_string(&from_file).unwrap();
+        assert_eq!(
+            serde_json::from_str::<WorkerConfig>(&written).unwrap(),
+            from_file
+        );
+        assert_eq!(
+            serde_json::from_str::<WorkerConfig>("{}").unwrap(),
+            WorkerConfig::default()
+        );
+    }
+
+    #[test]
+    fn a_config_file_with_an_unknown_key_or_bad_values_is_refused() {
+        let typo =
+            serde_json::from_str::<WorkerConfig>(r#"{ "policy": { "handler_timout_ms": 5 } }"#)
+                .unwrap_err()
+                .to_string();
+        assert!(typo.contains("unknown field `handler_timout_ms`"), "{typo}");
+        let config: WorkerConfig = serde_json::from_str(
+            r#"{ "database": { "postgres": "mysql://u:secret@db/app" },
+                 "amqp": { "url": "amqp://x", "exchange": "amq.direct" },
+                 "policy": { "handler_timeout_ms": 0 } }"#,
+        )
+        .unwrap();
+        let error = config.check().unwrap_err();
+        let settings: Vec<_> = error.problems.iter().map(|p| p.setting.as_str()).collect();
+        assert_eq!(
+            settings,
+            ["HEXERACT_EXCHANGE", "DATABASE_URL", "handler_timeout"]
+        );
+        assert!(!error.to_string().contains("secret"), "{error}");
     }
 }

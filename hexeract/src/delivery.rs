@@ -33,7 +33,8 @@ use crate::reason::Reason;
 use crate::retry::RetryPolicy;
 
 pub(crate) use invoke::{call_handler, spawn_grace_timer, Slot};
-pub(crate) use policy::{Policy, IN_MEMORY_CONCURRENCY};
+pub use policy::Policy;
+pub(crate) use policy::IN_MEMORY_CONCURRENCY;
 use record::{Delivered, Transport};
 #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
 pub(crate) use verdict::payload_too_large_detail;

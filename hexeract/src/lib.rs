@@ -58,8 +58,9 @@
 #[allow(unused_extern_crates)]
 extern crate self as hexeract;
 
+mod app;
 pub mod cli;
-mod config;
+pub mod config;
 mod context;
 mod dead_letter;
 mod delivery;
@@ -75,6 +76,7 @@ pub mod kafka;
 mod memory;
 mod message;
 pub mod metrics;
+pub mod middleware;
 pub mod outbox;
 mod outcome;
 #[cfg(all(test, any(feature = "rabbitmq", feature = "kafka")))]
@@ -109,6 +111,7 @@ mod retry;
 mod run;
 mod runtime;
 pub mod schedule;
+mod state;
 pub mod store;
 pub mod testing;
 
@@ -116,24 +119,29 @@ pub mod testing;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use app::Worker;
+pub use config::WorkerConfig;
 pub use context::Context;
 pub use dead_letter::{DeadLetter, MAX_DETAIL_BYTES};
+pub use delivery::Policy;
 pub use envelope::{DecodeError, EncodeError, Envelope};
 pub use error::{ConfigError, ConfigProblem, Error};
 pub use handler::{ErasedHandler, Handler, TypedHandler};
 pub use memory::InMemoryStore;
 pub use message::{AggregateKey, Message};
+pub use middleware::{Middleware, Next};
 pub use outcome::{HandlerError, HandlerOutcome, IntoOutcome};
 pub use publish::{Publish, PublishError};
 pub use reason::Reason;
 pub use registry::{
-    DuplicateName, HandlerInfo, HandlerOptions, Location, RegisteredHandler, Registry,
-    RegistryError,
+    DuplicateName, HandlerInfo, HandlerOptions, Location, MissingState, RegisteredHandler,
+    Registry, RegistryError,
 };
 pub use retry::RetryPolicy;
 pub use run::run;
 pub use runtime::{HandlerStats, Runtime, RuntimeBuilder};
 pub use schedule::{schedule_after, schedule_at};
+pub use state::{FromStates, State, States};
 pub use store::process::publish;
 pub use tokio_util::sync::CancellationToken;
 

@@ -3,9 +3,11 @@
 pub use crate::context::Context;
 pub use crate::handler::{ErasedHandler, Handler};
 pub use crate::message::{AggregateKey, Message};
+pub use crate::middleware::ErasedJob;
 pub use crate::outcome::{HandlerOutcome, IntoOutcome};
-pub use crate::registry::HandlerRegistration;
+pub use crate::registry::{HandlerRegistration, MakeHandler};
 pub use crate::schedule::{CatchUp, ScheduleRegistration};
+pub use crate::state::{FromStates, States};
 pub use futures_util::future::BoxFuture;
 pub use inventory;
 pub use serde;
@@ -14,7 +16,7 @@ pub use std::sync::Arc;
 /// What `#[handler]` needs from the argument type, in one call: its `MESSAGE_TYPE` (checked
 /// against the declared one in const evaluation) and the handler's constructor. Every bound on
 /// the argument type is here, so a type that is not a `Message` is reported once.
-pub const fn typed<M: Message, H: Handler<M> + Default>() -> Typed {
+pub const fn typed<M: Message, H: Handler<M> + Build>() -> Typed {
     Typed {
         message_type: M::MESSAGE_TYPE,
         constructor: construct::<M, H>,
@@ -24,11 +26,42 @@ pub const fn typed<M: Message, H: Handler<M> + Default>() -> Typed {
 #[derive(Debug)]
 pub struct Typed {
     pub message_type: &'static str,
-    pub constructor: fn() -> Arc<dyn ErasedHandler>,
+    pub constructor: crate::registry::MakeHandler,
 }
 
-fn construct<M: Message, H: Handler<M> + Default>() -> Arc<dyn ErasedHandler> {
-    Arc::new(crate::handler::TypedHandler::<M, H>::new(H::default()))
+fn construct<M: Message, H: Handler<M> + Build>(
+    states: &States,
+    missing: &mut Vec<&'static str>,
+) -> Option<Arc<dyn ErasedHandler>> {
+    let handler = H::build(states, missing)?;
+    Some(Arc::new(crate::handler::TypedHandler::<M, H>::new(handler)))
+}
+
+/// A handler or job adapter, built from its worker's state: each `State<T>` parameter taken
+/// once, here, not per call.
+pub trait Build: Sized {
+    /// The adapter, or `None` with the missing types pushed to `missing`.
+    fn build(states: &States, missing: &mut Vec<&'static str>) -> Option<Self>;
+}
+
+/// One state parameter of a handler or job, taken from `states` (or named in `missing`).
+pub fn state<T: FromStates>(states: &States, missing: &mut Vec<&'static str>) -> Option<T> {
+    crate::state::take(states, missing)
+}
+
+/// How a `#[scheduled]` job is built from its worker's state.
+pub type MakeJob = fn(&States, &mut Vec<&'static str>) -> Option<Arc<dyn ErasedJob>>;
+
+/// The constructor of a job adapter, for its registration.
+pub const fn job<J: ErasedJob + Build>() -> MakeJob {
+    construct_job::<J>
+}
+
+fn construct_job<J: ErasedJob + Build>(
+    states: &States,
+    missing: &mut Vec<&'static str>,
+) -> Option<Arc<dyn ErasedJob>> {
+    Some(Arc::new(J::build(states, missing)?))
 }
 
 /// Converts the runtime's `&Context` into a handler's second parameter; only `&Context`

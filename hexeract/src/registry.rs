@@ -7,8 +7,20 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+
+use crate::context::Context;
+use crate::envelope::Envelope;
 use crate::handler::{ErasedHandler, Handler, TypedHandler};
 use crate::message::Message;
+use crate::middleware::{Chain, ErasedMiddleware, Middleware, Middlewares};
+use crate::outcome::HandlerOutcome;
+use crate::state::States;
+
+/// How a registration builds its handler from the worker's state: `None` when a type it takes
+/// is missing (pushed to the list).
+#[doc(hidden)]
+pub type MakeHandler = fn(&States, &mut Vec<&'static str>) -> Option<Arc<dyn ErasedHandler>>;
 
 /// What `#[handler]` submits to `inventory`: plain data and a constructor, since statics cannot
 /// hold an `Arc`.
@@ -22,7 +34,7 @@ pub struct HandlerRegistration {
     pub column: u32,
     pub timeout: Option<Duration>,
     pub concurrency: Option<u32>,
-    pub make: fn() -> Arc<dyn ErasedHandler>,
+    pub make: MakeHandler,
 }
 
 inventory::collect!(HandlerRegistration);
@@ -70,11 +82,23 @@ impl HandlerInfo {
 
 /// Settings for a handler registered in code with
 /// [`RuntimeBuilder::register_handler_with`](crate::RuntimeBuilder::register_handler_with).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct HandlerOptions {
     name: Option<Cow<'static, str>>,
     timeout: Option<Duration>,
     concurrency: Option<NonZeroU32>,
+    middleware: Vec<Arc<dyn ErasedMiddleware>>,
+}
+
+impl fmt::Debug for HandlerOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerOptions")
+            .field("name", &self.name)
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("middleware", &self.middleware.len())
+            .finish()
+    }
 }
 
 impl HandlerOptions {
@@ -100,6 +124,12 @@ impl HandlerOptions {
         self.concurrency = Some(limit);
         self
     }
+
+    /// Middleware around this handler alone, inside the worker's (see [`crate::middleware`]).
+    pub fn middleware(mut self, middleware: impl Middleware) -> HandlerOptions {
+        self.middleware.push(Arc::new(middleware));
+        self
+    }
 }
 
 /// A handler registered in code, applied to a registry when a builder builds.
@@ -111,6 +141,10 @@ pub(crate) struct HandlerSet {
     /// `None`: every `#[handler]` of the program.
     base: Option<Registry>,
     added: Vec<Registration>,
+    /// What handlers take as `State<T>`.
+    pub(crate) states: States,
+    /// What runs around them.
+    pub(crate) middleware: Middlewares,
 }
 
 impl HandlerSet {
@@ -119,6 +153,8 @@ impl HandlerSet {
         HandlerSet {
             base: Some(Registry::new()),
             added: Vec::new(),
+            states: States::new(),
+            middleware: Middlewares::default(),
         }
     }
 
@@ -127,6 +163,8 @@ impl HandlerSet {
         HandlerSet {
             base: None,
             added: Vec::new(),
+            states: States::new(),
+            middleware: Middlewares::default(),
         }
     }
 
@@ -147,8 +185,9 @@ impl HandlerSet {
         }));
     }
 
-    /// The registry: the base with the handlers added, those `keep` refuses left out. Every
-    /// duplicate name is reported at once.
+    /// The registry: the base with the handlers added, those `keep` refuses left out, each
+    /// built with its state and given its middleware. Every duplicate name, and every missing
+    /// state, is reported at once.
     pub(crate) fn build(
         self,
         keep: Option<&dyn Fn(&HandlerInfo) -> bool>,
@@ -169,7 +208,7 @@ impl HandlerSet {
             }
         }
         if duplicates.is_empty() {
-            Ok(registry)
+            registry.provide(&self.states, &self.middleware)
         } else {
             Err(RegistryError::DuplicateNames(duplicates))
         }
@@ -180,9 +219,31 @@ impl HandlerSet {
 pub struct RegisteredHandler {
     info: HandlerInfo,
     handler: Arc<dyn ErasedHandler>,
+    /// How a `#[handler]` is built again with the worker's state; `None` for a handler
+    /// registered in code (it holds its state itself).
+    make: Option<MakeHandler>,
+    /// Its own middleware (from its [`HandlerOptions`]).
+    own: Vec<Arc<dyn ErasedMiddleware>>,
+    /// Every middleware around it, once its worker is built.
+    chain: Chain,
 }
 
 impl RegisteredHandler {
+    fn new(info: HandlerInfo, handler: Arc<dyn ErasedHandler>) -> RegisteredHandler {
+        RegisteredHandler {
+            info,
+            handler,
+            make: None,
+            own: Vec::new(),
+            chain: Arc::from([]),
+        }
+    }
+
+    /// The middleware around it, outermost first.
+    pub(crate) fn chain(&self) -> &Chain {
+        &self.chain
+    }
+
     /// The handler's description.
     pub fn info(&self) -> &HandlerInfo {
         &self.info
@@ -253,18 +314,28 @@ impl Registry {
                     timeout: registration.timeout,
                     concurrency: registration.concurrency.and_then(NonZeroU32::new),
                 };
-                (info, (registration.make)())
+                // Built without state for now; a handler that takes some is built again with
+                // its worker's (`provide`), and stands in until then.
+                let handler =
+                    (registration.make)(&States::new(), &mut Vec::new()).unwrap_or_else(|| {
+                        Arc::new(Unprovided {
+                            message_type: registration.message_type,
+                        })
+                    });
+                let mut registered = RegisteredHandler::new(info, handler);
+                registered.make = Some(registration.make);
+                registered
             });
         Registry::from_handlers(infos)
     }
 
     fn from_handlers(
-        handlers: impl IntoIterator<Item = (HandlerInfo, Arc<dyn ErasedHandler>)>,
+        handlers: impl IntoIterator<Item = RegisteredHandler>,
     ) -> Result<Registry, RegistryError> {
         let mut registry = Registry::new();
         let mut duplicates = Vec::new();
-        for (info, handler) in handlers {
-            if let Err(duplicate) = registry.insert(info, handler) {
+        for handler in handlers {
+            if let Err(duplicate) = registry.insert(handler) {
                 duplicates.push(duplicate);
             }
         }
@@ -299,23 +370,84 @@ impl Registry {
             });
         }
         let handler: Arc<dyn ErasedHandler> = Arc::new(TypedHandler::<M, H>::new(handler));
-        self.insert(info, handler)
+        let mut registered = RegisteredHandler::new(info, handler);
+        registered.own = options.middleware;
+        self.insert(registered)
             .map_err(|duplicate| RegistryError::DuplicateNames(vec![duplicate]))
     }
 
-    fn insert(
-        &mut self,
-        info: HandlerInfo,
-        handler: Arc<dyn ErasedHandler>,
-    ) -> Result<(), DuplicateName> {
-        if let Some(existing) = self.get(&info.name) {
-            return Err(DuplicateName {
-                name: info.name.to_string(),
-                first: existing.info.origin(),
-                second: info.origin(),
+    /// The registry its worker runs: each `#[handler]` that takes state built with `states`,
+    /// each handler given its chain of `middleware`. Every missing state, and every middleware
+    /// for a handler that is not here, is reported at once.
+    pub(crate) fn provide(
+        &self,
+        states: &States,
+        middleware: &Middlewares,
+    ) -> Result<Registry, RegistryError> {
+        let mut missing = Vec::new();
+        let mut provided = Registry::new();
+        for registered in &self.handlers {
+            let handler = match registered.make {
+                Some(make) => {
+                    let mut types = Vec::new();
+                    match make(states, &mut types) {
+                        Some(handler) => handler,
+                        None => {
+                            missing.extend(types.into_iter().map(|type_name| MissingState {
+                                handler: registered.info.name.to_string(),
+                                location: registered.info.origin(),
+                                type_name,
+                            }));
+                            continue;
+                        }
+                    }
+                }
+                None => registered.handler.clone(),
+            };
+            // Built now: a later build (a worker given this registry) keeps it as it is, and adds
+            // its own middleware outside the chain it has.
+            let chain: Chain = middleware
+                .chain_for(&registered.info.name, &registered.own)
+                .iter()
+                .chain(registered.chain.iter())
+                .cloned()
+                .collect();
+            provided
+                .insert(RegisteredHandler {
+                    info: registered.info.clone(),
+                    handler,
+                    make: None,
+                    own: Vec::new(),
+                    chain,
+                })
+                .expect("names were unique already");
+        }
+        if !missing.is_empty() {
+            return Err(RegistryError::MissingState(missing));
+        }
+        let unknown: Vec<String> = middleware
+            .named()
+            .filter(|name| self.get(name).is_none())
+            .map(str::to_owned)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(RegistryError::UnknownHandlers {
+                names: unknown,
+                known: self.handlers().map(|info| info.name.to_string()).collect(),
             });
         }
-        let registered = Arc::new(RegisteredHandler { info, handler });
+        Ok(provided)
+    }
+
+    fn insert(&mut self, registered: RegisteredHandler) -> Result<(), DuplicateName> {
+        if let Some(existing) = self.get(&registered.info.name) {
+            return Err(DuplicateName {
+                name: registered.info.name.to_string(),
+                first: existing.info.origin(),
+                second: registered.info.origin(),
+            });
+        }
+        let registered = Arc::new(registered);
         let position = self
             .handlers
             .partition_point(|other| other.info.name < registered.info.name);
@@ -383,6 +515,21 @@ pub enum RegistryError {
     /// Handler names must be unique: they name queues and consumer groups.
     #[error("{}", DuplicateName::describe(.0))]
     DuplicateNames(Vec<DuplicateName>),
+    /// Handlers take state (`State<T>`) that their worker was not given; nothing was started.
+    #[error("{}", MissingState::describe(.0))]
+    MissingState(Vec<MissingState>),
+    /// Middleware was added for handlers that the worker does not have.
+    #[error(
+        "middleware was added for handlers this worker does not have: {}; its handlers are: {}",
+        names.join(", "),
+        known.join(", ")
+    )]
+    UnknownHandlers {
+        /// The names given to `middleware_for`.
+        names: Vec<String>,
+        /// The names of the worker's handlers.
+        known: Vec<String>,
+    },
     /// A handler registered in code has a name that cannot name a queue.
     #[error(
         "handler name {name:?} {problem}; give the handler a name with `HandlerOptions::new().name(\"…\")`"
@@ -412,6 +559,80 @@ fn check_name(name: &str) -> Result<(), String> {
             "contains {bad:?}: use letters, digits, `_`, `-`, `.` and `::` (it becomes a queue name)"
         )),
         None => Ok(()),
+    }
+}
+
+/// A handler (or scheduled job) and a type of state it takes that its worker was not given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingState {
+    /// The handler's (or job's) name.
+    pub handler: String,
+    /// Where it is declared.
+    pub location: String,
+    /// The type it takes as `State<T>`: `T`'s path.
+    pub type_name: &'static str,
+}
+
+impl MissingState {
+    pub(crate) fn describe(missing: &[MissingState]) -> String {
+        let mut text = String::from(
+            "handlers take state that was not given to the worker; give each value with \
+             `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:",
+        );
+        let mut index = 0;
+        while let Some(first) = missing.get(index) {
+            let same: Vec<String> = missing[index..]
+                .iter()
+                .take_while(|one| one.handler == first.handler)
+                .map(|one| format!("`State<{}>`", short_type_name(one.type_name)))
+                .collect();
+            index += same.len();
+            text.push_str(&format!(
+                "\n  `{}` ({}) takes {}",
+                first.handler,
+                first.location,
+                same.join(" and ")
+            ));
+        }
+        text
+    }
+}
+
+/// A type's path as people write it: the standard library's own modules left out
+/// (`alloc::string::String` is `String`).
+fn short_type_name(type_name: &str) -> String {
+    let mut short = type_name.to_owned();
+    for module in [
+        "alloc::string::",
+        "alloc::sync::",
+        "alloc::vec::",
+        "alloc::boxed::",
+        "core::option::",
+        "std::collections::hash::map::",
+    ] {
+        short = short.replace(module, "");
+    }
+    short
+}
+
+/// Stands in for a `#[handler]` that takes state until its worker builds it with that state;
+/// a worker never runs one (its build stops at the missing state).
+struct Unprovided {
+    message_type: &'static str,
+}
+
+impl ErasedHandler for Unprovided {
+    fn message_type(&self) -> &'static str {
+        self.message_type
+    }
+
+    fn handle<'a>(&'a self, _: &'a Envelope, _: &'a Context) -> BoxFuture<'a, HandlerOutcome> {
+        Box::pin(async {
+            HandlerOutcome::dead_letter(
+                "state_missing",
+                "the handler takes state its worker was not given",
+            )
+        })
     }
 }
 
@@ -476,9 +697,42 @@ macro_rules! handler_registration {
             self.handlers.add::<M, H>(handler, options);
             self
         }
+
+        $crate::registry::state_and_middleware!($builder);
     };
 }
 pub(crate) use handler_registration;
+
+/// The state and middleware methods of a worker builder, over its `handlers: HandlerSet`.
+macro_rules! state_and_middleware {
+    ($builder:ident) => {
+        /// Gives the handlers a value they take as [`State<T>`]($crate::State) (one per type;
+        /// a second value of a type replaces the first).
+        pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> $builder {
+            self.handlers.states.insert(value);
+            self
+        }
+
+        /// Runs `middleware` around every handler call, inside the middleware added before
+        /// (see [`middleware`]($crate::middleware)).
+        pub fn middleware(mut self, middleware: impl $crate::Middleware) -> $builder {
+            self.handlers.middleware.add(middleware);
+            self
+        }
+
+        /// Runs `middleware` around the calls of the handler named `handler` alone, inside the
+        /// worker's middleware. A name that is not one of the worker's handlers stops `build()`.
+        pub fn middleware_for(
+            mut self,
+            handler: impl Into<::std::borrow::Cow<'static, str>>,
+            middleware: impl $crate::Middleware,
+        ) -> $builder {
+            self.handlers.middleware.add_for(handler, middleware);
+            self
+        }
+    };
+}
+pub(crate) use state_and_middleware;
 
 #[cfg(test)]
 mod tests {
@@ -499,7 +753,7 @@ mod tests {
         }
     }
 
-    fn entry(name: &'static str, line: u32) -> (HandlerInfo, Arc<dyn ErasedHandler>) {
+    fn entry(name: &'static str, line: u32) -> RegisteredHandler {
         let info = HandlerInfo {
             name: Cow::Borrowed(name),
             message_type: "Ping",
@@ -511,7 +765,7 @@ mod tests {
             timeout: None,
             concurrency: None,
         };
-        (info, Arc::new(TypedHandler::<Ping, _>::new(Noop)))
+        RegisteredHandler::new(info, Arc::new(TypedHandler::<Ping, _>::new(Noop)))
     }
 
     #[test]

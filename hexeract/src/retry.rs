@@ -22,11 +22,18 @@ use std::time::Duration;
 /// assert!(!policy.is_exhausted(4));
 /// assert!(policy.is_exhausted(5));
 /// ```
-#[derive(Clone, Debug, PartialEq)]
+///
+/// In a configuration file ([`WorkerConfig`](crate::WorkerConfig)) it reads
+/// `{ "max_deliveries": 5, "initial_delay_ms": 1000, "max_delay_ms": 300000, "jitter": 0.2 }`,
+/// every key optional.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetryPolicy {
     /// At least 1 through the public API; a builder may hold 0 until its `build()` refuses it.
     max_deliveries: u32,
+    #[serde(rename = "initial_delay_ms", with = "crate::config::millis")]
     initial_delay: Duration,
+    #[serde(rename = "max_delay_ms", with = "crate::config::millis")]
     max_delay: Duration,
     jitter: f64,
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{EnvSettings, IfSet, SchedulerSettings};
+use crate::app::Application;
+use crate::config::{IfSet, SchedulerConfig, WorkerConfig};
 use crate::delivery::Policy;
 use crate::error::Error;
 use crate::outbox::OutboxWorkerBuilder;
@@ -41,9 +42,23 @@ use crate::schedule::{SchedulerBuilder, SchedulerWorker};
 ///     hexeract::run(CancellationToken::new()).await
 /// }
 /// ```
+///
+/// `run` is [`Worker`](crate::Worker)'s shorthand for a program that gives its handlers no state
+/// and no middleware: `Worker::new(WorkerConfig::from_env()?).try_run(cancel)`.
 pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
-    let settings = EnvSettings::from_env()?;
-    let store = crate::store::default_store().await?;
+    crate::Worker::new(WorkerConfig::from_env()?)
+        .try_run(cancel)
+        .await
+}
+
+/// What [`Worker::try_run`](crate::Worker::try_run) runs, once its settings and handlers are
+/// checked.
+pub(crate) async fn start(
+    settings: WorkerConfig,
+    application: Application,
+    cancel: CancellationToken,
+) -> Result<(), Error> {
+    let store = crate::store::process::store_for(&settings.database).await?;
     // Served on WORKER_PORT; its changes (ready, not ready and why) are logged too.
     let health = crate::health::Health::new();
     // Not ready until every loop has added its component: served before they exist, an empty
@@ -57,14 +72,14 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
         Some(store.clone()),
         stop.clone(),
     ));
-    warn_about_unowned(&*store).await;
+    warn_about_unowned(&*store, &application.registry).await;
     let hygiene = tokio::spawn(retention(
         store.clone(),
         settings.inbox_retention,
         settings.dead_letter_retention,
         stop.clone(),
     ));
-    let result = run_loops(&settings, store, &health, startup, &stop).await;
+    let result = run_loops(&settings, &application, store, &health, startup, &stop).await;
     stop.cancel();
     let _ = hygiene.await;
     // A client holding a connection open would keep the server's graceful shutdown waiting.
@@ -81,8 +96,8 @@ pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
 /// types no handler knew.
 pub(crate) async fn unowned_deliveries(
     store: &dyn crate::store::Housekeeping,
+    registry: &Registry,
 ) -> Result<Vec<(String, u64)>, Error> {
-    let registry = Registry::from_inventory()?;
     Ok(store
         .pending_by_handler()
         .await?
@@ -92,8 +107,8 @@ pub(crate) async fn unowned_deliveries(
 }
 
 /// Says at startup which pending deliveries nobody will handle (a handler renamed or removed).
-async fn warn_about_unowned(store: &dyn crate::store::Housekeeping) {
-    match unowned_deliveries(store).await {
+async fn warn_about_unowned(store: &dyn crate::store::Housekeeping, registry: &Registry) {
+    match unowned_deliveries(store, registry).await {
         Ok(unowned) => {
             for (handler, count) in unowned {
                 if handler.is_empty() {
@@ -161,7 +176,8 @@ async fn bind_worker_port(port: u16) -> Result<tokio::net::TcpListener, Error> {
 
 /// Every loop of `run`: the scheduler, and the outbox worker or the relay and bus worker.
 async fn run_loops(
-    settings: &EnvSettings,
+    settings: &WorkerConfig,
+    application: &Application,
     store: Arc<dyn crate::store::Store>,
     health: &crate::health::Health,
     startup: crate::health::Probe,
@@ -170,7 +186,9 @@ async fn run_loops(
     let stop = stop.clone();
     // Scheduled jobs and delayed messages, beside whatever delivers the messages.
     let scheduler = configure_scheduler(
-        SchedulerWorker::builder_shared(store.clone()).from_inventory(),
+        SchedulerWorker::builder_shared(store.clone())
+            .from_inventory()
+            .with_shared(&application.states, application.job_middleware.clone()),
         settings,
     )
     .health(health.probe("scheduler"))
@@ -185,6 +203,7 @@ async fn run_loops(
         let delivering = crate::rabbitmq::supervisor::run_on_broker(
             broker,
             settings,
+            &application.registry,
             store,
             health,
             startup,
@@ -197,6 +216,7 @@ async fn run_loops(
         let delivering = crate::kafka::supervisor::run_on_kafka(
             kafka,
             settings,
+            &application.registry,
             store,
             health,
             startup,
@@ -219,7 +239,7 @@ async fn run_loops(
         ));
     }
     let worker = outbox_worker_of_run(store, settings)
-        .from_registry()
+        .registry(application.registry.clone())
         .health(health.probe("outbox worker"))
         .build()?;
     startup.pass();
@@ -243,10 +263,10 @@ async fn beside_the_scheduler(
 
 /// The scheduler's knobs under `hexeract::run`: every variable that is set; the others keep
 /// the builder's defaults.
-fn configure_scheduler(builder: SchedulerBuilder, settings: &EnvSettings) -> SchedulerBuilder {
+fn configure_scheduler(builder: SchedulerBuilder, settings: &WorkerConfig) -> SchedulerBuilder {
     // Every field named: a knob added to the settings does not compile until it is named here,
     // and warns as unused until it is applied.
-    let SchedulerSettings {
+    let SchedulerConfig {
         poll_interval,
         batch_size,
         min_cycle_delay,
@@ -261,7 +281,7 @@ fn configure_scheduler(builder: SchedulerBuilder, settings: &EnvSettings) -> Sch
         .if_set(min_cycle_delay, SchedulerBuilder::min_cycle_delay)
         .if_set(dispatch_timeout, SchedulerBuilder::dispatch_timeout)
         .lease(lease.unwrap_or_else(|| run_scheduler_lease(dispatch_timeout)))
-        .if_set(settings.shutdown_grace, SchedulerBuilder::shutdown_grace)
+        .shutdown_grace(settings.policy.shutdown_grace)
 }
 
 /// The scheduler's lease under `hexeract::run` when `SCHEDULER_LEASE_MS` is unset: the dispatch
@@ -278,15 +298,9 @@ fn run_scheduler_lease(dispatch_timeout: Option<std::time::Duration>) -> std::ti
 /// `DELIVERY_LEASE_MS` where set.
 fn outbox_worker_of_run(
     store: Arc<dyn crate::store::DeliveryStore>,
-    settings: &EnvSettings,
+    settings: &WorkerConfig,
 ) -> OutboxWorkerBuilder {
-    OutboxWorkerBuilder::with_policy(store, Policy::process().with_env(settings))
-        .if_set(settings.relay_batch_size, OutboxWorkerBuilder::batch_size)
-        .if_set(
-            settings.consumer_poll_interval,
-            OutboxWorkerBuilder::poll_interval,
-        )
-        .if_set(settings.delivery_lease, OutboxWorkerBuilder::lease)
+    OutboxWorkerBuilder::with_policy(store, settings.policy.clone())
 }
 
 /// Runs `part` of the process; if it fails, stops the other parts too.
@@ -338,8 +352,8 @@ pub(crate) async fn stop_on_signal(stop: CancellationToken) {
 mod tests {
     use super::*;
 
-    fn settings(vars: &'static [(&'static str, &'static str)]) -> EnvSettings {
-        EnvSettings::from_lookup(|name| {
+    fn settings(vars: &'static [(&'static str, &'static str)]) -> WorkerConfig {
+        WorkerConfig::from_lookup(|name| {
             vars.iter()
                 .find(|(key, _)| *key == name)
                 .map(|(_, value)| (*value).to_owned())

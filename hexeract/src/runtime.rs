@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::EnvSettings;
+use crate::config::WorkerConfig;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{Engine, Policy, Slot, Target, Verdict, World, IN_MEMORY_CONCURRENCY};
 use crate::envelope::Envelope;
@@ -80,8 +80,8 @@ impl RuntimeBuilder {
         mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<RuntimeBuilder, ConfigError> {
-        let settings = EnvSettings::from_lookup(lookup)?;
-        self.policy = self.policy.with_env(&settings);
+        let settings = WorkerConfig::from_lookup(&lookup)?;
+        self.policy.take_set_variables(&settings.policy, lookup);
         Ok(self)
     }
 
@@ -114,6 +114,8 @@ impl RuntimeBuilder {
         self.handlers.add::<M, H>(handler, options);
         self
     }
+
+    crate::registry::state_and_middleware!(RuntimeBuilder);
 
     /// Where messages wait and dead letters are kept (default: [`InMemoryStore::global`]).
     pub fn store(mut self, store: InMemoryStore) -> RuntimeBuilder {

@@ -37,9 +37,12 @@ use uuid::Uuid;
 use crate::context::Context;
 use crate::envelope::Envelope;
 use crate::message::Message;
+use crate::middleware::ErasedJob;
 use crate::outcome::HandlerOutcome;
 use crate::publish::PublishError;
 use crate::registry::Location;
+use crate::registry::MissingState;
+use crate::state::States;
 use crate::store::{Due, Plan};
 
 mod worker;
@@ -88,7 +91,8 @@ pub struct ScheduleRegistration {
     pub file: &'static str,
     pub line: u32,
     pub column: u32,
-    pub run: for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome>,
+    /// The job, built from its scheduler's state.
+    pub make: crate::__private::MakeJob,
 }
 
 inventory::collect!(ScheduleRegistration);
@@ -175,7 +179,33 @@ pub struct ScheduledJob {
     catch_up: CatchUp,
     timeout: Option<Duration>,
     location: Option<Location>,
-    run: for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome>,
+    run: Arc<dyn ErasedJob>,
+    /// How a `#[scheduled]` job is built again with its scheduler's state.
+    make: Option<crate::__private::MakeJob>,
+}
+
+/// A job written as a plain function.
+struct FnJob(for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome>);
+
+impl ErasedJob for FnJob {
+    fn run<'a>(&'a self, ctx: &'a Context) -> BoxFuture<'a, HandlerOutcome> {
+        (self.0)(ctx)
+    }
+}
+
+/// Stands in for a `#[scheduled]` job that takes state until its scheduler builds it with that
+/// state; a scheduler never runs one (its build stops at the missing state).
+struct Unprovided;
+
+impl ErasedJob for Unprovided {
+    fn run<'a>(&'a self, _: &'a Context) -> BoxFuture<'a, HandlerOutcome> {
+        Box::pin(async {
+            HandlerOutcome::dead_letter(
+                "state_missing",
+                "the job takes state its scheduler was not given",
+            )
+        })
+    }
 }
 
 impl ScheduledJob {
@@ -205,7 +235,8 @@ impl ScheduledJob {
             catch_up: CatchUp::Once,
             timeout: None,
             location: None,
-            run,
+            run: Arc::new(FnJob(run)),
+            make: None,
         }
     }
 
@@ -249,8 +280,39 @@ impl ScheduledJob {
         self.timeout
     }
 
-    pub(crate) fn runner(&self) -> for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome> {
-        self.run
+    pub(crate) fn runner(&self) -> Arc<dyn ErasedJob> {
+        self.run.clone()
+    }
+
+    /// The job built with `states` (a `#[scheduled]` job that takes state); `None`, with what
+    /// is missing pushed to `missing`, when a type it takes is not there.
+    pub(crate) fn provide(
+        &self,
+        states: &States,
+        missing: &mut Vec<MissingState>,
+    ) -> Option<ScheduledJob> {
+        let Some(make) = self.make else {
+            return Some(self.clone());
+        };
+        let mut types = Vec::new();
+        match make(states, &mut types) {
+            Some(run) => Some(ScheduledJob {
+                run,
+                ..self.clone()
+            }),
+            None => {
+                missing.extend(types.into_iter().map(|type_name| {
+                    MissingState {
+                        handler: self.name.to_string(),
+                        location: self
+                            .location
+                            .map_or_else(|| "registered in code".to_owned(), |l| l.to_string()),
+                        type_name,
+                    }
+                }));
+                None
+            }
+        }
     }
 
     fn from_registration(registration: &ScheduleRegistration) -> Result<ScheduledJob, String> {
@@ -274,7 +336,9 @@ impl ScheduledJob {
                 line: registration.line,
                 column: registration.column,
             }),
-            run: registration.run,
+            run: (registration.make)(&States::new(), &mut Vec::new())
+                .unwrap_or_else(|| Arc::new(Unprovided)),
+            make: Some(registration.make),
         })
     }
 }

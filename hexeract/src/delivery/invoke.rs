@@ -17,18 +17,16 @@ use crate::context::Context;
 use crate::delivery::verdict::Call;
 use crate::envelope::Envelope;
 use crate::metrics::HandlerMetrics;
+use crate::middleware::{Chain, Endpoint, ErasedJob, Next};
 use crate::outcome::HandlerOutcome;
 use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::registry::RegisteredHandler;
 
-/// A scheduled job's body, as `#[scheduled]` registers it.
-pub(crate) type JobFn = for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome>;
-
 /// What a slot calls.
 enum Callee {
     Handler(Arc<RegisteredHandler>),
-    Job(JobFn),
+    Job(Arc<dyn ErasedJob>),
 }
 
 /// One handler (or scheduled job) as every world calls it: its name as contexts carry it, its
@@ -36,6 +34,8 @@ enum Callee {
 pub(crate) struct Slot {
     name: Arc<str>,
     callee: Callee,
+    /// The middleware around each call, outermost first.
+    chain: Chain,
     permits: Option<Arc<Semaphore>>,
     timeout: Duration,
     metrics: Arc<HandlerMetrics>,
@@ -59,16 +59,24 @@ impl Slot {
                 .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
             timeout: info.timeout.unwrap_or(timeout),
             metrics: metrics.handler(&info.name),
+            chain: handler.chain().clone(),
             callee: Callee::Handler(handler.clone()),
         }
     }
 
-    /// A slot for a scheduled job's runs (no concurrency limit: one run per occurrence).
-    pub(crate) fn job(name: Arc<str>, run: JobFn, timeout: Duration) -> Slot {
+    /// A slot for a scheduled job's runs (no concurrency limit: one run per occurrence), with
+    /// `chain` around each.
+    pub(crate) fn job(
+        name: Arc<str>,
+        run: Arc<dyn ErasedJob>,
+        chain: Chain,
+        timeout: Duration,
+    ) -> Slot {
         Slot {
             metrics: crate::metrics::Metrics::global().handler(&name),
             name,
             callee: Callee::Job(run),
+            chain,
             permits: None,
             timeout,
         }
@@ -132,9 +140,13 @@ pub(crate) async fn invoke(
                 trace_id = envelope.trace_id().map(tracing::field::display),
             );
             let handler = handler.clone();
+            let chain = slot.chain.clone();
             // The context carries the envelope: one copy per call.
-            let call: BoxFuture<'static, HandlerOutcome> =
-                Box::pin(async move { handler.handler().handle(ctx.envelope(), &ctx).await });
+            let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
+                Next::new(&chain, Endpoint::Handler(handler.handler()))
+                    .run(&ctx)
+                    .await
+            });
             call_boxed(call, call_cancelled, slot.timeout, interrupt)
                 .instrument(span)
                 .await
@@ -146,8 +158,10 @@ pub(crate) async fn invoke(
                 fire_at = ctx.scheduled_for().map(tracing::field::display),
                 attempt = envelope.attempt,
             );
-            let run = *run;
-            let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move { run(&ctx).await });
+            let run = run.clone();
+            let chain = slot.chain.clone();
+            let call: BoxFuture<'static, HandlerOutcome> =
+                Box::pin(async move { Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await });
             call_boxed(call, call_cancelled, slot.timeout, interrupt)
                 .instrument(span)
                 .await
@@ -165,8 +179,11 @@ pub(crate) async fn call_handler(
     interrupt: &CancellationToken,
 ) -> Call {
     let call_cancelled = ctx.cancellation().clone();
-    let call: BoxFuture<'static, HandlerOutcome> =
-        Box::pin(async move { handler.handler().handle(ctx.envelope(), &ctx).await });
+    let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
+        Next::new(handler.chain(), Endpoint::Handler(handler.handler()))
+            .run(&ctx)
+            .await
+    });
     call_boxed(call, call_cancelled, timeout, interrupt).await
 }
 

@@ -5,7 +5,6 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::config::EnvSettings;
 use crate::config::KnobChecks;
 use crate::retry::RetryPolicy;
 
@@ -13,42 +12,75 @@ use crate::retry::RetryPolicy;
 /// them (the other worlds are bounded by their claim batch, prefetch or partition).
 pub(crate) const IN_MEMORY_CONCURRENCY: u32 = 16;
 
-/// The knobs around a handler call and a worker's loop. Each builder keeps one and its setters
-/// write into it, so a knob has one home and one default whatever the order of the calls.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Policy {
-    /// Calls in total (`max_deliveries` / `max_attempts`, its limit included), backoff and
-    /// jitter.
-    pub(crate) retry: RetryPolicy,
-    /// Deadline of one call unless the handler sets its own (the scheduler's
-    /// `dispatch_timeout`).
-    pub(crate) handler_timeout: Duration,
-    /// Largest payload handed to a handler; larger ones are dead-lettered undecoded.
-    pub(crate) max_payload_bytes: usize,
+/// The knobs around a handler call and a worker's loop, with their defaults written once. Each
+/// builder keeps one and its setters write into it, so a knob has one home and one default
+/// whatever the order of the calls; [`WorkerConfig`](crate::WorkerConfig) holds the one a
+/// process runs with.
+///
+/// Two presets: [`Policy::library`] (what every worker's builder starts from) and
+/// [`Policy::process`] (what [`hexeract::run`](crate::run) and [`Worker`](crate::Worker) start
+/// from). In a configuration file every key is optional, durations are in milliseconds:
+///
+/// ```
+/// let policy: hexeract::Policy = serde_json::from_str(
+///     r#"{ "handler_timeout_ms": 5000, "retry": { "max_deliveries": 3 } }"#,
+/// )?;
+/// assert_eq!(policy.handler_timeout, std::time::Duration::from_secs(5));
+/// assert_eq!(policy.retry.max_deliveries_value(), 3);
+/// assert_eq!(policy.batch_size, hexeract::Policy::process().batch_size);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Policy {
+    /// Calls in total (`MAX_DELIVERIES`; the seed's `max_attempts`), backoff (its longest
+    /// delay is `RETRY_MAX_DELAY_MS`) and jitter.
+    pub retry: RetryPolicy,
+    /// Deadline of one call unless the handler sets its own (`HANDLER_TIMEOUT_MS`; the
+    /// scheduler's is `SCHEDULER_DISPATCH_TIMEOUT_MS`).
+    #[serde(rename = "handler_timeout_ms", with = "crate::config::millis")]
+    pub handler_timeout: Duration,
+    /// Largest payload handed to a handler; larger ones are dead-lettered undecoded
+    /// (`MAX_PAYLOAD_BYTES`).
+    pub max_payload_bytes: usize,
     /// Calls of one handler at once unless the handler sets its own; `None`: bounded by the
-    /// world alone (or [`IN_MEMORY_CONCURRENCY`] in the in-memory world).
-    pub(crate) concurrency: Option<u32>,
-    /// How long a cancelled worker lets running calls finish.
-    pub(crate) shutdown_grace: Duration,
-    /// Sleep after a poll that found nothing.
-    pub(crate) poll_interval: Duration,
-    /// Deliveries claimed (occurrences, rows relayed) per poll.
-    pub(crate) batch_size: u32,
-    /// How long a claim lasts.
-    pub(crate) lease: Duration,
-    /// Deliveries a broker may have in flight per consumer.
-    pub(crate) prefetch: u32,
+    /// world alone (its claim batch, prefetch or partition; 16 in the in-memory world).
+    pub concurrency: Option<u32>,
+    /// How long a cancelled worker lets running calls finish (`SHUTDOWN_GRACE_MS`).
+    #[serde(rename = "shutdown_grace_ms", with = "crate::config::millis")]
+    pub shutdown_grace: Duration,
+    /// Sleep after a poll that found nothing (`CONSUMER_POLL_INTERVAL_MS`: the outbox
+    /// worker's).
+    #[serde(rename = "poll_interval_ms", with = "crate::config::millis")]
+    pub poll_interval: Duration,
+    /// Deliveries claimed, or rows relayed, per poll (`RELAY_BATCH_SIZE`).
+    pub batch_size: u32,
+    /// How long a claim of a delivery lasts (`DELIVERY_LEASE_MS`).
+    #[serde(rename = "lease_ms", with = "crate::config::millis")]
+    pub lease: Duration,
+    /// Deliveries a broker may have in flight per consumer (`AMQP_PREFETCH`).
+    pub prefetch: u32,
     /// Wait between two poll cycles that found work.
-    pub(crate) min_cycle_delay: Duration,
-    /// Deadline of one of the worker's own statements (claim, settle, relay pass, plan).
-    pub(crate) store_timeout: Duration,
+    #[serde(rename = "min_cycle_delay_ms", with = "crate::config::millis")]
+    pub min_cycle_delay: Duration,
+    /// Deadline of one of the worker's own statements: claim, settle, relay pass, plan
+    /// (`STORE_TIMEOUT_MS`).
+    #[serde(rename = "store_timeout_ms", with = "crate::config::millis")]
+    pub store_timeout: Duration,
+}
+
+impl Default for Policy {
+    /// The process's: [`Policy::process`].
+    fn default() -> Policy {
+        Policy::process()
+    }
 }
 
 impl Policy {
     /// The library's defaults, what every builder starts from (`seeds/000…`): 5 calls, 1 s →
     /// 300 s, 30 s per call, 1 MiB, 8 s of grace, `poll_interval` 100 ms, `batch_size` 10,
     /// `lease` 30 s, `prefetch` 16, `min_cycle_delay` 5 ms, `store_timeout` 30 s.
-    pub(crate) fn library() -> Policy {
+    pub fn library() -> Policy {
         Policy {
             retry: RetryPolicy::default(),
             handler_timeout: Duration::from_secs(30),
@@ -66,7 +98,7 @@ impl Policy {
 
     /// The process's defaults, what `hexeract::run` starts from (`seeds/003…`): the library's
     /// with batches of 100 (`RELAY_BATCH_SIZE`) and 500 ms polls (`*_POLL_INTERVAL_MS`).
-    pub(crate) fn process() -> Policy {
+    pub fn process() -> Policy {
         Policy {
             batch_size: 100,
             poll_interval: Duration::from_millis(500),
@@ -74,29 +106,36 @@ impl Policy {
         }
     }
 
-    /// The variables every world reads where they are set: `MAX_DELIVERIES`,
-    /// `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`, `SHUTDOWN_GRACE_MS`, `MAX_PAYLOAD_BYTES`,
-    /// `STORE_TIMEOUT_MS`.
-    pub(crate) fn with_env(mut self, settings: &EnvSettings) -> Policy {
-        if let Some(max) = settings.max_deliveries {
-            self.retry = self.retry.max_deliveries(max);
+    /// Takes from `set` the knobs every world reads whose variable `lookup` finds set
+    /// (`MAX_DELIVERIES`, `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`, `SHUTDOWN_GRACE_MS`,
+    /// `MAX_PAYLOAD_BYTES`, `STORE_TIMEOUT_MS`); the others keep this policy's values.
+    pub(crate) fn take_set_variables(
+        &mut self,
+        set: &Policy,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) {
+        let is_set = |name: &str| lookup(name).is_some();
+        if is_set("MAX_DELIVERIES") {
+            self.retry = self
+                .retry
+                .clone()
+                .max_deliveries_or_zero(set.retry.max_deliveries_value());
         }
-        if let Some(delay) = settings.retry_max_delay {
-            self.retry = self.retry.max_delay(delay);
+        if is_set("RETRY_MAX_DELAY_MS") {
+            self.retry = self.retry.clone().max_delay(set.retry.delays().1);
         }
-        if let Some(timeout) = settings.handler_timeout {
-            self.handler_timeout = timeout;
+        if is_set("HANDLER_TIMEOUT_MS") {
+            self.handler_timeout = set.handler_timeout;
         }
-        if let Some(grace) = settings.shutdown_grace {
-            self.shutdown_grace = grace;
+        if is_set("SHUTDOWN_GRACE_MS") {
+            self.shutdown_grace = set.shutdown_grace;
         }
-        if let Some(max) = settings.max_payload_bytes {
-            self.max_payload_bytes = max;
+        if is_set("MAX_PAYLOAD_BYTES") {
+            self.max_payload_bytes = set.max_payload_bytes;
         }
-        if let Some(timeout) = settings.store_timeout {
-            self.store_timeout = timeout;
+        if is_set("STORE_TIMEOUT_MS") {
+            self.store_timeout = set.store_timeout;
         }
-        self
     }
 
     /// Sets the number of calls; 0 is kept so that `build()` can say what is wrong with it.

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{EnvSettings, Kafka};
-use crate::delivery::Policy;
+use crate::config::{Kafka, WorkerConfig};
 use crate::error::Error;
 use crate::health::Health;
 use crate::kafka::{ensure_topics, KafkaConfig, KafkaRelay, KafkaWorkerBuilder};
@@ -27,16 +26,17 @@ pub(crate) fn config(kafka: &Kafka) -> KafkaConfig {
 /// with the probes failing meanwhile.
 pub(crate) async fn run_on_kafka(
     kafka: &Kafka,
-    settings: &EnvSettings,
+    settings: &WorkerConfig,
+    registry: &crate::Registry,
     store: Arc<dyn Store>,
     health: &Health,
     startup: crate::health::Probe,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let config = config(kafka);
-    let policy = Policy::process().with_env(settings);
+    let policy = settings.policy.clone();
     let worker = KafkaWorkerBuilder::with_policy(config.clone(), store.clone(), policy.clone())
-        .from_registry()
+        .registry(registry.clone())
         .health(health)
         .build()?;
     let relay_probe = health.probe("kafka relay");
@@ -49,12 +49,8 @@ pub(crate) async fn run_on_kafka(
         "delivering through Kafka"
     );
     let relay = KafkaRelay::new(store, &config)?
-        .batch_size(settings.relay_batch_size.unwrap_or(100))
-        .poll_interval(
-            settings
-                .relay_poll_interval
-                .unwrap_or(Duration::from_millis(500)),
-        )
+        .batch_size(settings.policy.batch_size)
+        .poll_interval(settings.relay_poll_interval)
         .store_timeout(policy.store_timeout)
         .health(relay_probe.clone());
     // The consumers subscribe once their topics exist; the relay creates the topics of other

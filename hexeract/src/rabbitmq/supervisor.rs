@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{EnvSettings, IfSet};
-use crate::delivery::Policy;
+use crate::config::WorkerConfig;
 use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::health::{Health, Probe};
 use crate::outbox::StorePublisher;
@@ -33,7 +32,8 @@ pub(crate) struct BrokerSettings {
 /// handlers or names are invalid, found before anything started.
 pub(crate) async fn run_on_broker(
     broker: BrokerSettings,
-    settings: &EnvSettings,
+    settings: &WorkerConfig,
+    registry: &Registry,
     store: Arc<dyn Store>,
     health: &Health,
     startup: Probe,
@@ -45,12 +45,12 @@ pub(crate) async fn run_on_broker(
     let wake = crate::store::wake_signal(&*store).await;
     let ctx_publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(store.clone(), wake));
     let worker = |connection: RabbitMqConnection| {
-        let policy = Policy::process().with_env(settings);
+        let policy = settings.policy.clone();
         let builder = RabbitMqWorkerBuilder::with_policy(connection, policy)
-            .from_registry()
+            .registry(registry.clone())
             .exchange(broker.exchange.clone())
             .prefix(broker.prefix.clone());
-        configure_bus_worker(builder, settings)
+        builder
             .dead_letters(store.clone())
             .publish_to(ctx_publisher.clone())
             .health(worker_probe.clone())
@@ -58,8 +58,8 @@ pub(crate) async fn run_on_broker(
     };
     // Invalid handlers or names stop startup before any connection is made.
     // The worker's own wait tiers: the default backoff's, up to RETRY_MAX_DELAY_MS.
-    let longest = settings.retry_max_delay.unwrap_or(Duration::from_secs(300));
-    let topology = Topology::from_registry(&Registry::from_inventory()?)
+    let longest = settings.policy.retry.delays().1;
+    let topology = Topology::from_registry(registry)
         .exchange(broker.exchange.clone())
         .prefix(broker.prefix.clone())
         .wait_tiers(crate::rabbitmq::tiers_for(Duration::from_secs(1), longest));
@@ -82,10 +82,8 @@ pub(crate) async fn run_on_broker(
         "delivering through RabbitMQ"
     );
 
-    let batch_size = settings.relay_batch_size.unwrap_or(100);
-    let poll_interval = settings
-        .relay_poll_interval
-        .unwrap_or(Duration::from_millis(500));
+    let batch_size = settings.policy.batch_size;
+    let poll_interval = settings.relay_poll_interval;
     let ownership_checked = std::sync::atomic::AtomicBool::new(false);
     let relay = supervise(&relay_probe, &cancel, || async {
         let connection = connect(
@@ -113,7 +111,7 @@ pub(crate) async fn run_on_broker(
             .exchange(broker.exchange.clone())
             .batch_size(batch_size)
             .poll_interval(poll_interval)
-            .store_timeout(Policy::process().with_env(settings).store_timeout)
+            .store_timeout(settings.policy.store_timeout)
             .health(relay_probe.clone());
         relay.run(cancel.clone()).await
     });
@@ -132,16 +130,6 @@ pub(crate) async fn run_on_broker(
     });
     tokio::join!(relay, consumers);
     Ok(())
-}
-
-/// The bus worker's own knob under `hexeract::run`, beyond the variables every world reads:
-/// `AMQP_PREFETCH` where set.
-fn configure_bus_worker(
-    builder: RabbitMqWorkerBuilder,
-    settings: &EnvSettings,
-) -> RabbitMqWorkerBuilder {
-    let prefetch = settings.amqp.as_ref().and_then(|amqp| amqp.prefetch);
-    builder.if_set(prefetch, RabbitMqWorkerBuilder::prefetch)
 }
 
 /// Connects, retrying with backoff until it succeeds or `cancel` fires.

@@ -17,9 +17,12 @@ use crate::envelope::Envelope;
 use crate::envelope::FIRE_TIME_HEADER;
 use crate::error::Error;
 use crate::health::Probe;
+use crate::middleware::Middlewares;
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
+use crate::registry::RegistryError;
 use crate::schedule::{jobs_from_inventory, ScheduledJob, Spec};
+use crate::state::States;
 use crate::store::{
     ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition, ScheduleStore, StoreError,
     SCHEDULE_MESSAGE_TYPE,
@@ -52,6 +55,10 @@ pub struct SchedulerBuilder {
     catch_up_grace: Duration,
     release_messages: bool,
     health: Option<Probe>,
+    /// What jobs take as `State<T>`.
+    states: States,
+    /// What runs around each run.
+    middleware: Middlewares,
 }
 
 impl SchedulerBuilder {
@@ -65,7 +72,43 @@ impl SchedulerBuilder {
             catch_up_grace: Duration::from_secs(60),
             release_messages: true,
             health: None,
+            states: States::new(),
+            middleware: Middlewares::default(),
         }
+    }
+
+    /// Gives the jobs a value they take as [`State<T>`](crate::State).
+    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> SchedulerBuilder {
+        self.states.insert(value);
+        self
+    }
+
+    /// Runs `middleware` around every job's run (see [`middleware`](crate::middleware)).
+    pub fn middleware(mut self, middleware: impl crate::Middleware) -> SchedulerBuilder {
+        self.middleware.add(middleware);
+        self
+    }
+
+    /// Runs `middleware` around the runs of the job named `job` alone; a name that is not one
+    /// of the scheduler's jobs stops `build()`.
+    pub fn middleware_for(
+        mut self,
+        job: impl Into<std::borrow::Cow<'static, str>>,
+        middleware: impl crate::Middleware,
+    ) -> SchedulerBuilder {
+        self.middleware.add_for(job, middleware);
+        self
+    }
+
+    /// The state and middleware of a [`Worker`](crate::Worker), shared with its handlers.
+    pub(crate) fn with_shared(
+        mut self,
+        states: &States,
+        middleware: Middlewares,
+    ) -> SchedulerBuilder {
+        self.states.extend(states);
+        self.middleware.extend(middleware);
+        self
     }
 
     /// Every `#[scheduled]` job of the program (plus those added with
@@ -161,17 +204,10 @@ impl SchedulerBuilder {
         self
     }
 
-    pub(crate) fn configure(mut self, settings: &crate::config::EnvSettings) -> SchedulerBuilder {
+    pub(crate) fn configure(mut self, settings: &crate::config::WorkerConfig) -> SchedulerBuilder {
         // HANDLER_TIMEOUT_MS is not a job's: SCHEDULER_DISPATCH_TIMEOUT_MS is.
-        if let Some(max) = settings.max_deliveries {
-            self.policy.retry = self.policy.retry.max_deliveries(max);
-        }
-        if let Some(max) = settings.retry_max_delay {
-            self.policy.retry = self.policy.retry.max_delay(max);
-        }
-        if let Some(timeout) = settings.store_timeout {
-            self.policy.store_timeout = timeout;
-        }
+        self.policy.retry = settings.policy.retry.clone();
+        self.policy.store_timeout = settings.policy.store_timeout;
         self
     }
 
@@ -189,6 +225,27 @@ impl SchedulerBuilder {
         let mut jobs = self.jobs;
         if self.from_inventory {
             jobs.extend(jobs_from_inventory()?);
+        }
+        let mut missing = Vec::new();
+        let jobs: Vec<ScheduledJob> = jobs
+            .iter()
+            .filter_map(|job| job.provide(&self.states, &mut missing))
+            .collect();
+        if !missing.is_empty() {
+            return Err(RegistryError::MissingState(missing).into());
+        }
+        let unknown: Vec<String> = self
+            .middleware
+            .named()
+            .filter(|name| !jobs.iter().any(|job| job.name() == *name))
+            .map(str::to_owned)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(RegistryError::UnknownHandlers {
+                names: unknown,
+                known: jobs.iter().map(|job| job.name().to_owned()).collect(),
+            }
+            .into());
         }
         let mut by_name = HashMap::new();
         let mut without_headroom = Vec::new();
@@ -231,7 +288,12 @@ impl SchedulerBuilder {
                 let timeout = job.own_timeout().unwrap_or(policy.handler_timeout);
                 (
                     name.clone(),
-                    Slot::job(job.shared_name(), job.runner(), timeout),
+                    Slot::job(
+                        job.shared_name(),
+                        job.runner(),
+                        self.middleware.chain_for(name, &[]),
+                        timeout,
+                    ),
                 )
             })
             .collect();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::config::{Database, EnvSettings};
+use crate::config::{Database, WorkerConfig};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::message::Message;
@@ -27,14 +27,36 @@ use crate::store::{DeliveryStore, Store, StoreError};
 /// # }
 /// ```
 pub async fn default_store() -> Result<Arc<dyn Store>, Error> {
-    static STORE: tokio::sync::OnceCell<Arc<dyn Store>> = tokio::sync::OnceCell::const_new();
-    STORE
+    let settings = WorkerConfig::from_env()?;
+    Ok(DEFAULT_STORE
         .get_or_try_init(|| async {
-            let settings = EnvSettings::from_env()?;
-            open(&settings.database).await
+            let store = open(&settings.database).await?;
+            Ok::<_, Error>((settings.database.clone(), store))
         })
-        .await
-        .cloned()
+        .await?
+        .1
+        .clone())
+}
+
+/// The process's store and the database it is in, once opened.
+static DEFAULT_STORE: tokio::sync::OnceCell<(Database, Arc<dyn Store>)> =
+    tokio::sync::OnceCell::const_new();
+
+/// The store of `database`: the process's ([`default_store`], which `hexeract::publish` writes
+/// to) when it is the database the environment names, else one opened for it.
+pub(crate) async fn store_for(database: &Database) -> Result<Arc<dyn Store>, Error> {
+    if let Some((opened, store)) = DEFAULT_STORE.get() {
+        if opened == database {
+            return Ok(store.clone());
+        }
+    }
+    let from_env = WorkerConfig::from_env()
+        .ok()
+        .map(|settings| settings.database);
+    if from_env.as_ref() == Some(database) {
+        return default_store().await;
+    }
+    open(database).await
 }
 
 /// [`default_store`], under the name it had while the scheduler's part of the store was a type

@@ -142,7 +142,9 @@ fn main() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        runtime.block_on((registration.run)(&ctx))
+        let job = (registration.make)(&hexeract::States::new(), &mut Vec::new())
+            .expect("a job without state builds without any");
+        runtime.block_on(hexeract::__private::ErasedJob::run(&*job, &ctx))
     };
     assert_eq!(run("::nightly"), HandlerOutcome::Ack);
     assert_eq!(run("::expire_carts"), HandlerOutcome::Ack);

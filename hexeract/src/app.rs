@@ -1,0 +1,144 @@
+//! [`Worker`]: the application builder. Everything [`hexeract::run`](crate::run) does (the store
+//! and the transport from the configuration, the scheduler, the relays, health and metrics,
+//! retention, SIGTERM), plus what an application adds in code: state, middleware, handlers
+//! registered as types, and settings.
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::WorkerConfig;
+use crate::error::Error;
+use crate::registry::{HandlerSet, RegistryError};
+use crate::schedule::jobs_from_inventory;
+use crate::state::States;
+
+/// The application builder: [`WorkerConfig`] (from the environment, from a file or from code)
+/// and what the application gives its handlers.
+///
+/// ```no_run
+/// use hexeract::{handler, CancellationToken, Context, HandlerOutcome, Message, Middleware, Next, State, Worker, WorkerConfig};
+///
+/// #[derive(Clone)]
+/// struct Shop { warehouse: String }
+///
+/// #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "OrderPlaced")]
+/// struct OrderPlaced { order_id: u64 }
+///
+/// #[handler(message = "OrderPlaced")]
+/// async fn reserve_stock(event: OrderPlaced, _ctx: &Context, shop: State<Shop>) -> Result<(), std::io::Error> {
+///     println!("{}: reserve order {}", shop.warehouse, event.order_id);
+///     Ok(())
+/// }
+///
+/// /// Messages without a tenant are dead-lettered, never handled.
+/// struct RequireTenant;
+///
+/// impl Middleware for RequireTenant {
+///     async fn handle(&self, ctx: &Context, next: Next<'_>) -> HandlerOutcome {
+///         match ctx.header("tenant") {
+///             Some(_) => next.run(ctx).await,
+///             None => HandlerOutcome::dead_letter("tenant_missing", "no `tenant` header"),
+///         }
+///     }
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), hexeract::Error> {
+///     let config = WorkerConfig::from_env()?;
+///     hexeract::Worker::new(config)
+///         .state(Shop { warehouse: "eu-west".into() })
+///         .middleware(RequireTenant)
+///         .try_run(CancellationToken::new())
+///         .await
+/// }
+/// ```
+///
+/// Handlers are every `#[handler]` of the program, plus those registered with
+/// [`register_handler`](Worker::register_handler); scheduled jobs are every `#[scheduled]` job.
+/// `try_run` checks everything before it starts anything: the settings, the handlers' names,
+/// and the state each handler and job takes (one error lists every handler and type missing).
+pub struct Worker {
+    config: WorkerConfig,
+    handlers: HandlerSet,
+}
+
+impl Worker {
+    /// A worker with these settings, every `#[handler]` and `#[scheduled]` job of the program,
+    /// no state and no middleware yet.
+    pub fn new(config: WorkerConfig) -> Worker {
+        Worker {
+            config,
+            handlers: HandlerSet::program(),
+        }
+    }
+
+    crate::registry::handler_registration!(Worker);
+
+    /// Its settings.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Runs every handler and scheduled job until `cancel` fires (or SIGTERM / Ctrl-C
+    /// arrives), as [`hexeract::run`](crate::run) describes; returns once the handlers running
+    /// have finished (up to the shutdown grace). An invalid setting, a missing state, two
+    /// handlers with the same name or an unreachable database are an error before anything
+    /// starts.
+    pub async fn try_run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let (config, application) = self.prepare()?;
+        crate::run::start(config, application, cancel).await
+    }
+
+    /// The settings, checked, and the handlers built with their state and middleware beside
+    /// what the scheduler shares with them; every missing state of handlers and jobs is
+    /// reported at once.
+    pub(crate) fn prepare(self) -> Result<(WorkerConfig, Application), Error> {
+        self.config.check()?;
+        let jobs = jobs_from_inventory()?;
+        let mut handlers = self.handlers;
+        let job_middleware = handlers
+            .middleware
+            .split_off(|name| jobs.iter().any(|job| job.name() == name));
+        let mut missing = Vec::new();
+        for job in &jobs {
+            let _ = job.provide(&handlers.states, &mut missing);
+        }
+        let states = handlers.states.clone();
+        let registry = match handlers.build(None) {
+            Ok(registry) => registry,
+            Err(RegistryError::MissingState(mut of_handlers)) => {
+                of_handlers.append(&mut missing);
+                return Err(RegistryError::MissingState(of_handlers).into());
+            }
+            Err(other) => return Err(other.into()),
+        };
+        if !missing.is_empty() {
+            return Err(RegistryError::MissingState(missing).into());
+        }
+        Ok((
+            self.config,
+            Application {
+                registry,
+                states,
+                job_middleware,
+            },
+        ))
+    }
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("config", &self.config)
+            .field("states", &self.handlers.states)
+            .field("middleware", &self.handlers.middleware)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a [`Worker`] runs: its handlers, built, and what its scheduler's jobs take.
+pub(crate) struct Application {
+    pub(crate) registry: crate::Registry,
+    pub(crate) states: States,
+    pub(crate) job_middleware: crate::middleware::Middlewares,
+}
