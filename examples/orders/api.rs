@@ -13,10 +13,14 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::shop::{OrderLine, OrderPlaced};
+use crate::shop::{OrderLine, OrderPlaced, SHOP_HEADER};
 
-/// Every route of the API, on `pool`.
-pub(crate) fn router(pool: PgPool) -> Router {
+/// The shop this API takes orders for (`SHOP_ID`): its orders' messages carry it.
+#[derive(Clone, Debug)]
+pub(crate) struct ShopId(pub(crate) String);
+
+/// Every route of the API, on `pool`, for the shop `shop`.
+pub(crate) fn router(pool: PgPool, shop: ShopId) -> Router {
     Router::new()
         .route("/products", get(products))
         .route("/carts", post(create_cart))
@@ -24,6 +28,7 @@ pub(crate) fn router(pool: PgPool) -> Router {
         .route("/carts/{cart_id}/items/{sku}", put(set_item))
         .route("/carts/{cart_id}/checkout", post(checkout))
         .route("/orders/{order_id}", get(order))
+        .layer(axum::Extension(shop))
         .with_state(pool)
 }
 
@@ -177,6 +182,7 @@ struct Checkout {
 /// Turns the cart into an order and enqueues `OrderPlaced`, in one transaction.
 async fn checkout(
     State(pool): State<PgPool>,
+    axum::Extension(shop): axum::Extension<ShopId>,
     Path(cart_id): Path<String>,
     Json(checkout): Json<Checkout>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -242,7 +248,12 @@ async fn checkout(
             })
             .collect(),
     };
-    let message_id = hexeract::outbox::enqueue(&mut tx, &placed).await?;
+    // The message says which shop it is for; the handlers' middleware checks it.
+    let envelope = hexeract::Envelope::new(&placed)
+        .map_err(|error| ApiError::Internal(error.to_string()))?
+        .with_header(SHOP_HEADER, shop.0);
+    let message_id = envelope.id;
+    hexeract::outbox::enqueue_envelopes(&mut tx, "hexeract", &[envelope]).await?;
     tx.commit().await?;
     tracing::info!(order = %order_id, message_id = %message_id, total_cents, "order placed");
     Ok((

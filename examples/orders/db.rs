@@ -1,27 +1,7 @@
 //! The shop's own tables, in the schema `shop` of the database `DATABASE_URL` names (Hexeract's
 //! tables are beside them, in the schema `hexeract`).
 
-use std::sync::OnceLock;
-
 use sqlx::PgPool;
-
-/// The shop's connection pool, shared by the HTTP handlers and the message handlers.
-static POOL: OnceLock<PgPool> = OnceLock::new();
-
-/// The pool [`install`] set.
-///
-/// # Panics
-///
-/// Before `install`: `main` installs it before it starts the HTTP server and `hexeract::run`.
-pub(crate) fn pool() -> &'static PgPool {
-    POOL.get()
-        .expect("db::install runs before the server and the handlers")
-}
-
-/// Makes `pool` the one [`pool`] returns.
-pub(crate) fn install(pool: PgPool) {
-    let _ = POOL.set(pool);
-}
 
 /// Creates the shop's tables if they are missing and stocks the catalogue on first start.
 /// Several replicas may start at once: an advisory lock lets one of them do it.

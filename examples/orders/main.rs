@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use hexeract::CancellationToken;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
 
 /// The port of the shop's API unless `HTTP_PORT` says otherwise.
 const DEFAULT_HTTP_PORT: u16 = 8080;
@@ -42,8 +43,9 @@ async fn main() -> ExitCode {
     {
         [] | ["run"] => serve().await,
         ["migrate"] => migrate().await,
-        // `orders handlers`, `orders dead-letters list`, …
-        _ => return hexeract::cli::main().await,
+        // `orders handlers`, `orders dead-letters list`, …: the operations commands, on the
+        // worker the shop runs (its handlers, state and middleware).
+        _ => return operations().await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -59,6 +61,7 @@ struct Settings {
     database_url: String,
     http_port: u16,
     cart_ttl: Duration,
+    shop_id: String,
 }
 
 impl Settings {
@@ -91,11 +94,18 @@ impl Settings {
             DEFAULT_CART_TTL.as_secs(),
             86_400 * 365,
         ));
+        let shop_id = std::env::var("SHOP_ID").unwrap_or_else(|_| "main".to_owned());
+        if shop_id.is_empty() || shop_id.len() > 100 {
+            problems.push(format!(
+                "SHOP_ID = {shop_id:?}: a name of 1 to 100 characters"
+            ));
+        }
         if problems.is_empty() {
             Ok(Settings {
                 database_url,
                 http_port,
                 cart_ttl,
+                shop_id,
             })
         } else {
             Err(format!(
@@ -128,11 +138,41 @@ async fn migrate() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The shop's worker: every handler and the scheduled job, with the pool and the settings as
+/// their state and the shop check around every handler call.
+fn worker(settings: &Settings, pool: PgPool) -> Result<hexeract::Worker, hexeract::Error> {
+    Ok(hexeract::Worker::new(hexeract::WorkerConfig::from_env()?)
+        .state(pool)
+        .state(shop::ShopSettings {
+            shop_id: settings.shop_id.clone(),
+            cart_ttl: settings.cart_ttl,
+        })
+        .middleware(shop::RequireShop {
+            shop_id: settings.shop_id.clone(),
+        }))
+}
+
+/// `orders handlers`, `orders dead-letters …`: Hexeract's operations commands on the shop's
+/// worker.
+async fn operations() -> ExitCode {
+    let ready = async {
+        let settings = Settings::from_env()?;
+        let pool = connect(&settings).await?;
+        Ok::<_, Box<dyn std::error::Error>>(worker(&settings, pool)?)
+    };
+    match ready.await {
+        Ok(worker) => hexeract::cli::main_with(worker).await,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
-    shop::set_cart_ttl(settings.cart_ttl);
     let pool = connect(&settings).await?;
-    db::install(pool.clone());
+    let worker = worker(&settings, pool.clone())?;
 
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", settings.http_port))
         .await
@@ -143,11 +183,14 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         settings.http_port
     );
 
-    // `hexeract::run` stops on SIGTERM and Ctrl-C, lets running handlers finish (8 s), and
+    // The worker stops on SIGTERM and Ctrl-C, lets running handlers finish (8 s), and
     // returns; the API stops with it.
     let cancel = CancellationToken::new();
-    let server = axum::serve(listener, api::router(pool))
-        .with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let server = axum::serve(
+        listener,
+        api::router(pool, api::ShopId(settings.shop_id.clone())),
+    )
+    .with_graceful_shutdown(cancel.clone().cancelled_owned());
     let http = tokio::spawn({
         let cancel = cancel.clone();
         async move {
@@ -156,7 +199,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
             served
         }
     });
-    let ran = hexeract::run(cancel.clone()).await;
+    let ran = worker.try_run(cancel.clone()).await;
     cancel.cancel();
     http.await??;
     ran?;

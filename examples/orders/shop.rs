@@ -1,16 +1,67 @@
-//! The shop's messages, its two message handlers and its scheduled job.
+//! The shop's messages, its two message handlers, its scheduled job and the middleware around
+//! them.
 //!
 //! Every handler here may see a message more than once (a retry, a redelivery after a crash),
 //! so each one writes its work and its inbox mark (`mark_processed`) in one transaction: the
 //! second delivery finds the mark and does nothing.
+//!
+//! The handlers take the shop's pool and settings as state (`State<PgPool>`,
+//! `State<ShopSettings>`), given to the worker in `main`: no globals.
 
 use std::time::Duration;
 
 use hexeract::outbox::inbox::mark_processed;
-use hexeract::{handler, scheduled, Context, Envelope, HandlerOutcome, Message};
+use hexeract::{
+    handler, scheduled, Context, Envelope, HandlerOutcome, Message, Middleware, Next, State,
+};
+use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::db;
+/// The header naming the shop a message belongs to: the API sets it on `OrderPlaced`, and each
+/// handler copies it to what it sends.
+pub(crate) const SHOP_HEADER: &str = "shop";
+
+/// The shop's own settings, as state of its handlers and its scheduled job.
+#[derive(Clone, Debug)]
+pub(crate) struct ShopSettings {
+    /// This deployment's shop (`SHOP_ID`): messages of another shop are not its to handle.
+    pub(crate) shop_id: String,
+    /// How long a cart lives without a change (`CART_TTL_SECS`).
+    pub(crate) cart_ttl: Duration,
+}
+
+/// Lets through only the messages of this shop. Several shops may share one broker or one
+/// outbox; a message without the header, or another shop's, is dead-lettered with its reason
+/// (an operator sees it in `dead-letters list`) instead of being handled here, where it would
+/// take this shop's stock.
+pub(crate) struct RequireShop {
+    pub(crate) shop_id: String,
+}
+
+impl Middleware for RequireShop {
+    async fn handle(&self, ctx: &Context, next: Next<'_>) -> HandlerOutcome {
+        // A scheduled job's run is this shop's own: it carries no message headers.
+        if ctx.scheduled_for().is_some() {
+            return next.run(ctx).await;
+        }
+        match ctx.header(SHOP_HEADER) {
+            Some(shop) if shop == self.shop_id => next.run(ctx).await,
+            Some(other) => HandlerOutcome::dead_letter(
+                "wrong_shop",
+                format_args!(
+                    "the message is for shop {other:?}; this is shop {:?}",
+                    self.shop_id
+                ),
+            ),
+            None => HandlerOutcome::dead_letter(
+                "shop_missing",
+                format_args!(
+                    "the message has no `{SHOP_HEADER}` header, so no shop is known to own it"
+                ),
+            ),
+        }
+    }
+}
 
 /// Everything a handler can fail with; a failure is retried with backoff, up to
 /// `MAX_DELIVERIES` calls, then dead-lettered.
@@ -47,8 +98,12 @@ pub(crate) struct StockReserved {
 /// sends `StockReserved` in the same transaction, so the confirmation follows exactly when the
 /// stock is taken.
 #[handler(message = "shop.OrderPlaced", name = "shop.reserve_stock")]
-async fn reserve_stock(order: OrderPlaced, ctx: &Context) -> Result<(), Failure> {
-    let mut tx = db::pool().begin().await?;
+async fn reserve_stock(
+    order: OrderPlaced,
+    ctx: &Context,
+    State(pool): State<PgPool>,
+) -> Result<(), Failure> {
+    let mut tx = pool.begin().await?;
     if !mark_processed(&mut tx, ctx).await? {
         tracing::info!(order = %order.order_id, "stock already reserved: a redelivery, nothing to do");
         return Ok(());
@@ -93,7 +148,10 @@ async fn reserve_stock(order: OrderPlaced, ctx: &Context) -> Result<(), Failure>
         total_cents: order.total_cents,
     };
     // `caused_by` keeps the conversation: the same correlation id and trace.
-    let follow_up = Envelope::new(&reserved)?.caused_by(ctx.envelope());
+    let mut follow_up = Envelope::new(&reserved)?.caused_by(ctx.envelope());
+    if let Some(shop) = ctx.header(SHOP_HEADER) {
+        follow_up = follow_up.with_header(SHOP_HEADER, shop);
+    }
     hexeract::outbox::enqueue_envelopes(&mut tx, "hexeract", &[follow_up]).await?;
     tx.commit().await?;
     tracing::info!(order = %order.order_id, attempt = ctx.attempt(), "stock reserved");
@@ -104,7 +162,12 @@ async fn reserve_stock(order: OrderPlaced, ctx: &Context) -> Result<(), Failure>
 /// domain can never receive mail: that confirmation is dead-lettered at once, with a reason,
 /// for an operator to look at (`dead-letters list`), instead of being retried.
 #[handler(message = "shop.StockReserved", name = "shop.send_confirmation")]
-async fn send_confirmation(event: StockReserved, ctx: &Context) -> Result<HandlerOutcome, Failure> {
+async fn send_confirmation(
+    event: StockReserved,
+    ctx: &Context,
+    State(pool): State<PgPool>,
+    State(settings): State<ShopSettings>,
+) -> Result<HandlerOutcome, Failure> {
     if event.email.ends_with(".invalid") {
         return Ok(HandlerOutcome::dead_letter(
             "undeliverable_address",
@@ -114,7 +177,7 @@ async fn send_confirmation(event: StockReserved, ctx: &Context) -> Result<Handle
             ),
         ));
     }
-    let mut tx = db::pool().begin().await?;
+    let mut tx = pool.begin().await?;
     if !mark_processed(&mut tx, ctx).await? {
         tracing::info!(order = %event.order_id, "confirmation already sent: a redelivery, nothing to do");
         return Ok(HandlerOutcome::Ack);
@@ -129,7 +192,8 @@ async fn send_confirmation(event: StockReserved, ctx: &Context) -> Result<Handle
     .bind(event.order_id)
     .bind(&event.email)
     .bind(format!(
-        "Your order is confirmed ({}.{:02})",
+        "Your order at {} is confirmed ({}.{:02})",
+        settings.shop_id,
         event.total_cents / 100,
         event.total_cents % 100
     ))
@@ -145,29 +209,21 @@ async fn send_confirmation(event: StockReserved, ctx: &Context) -> Result<Handle
 /// fire time runs once among them; a fire time missed while no replica ran is skipped (the
 /// next one does the same work).
 #[scheduled(every = "5s", name = "shop.expire_stale_carts", catch_up = "none")]
-async fn expire_stale_carts(_ctx: &Context) -> Result<(), sqlx::Error> {
+async fn expire_stale_carts(
+    _ctx: &Context,
+    State(pool): State<PgPool>,
+    State(settings): State<ShopSettings>,
+) -> Result<(), sqlx::Error> {
     let expired =
         sqlx::query("DELETE FROM shop.carts WHERE updated_at < now() - make_interval(secs => $1)")
-            .bind(cart_ttl().as_secs_f64())
-            .execute(db::pool())
+            .bind(settings.cart_ttl.as_secs_f64())
+            .execute(&pool)
             .await?
             .rows_affected();
     if expired > 0 {
         tracing::info!(expired, "expired stale carts");
     }
     Ok(())
-}
-
-static CART_TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-
-/// How long a cart lives without a change: `CART_TTL_SECS`, set by `main`.
-pub(crate) fn cart_ttl() -> Duration {
-    *CART_TTL.get().unwrap_or(&crate::DEFAULT_CART_TTL)
-}
-
-/// Sets what [`cart_ttl`] returns.
-pub(crate) fn set_cart_ttl(ttl: Duration) {
-    let _ = CART_TTL.set(ttl);
 }
 
 async fn set_status(

@@ -7,9 +7,23 @@
 //! through PostgreSQL, with the same code.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use hexeract::{handler, scheduled, CancellationToken, Context, Envelope, HandlerOutcome, Message};
+use hexeract::{
+    handler, scheduled, CancellationToken, Context, Envelope, HandlerOutcome, Message, State,
+    Worker, WorkerConfig,
+};
+
+/// What the handlers share, given to the worker as state (`State<Demo>`): a real program gives
+/// its database pool, HTTP client or settings the same way.
+#[derive(Clone, Default)]
+struct Demo {
+    /// Whether the warehouse has already been "down" once.
+    warehouse_was_down: Arc<AtomicBool>,
+    /// Heartbeats so far.
+    heartbeats: Arc<AtomicU32>,
+}
 
 /// A customer placed an order. `type` is the name on the wire, independent of the Rust name.
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -39,13 +53,15 @@ async fn send_confirmation(order: OrderPlaced, ctx: &Context) -> Result<(), std:
     Ok(())
 }
 
-static WAREHOUSE_WAS_DOWN: AtomicBool = AtomicBool::new(false);
-
 /// Fails the first time (the warehouse is "down"), so the runtime retries it after a backoff.
 /// It is its own subscriber: the retry does not run `send_confirmation` again.
 #[handler(message = "OrderPlaced", timeout = "10s")]
-async fn reserve_stock(order: OrderPlaced, ctx: &Context) -> Result<(), String> {
-    if !WAREHOUSE_WAS_DOWN.swap(true, Ordering::SeqCst) {
+async fn reserve_stock(
+    order: OrderPlaced,
+    ctx: &Context,
+    State(demo): State<Demo>,
+) -> Result<(), String> {
+    if !demo.warehouse_was_down.swap(true, Ordering::SeqCst) {
         println!(
             "  [reserve_stock] order {}: warehouse unavailable on attempt {}, will be retried",
             order.order_id,
@@ -84,14 +100,12 @@ async fn issue_refund(refund: RefundRequested, _ctx: &Context) -> HandlerOutcome
     HandlerOutcome::Ack
 }
 
-static HEARTBEATS: AtomicU32 = AtomicU32::new(0);
-
 /// A scheduled job: every second, on the second (fire times count from the Unix epoch, so every
 /// replica agrees on them and each one runs once). Missed beats are not caught up, and a beat
 /// that takes more than 5 s is a failed run (the default is the 30 s lease).
 #[scheduled(every = "1s", catch_up = "none", timeout = "5s")]
-async fn heartbeat(ctx: &Context) -> Result<(), std::io::Error> {
-    let beat = HEARTBEATS.fetch_add(1, Ordering::SeqCst) + 1;
+async fn heartbeat(ctx: &Context, State(demo): State<Demo>) -> Result<(), std::io::Error> {
+    let beat = demo.heartbeats.fetch_add(1, Ordering::SeqCst) + 1;
     if beat <= 2 {
         let fire_time = ctx
             .scheduled_for()
@@ -110,10 +124,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_target(false)
         .init();
 
-    // The whole runtime: every #[handler] above, the outbox (an SQLite file here, PostgreSQL
-    // when DATABASE_URL is set), retries, dead letters, graceful shutdown.
+    // The whole runtime: every #[handler] and #[scheduled] job above with their state, the
+    // outbox (an SQLite file here, PostgreSQL when DATABASE_URL is set), retries, dead letters,
+    // graceful shutdown. (`hexeract::run(cancel)` is the same for handlers without state.)
+    let demo = Demo::default();
     let cancel = CancellationToken::new();
-    let runtime = tokio::spawn(hexeract::run(cancel.clone()));
+    let worker = Worker::new(WorkerConfig::from_env()?).state(demo.clone());
+    let runtime = tokio::spawn(worker.try_run(cancel.clone()));
 
     println!("publishing 2 orders, 2 refunds and 1 refund whose payload does not decode:");
     let mut ids = vec![
@@ -158,7 +175,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // the heartbeat fired twice, then shut down.
     let schedules = hexeract::store::default_store().await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while schedules.schedule_backlog().await? > 0 || HEARTBEATS.load(Ordering::SeqCst) < 2 {
+    while schedules.schedule_backlog().await? > 0 || demo.heartbeats.load(Ordering::SeqCst) < 2 {
         if tokio::time::Instant::now() > deadline {
             cancel.cancel();
             runtime.await??;
@@ -199,7 +216,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "\nall messages settled: 7 handled (1 after a retry, 2 of them 1.5 s late on purpose), \
          2 dead-lettered; the heartbeat fired {} times",
-        HEARTBEATS.load(Ordering::SeqCst)
+        demo.heartbeats.load(Ordering::SeqCst)
     );
     match std::env::var("DATABASE_URL") {
         Ok(_) => println!("(messages and dead letters are kept in PostgreSQL, schema `hexeract`)"),

@@ -599,18 +599,31 @@ impl MissingState {
 }
 
 /// A type's path as people write it: the standard library's own modules left out
-/// (`alloc::string::String` is `String`).
+/// (`alloc::string::String` is `String`), where a path starts (not inside another name).
 fn short_type_name(type_name: &str) -> String {
-    let mut short = type_name.to_owned();
-    for module in [
+    const STD_MODULES: [&str; 6] = [
         "alloc::string::",
         "alloc::sync::",
         "alloc::vec::",
         "alloc::boxed::",
         "core::option::",
         "std::collections::hash::map::",
-    ] {
-        short = short.replace(module, "");
+    ];
+    let mut short = String::with_capacity(type_name.len());
+    let mut rest = type_name;
+    while let Some(c) = rest.chars().next() {
+        let at_path_start = short
+            .chars()
+            .last()
+            .is_none_or(|before| !(before.is_alphanumeric() || before == '_' || before == ':'));
+        if at_path_start {
+            if let Some(module) = STD_MODULES.iter().find(|module| rest.starts_with(*module)) {
+                rest = &rest[module.len()..];
+                continue;
+            }
+        }
+        short.push(c);
+        rest = &rest[c.len_utf8()..];
     }
     short
 }
@@ -848,5 +861,21 @@ mod tests {
         registry.retain(|info| info.name == "b");
         assert_eq!(registry.len(), 1);
         assert_eq!(registry.handlers_for("Ping").len(), 1);
+    }
+
+    #[test]
+    fn type_names_lose_the_standard_library_modules_only_where_a_path_starts() {
+        assert_eq!(
+            short_type_name("alloc::sync::Arc<alloc::vec::Vec<my::Thing>>"),
+            "Arc<Vec<my::Thing>>"
+        );
+        assert_eq!(
+            short_type_name("scratch::xalloc::vec::Thing"),
+            "scratch::xalloc::vec::Thing"
+        );
+        assert_eq!(
+            short_type_name("(alloc::string::String, core::option::Option<u8>)"),
+            "(String, Option<u8>)"
+        );
     }
 }

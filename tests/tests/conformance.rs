@@ -19,18 +19,28 @@
 //! | 11. log line and metrics of each outcome | `record_of_each_outcome::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | `…::on_scheduler` |
 //! | 12. a failure while stopping is released uncharged | `failure_while_stopping_is_released_uncharged::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | `…::on_scheduler` |
 //! | 13. the attempt count survives a restart | `attempt_count_survives_a_restart::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock`: asserts what Kafka does instead (attempts counted in memory, start over, by design) | `…::on_scheduler` |
+//! | 14. state: a `#[handler]` taking `State<…>` is called with the values given to its worker's builder | `state_given_to_the_worker::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | see 16 |
+//! | 15. middleware: a dead letter of its own (`tenant_missing`) without a call; around the call, seeing its outcome; the worker's, then by name, then the handler's own | `middleware_around_every_call::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | see 16 |
+//! | 16. a `#[scheduled]` job taking `State<…>`, the scheduler's middleware (and the job's own) around its run | n/a: a scheduler's job | n/a | n/a | n/a | n/a | `stateful_scheduled_job::on_scheduler` |
+//! | 17. state not given: `build()` fails with the exact error, nothing consumed | `missing_state_stops_the_build::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | `…::on_scheduler` |
 //!
 //! Scenarios 1 to 11 are the brief's; 12 and 13 come from the engine's contract ("a failure
 //! returned while the worker is stopping is released uncharged") and the design ("attempts
-//! are counted at claim", "the attempt count travels with the message").
+//! are counted at claim", "the attempt count travels with the message"); 14 to 17 are those of
+//! state (`State<T>`, `.state(value)`) and middleware (`Middleware`, `.middleware(m)`,
+//! `.middleware_for(name, m)`, `HandlerOptions::middleware`), which every world's builder has.
 //!
 //! Every test has a place of its own (an in-memory store, an SQLite file, a PostgreSQL
 //! schema, an AMQP exchange and queue prefix, a Kafka topic prefix) and handlers registered in
-//! code under names of its own, so tests run in parallel and again. The knobs are the same
-//! everywhere (`Knobs`): 3 deliveries, retries after 20 to 80 ms, a 10 s handler timeout
-//! unless the scenario sets others. A world that needs a service it cannot reach fails naming
-//! the variable to set (`TEST_DATABASE_URL`, `TEST_AMQP_URL`, `TEST_KAFKA_BROKERS`). Waits are
-//! "within 30 s"; no assertion is about time.
+//! code under names of its own, so tests run in parallel and again. The exceptions are the
+//! suite's one `#[handler]` (`stateful`, scenarios 14 and 17) and one `#[scheduled]` job
+//! (`scheduler::stateful_job`, 16 and 17), whose names are fixed: each is taken from the
+//! program's inventory by name (no world builds from the inventory otherwise), and the tests
+//! see their calls through the state they give them, not the process-wide metrics. The knobs
+//! are the same everywhere (`Knobs`): 3 deliveries, retries after 20 to 80 ms, a 10 s handler
+//! timeout, no state and no middleware, unless the scenario sets others. A world that needs a
+//! service it cannot reach fails naming the variable to set (`TEST_DATABASE_URL`,
+//! `TEST_AMQP_URL`, `TEST_KAFKA_BROKERS`). Waits are "within 30 s"; no assertion is about time.
 
 #[path = "conformance/scheduler.rs"]
 mod scheduler;
@@ -42,17 +52,21 @@ mod worlds;
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hexeract::{Envelope, HandlerOptions, Reason};
+use hexeract::{
+    handler, Context, Envelope, HandlerOptions, Message, MissingState, Reason, Registry,
+    RegistryError, State,
+};
 use uuid::Uuid;
 
 use support::{
     captured_log, counts, eventually, finished, handler_field, log_lines, order, raw_order,
-    transport_field, unique, until, Act, Calls, Gauge, Handlers, Nobody,
+    transport_field, unique, until, Act, Calls, Gauge, Handlers, Journal, Nobody, Recorded,
+    RequireTenant, NO_TENANT, TENANT_MISSING,
 };
-use worlds::{KafkaMock, KafkaTansu, Knobs, Memory, Postgres, RabbitMq, Sqlite, World};
+use worlds::{Equipment, KafkaMock, KafkaTansu, Knobs, Memory, Postgres, RabbitMq, Sqlite, World};
 
 /// One test per listed cell: `mod $scenario { fn $cell() }`, each running `$run`.
 macro_rules! cells {
@@ -142,6 +156,15 @@ cells!(attempt_count_survives_a_restart:
     on_kafka_tansu => super::attempts_start_over_after_a_restart::<KafkaTansu>(),
     on_kafka_mock => super::attempts_start_over_after_a_restart::<KafkaMock>(),
     on_scheduler => scheduler::attempt_count_survives_a_restart(),
+);
+on_every_world!(state_given_to_the_worker);
+on_every_world!(middleware_around_every_call);
+cells!(stateful_scheduled_job:
+    on_scheduler => super::scheduler::stateful_job_with_middleware(),
+);
+on_every_world!(
+    missing_state_stops_the_build,
+    on_scheduler => scheduler::missing_state_stops_the_build(),
 );
 
 /// A fresh world with `handlers` started under `knobs`.
@@ -814,4 +837,283 @@ async fn attempts_start_over_after_a_restart<W: World>() {
         "the count started over after the restart"
     );
     assert_eq!(letter.attempts, 3);
+}
+
+/// The message of the suite's one `#[handler]`, [`stateful`]: a type of its own, of the orders'
+/// aggregate (on Kafka, in the test's one topic).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "conformance.Restock", aggregate = "order")]
+struct Restock {
+    #[message(key)]
+    id: String,
+    n: u32,
+}
+
+/// Restock number `n` with the aggregate id `key`.
+fn restock(key: &str, n: u32) -> Envelope {
+    Envelope::new(&Restock {
+        id: key.to_owned(),
+        n,
+    })
+    .expect("a restock encodes")
+}
+
+/// What [`stateful`] saw of each call: the restock's `n`, the attempt and the label it was given.
+#[derive(Debug, Default)]
+struct Sightings(Mutex<Vec<(u32, u32, String)>>);
+
+impl Sightings {
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// Every call, sorted.
+    fn sorted(&self) -> Vec<(u32, u32, String)> {
+        let mut seen = self.0.lock().unwrap().clone();
+        seen.sort_unstable();
+        seen
+    }
+}
+
+/// The name of [`stateful`].
+const STATEFUL: &str = "conformance.stateful";
+
+/// Where [`stateful`]'s name is (line, column): scenario 17's error names it.
+const STATEFUL_AT: (u32, u32) = (line!() + 5, 10);
+
+/// The suite's one `#[handler]`: it takes state, the test's [`Sightings`] and a label, and
+/// writes each call into the one with the other.
+#[handler(message = "conformance.Restock", name = "conformance.stateful")]
+async fn stateful(
+    restock: Restock,
+    ctx: &Context,
+    State(sightings): State<Arc<Sightings>>,
+    State(label): State<String>,
+) -> Result<(), String> {
+    sightings
+        .0
+        .lock()
+        .unwrap()
+        .push((restock.n, ctx.attempt(), label));
+    Ok(())
+}
+
+/// [`stateful`] alone, from the program's `#[handler]`s.
+fn stateful_only() -> Registry {
+    let mut registry = Registry::from_inventory().expect("the program's handlers");
+    registry.retain(|info| info.name == STATEFUL);
+    assert_eq!(
+        registry.len(),
+        1,
+        "`stateful` is in the inventory: {registry:?}"
+    );
+    registry
+}
+
+/// The default knobs, with the state [`stateful`] takes: `sightings` and `label`.
+fn stateful_state(sightings: &Arc<Sightings>, label: &str) -> Knobs {
+    Knobs {
+        equipment: Equipment::default()
+            .state(sightings.clone())
+            .state(label.to_owned()),
+        ..Knobs::default()
+    }
+}
+
+/// Scenario 14: a `#[handler]` that takes state (`State<Arc<Sightings>>` and `State<String>`),
+/// its values given with the world's builder's `.state(value)`, is called with those values:
+/// each call writes itself into the test's own `Sightings`, with the test's own label.
+async fn state_given_to_the_worker<W: World>() {
+    let sightings = Arc::new(Sightings::default());
+    let label = unique("label");
+    let mut world = W::create().await;
+    world
+        .start(stateful_only(), &stateful_state(&sightings, &label))
+        .await;
+    for n in 0..3 {
+        world.publish(restock(&format!("stateful-{n}"), n)).await;
+    }
+    until(&world, "three calls", |_| sightings.len() == 3).await;
+    world.settled().await;
+    let letters = world.dead_letters().await;
+    world.stop().await.expect("run returns Ok(()) on cancel");
+
+    assert_eq!(
+        sightings.sorted(),
+        (0..3).map(|n| (n, 1, label.clone())).collect::<Vec<_>>(),
+        "each message once, at attempt 1, into the sightings and with the label given"
+    );
+    assert!(letters.is_empty(), "{letters:?}");
+    world.remove().await;
+}
+
+/// Scenario 15: middleware around every call. The worker's (`.middleware`, in order): one
+/// that writes `enter outer` and `exit outer: <outcome>` around the rest of the chain, then
+/// one that dead-letters a message without a `tenant` header as `tenant_missing` without
+/// calling on. One of the two handlers has its own too: one by name (`.middleware_for`) and
+/// one from its options (`HandlerOptions::middleware`), each writing around the rest. A message
+/// without a tenant is dead-lettered for each handler with that reason and detail, neither
+/// handler called, and the outer middleware saw that outcome; one with a tenant reaches both
+/// handlers, through the worker's middleware, then the one by name, then the handler's own.
+async fn middleware_around_every_call<W: World>() {
+    let calls = Calls::default();
+    let journal = Journal::default();
+    let (guarded, other) = (unique("guarded"), unique("guarded.other"));
+    let handlers = Handlers::new(&calls)
+        .with_options(
+            &guarded,
+            Act::Note(journal.clone()),
+            HandlerOptions::new().middleware(Recorded::new("own", &journal)),
+        )
+        .with(&other, Act::Note(journal.clone()));
+    let knobs = Knobs {
+        equipment: Equipment::default()
+            .middleware(Recorded::new("outer", &journal))
+            .middleware(RequireTenant)
+            .middleware_for(&guarded, Recorded::new("by_name", &journal)),
+        ..Knobs::default()
+    };
+    let mut world: W = started(&handlers, &knobs).await;
+    let untenanted = order("tenants", 15);
+    world.publish(untenanted.clone()).await;
+    let letters = until(&world, "a dead letter for each handler", |letters| {
+        letters.len() == 2 && finished(&guarded) == 1 && finished(&other) == 1
+    })
+    .await;
+    // One message at a time: the journal's entries of one call do not mix with the next's.
+    world
+        .publish(order("tenants", 16).with_header("tenant", "acme"))
+        .await;
+    until(&world, "the message with a tenant done by both", |_| {
+        finished(&guarded) == 2 && finished(&other) == 2
+    })
+    .await;
+    world.settled().await;
+    let all_letters = world.dead_letters().await;
+    world.stop().await.expect("run returns Ok(()) on cancel");
+
+    let mut dead_lettered: Vec<&str> = letters
+        .iter()
+        .map(|letter| letter.handler.as_deref().unwrap_or("(none)"))
+        .collect();
+    dead_lettered.sort_unstable();
+    let mut both = [guarded.as_str(), other.as_str()];
+    both.sort_unstable();
+    assert_eq!(dead_lettered, both, "one dead letter per handler");
+    for letter in &letters {
+        assert_eq!(letter.reason.as_str(), TENANT_MISSING, "{letter:?}");
+        assert_eq!(letter.detail, NO_TENANT);
+        assert_eq!(letter.attempts, 1);
+        assert_eq!(letter.envelope.id, untenanted.id);
+    }
+    assert_eq!(
+        all_letters.len(),
+        2,
+        "no other dead letter: {all_letters:?}"
+    );
+    assert_eq!(
+        calls.orders(&guarded),
+        [16],
+        "called for the message with a tenant only"
+    );
+    assert_eq!(
+        calls.orders(&other),
+        [16],
+        "called for the message with a tenant only"
+    );
+    assert_eq!(
+        journal.of(&guarded),
+        [
+            // Without a tenant: dead-lettered inside the outer middleware, which saw it.
+            "enter outer",
+            "exit outer: dead_letter(tenant_missing)",
+            // With one: the worker's, then the handler's by name, then its options', then it.
+            "enter outer",
+            "enter by_name",
+            "enter own",
+            "call",
+            "exit own: ack",
+            "exit by_name: ack",
+            "exit outer: ack",
+        ]
+    );
+    assert_eq!(
+        journal.of(&other),
+        [
+            "enter outer",
+            "exit outer: dead_letter(tenant_missing)",
+            "enter outer",
+            "call",
+            "exit outer: ack",
+        ],
+        "the worker's middleware only"
+    );
+    assert_eq!(
+        counts(&guarded),
+        (1, 0, 1),
+        "handled, retried, dead-lettered: the middleware's dead letter recorded as a handler's"
+    );
+    world.remove().await;
+}
+
+/// Scenario 17: a worker whose `#[handler]` takes state it was not given does not build: the
+/// error names the handler, where it is and each type missing, in full; and nothing was
+/// consumed: a message published before is handled by the next worker, given the state, once,
+/// at attempt 1.
+async fn missing_state_stops_the_build<W: World>() {
+    let sightings = Arc::new(Sightings::default());
+    let label = unique("label");
+    let given = stateful_state(&sightings, &label);
+    let mut world = W::create().await;
+    // A worker with the state first, to make the place (on RabbitMQ, the queues: a message
+    // published before them would be dropped by the exchange).
+    world.start(stateful_only(), &given).await;
+    world.stop().await.expect("run returns Ok(()) on cancel");
+    let envelope = restock("missing-state", 17);
+    world.publish(envelope.clone()).await;
+
+    let error = world
+        .try_start(stateful_only(), &Knobs::default())
+        .await
+        .expect_err("a worker without the handler's state does not build");
+    let (line, column) = STATEFUL_AT;
+    let location = format!("tests/tests/conformance.rs:{line}:{column}");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "handlers take state that was not given to the worker; give each value with \
+             `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
+             `conformance.stateful` ({location}) takes `State<Arc<conformance::Sightings>>` and \
+             `State<String>`"
+        )
+    );
+    let hexeract::Error::Registry(RegistryError::MissingState(missing)) = &error else {
+        panic!("not a missing state: {error:?}");
+    };
+    let missing_type = |type_name| MissingState {
+        handler: STATEFUL.to_owned(),
+        location: location.clone(),
+        type_name,
+    };
+    assert_eq!(
+        missing,
+        &[
+            missing_type(std::any::type_name::<Arc<Sightings>>()),
+            missing_type(std::any::type_name::<String>()),
+        ]
+    );
+    assert_eq!(sightings.len(), 0, "no call");
+
+    world.start(stateful_only(), &given).await;
+    until(&world, "the message handled", |_| sightings.len() == 1).await;
+    world.settled().await;
+    let letters = world.dead_letters().await;
+    world.stop().await.expect("run returns Ok(()) on cancel");
+    assert_eq!(
+        sightings.sorted(),
+        [(17, 1, label)],
+        "handled once, at attempt 1, by the worker given the state: the failed build took nothing"
+    );
+    assert!(letters.is_empty(), "{letters:?}");
+    world.remove().await;
 }

@@ -4,7 +4,9 @@
 //! schedule has one job, its payload is the scheduler's own, and each occurrence runs once.
 //!
 //! A job is a plain `fn`, so what it saw goes to a process-wide ledger keyed by job name (each
-//! test's job names are its own).
+//! test's job names are its own). The one `#[scheduled]` job, [`stateful_job`], takes a
+//! journal of the test's own as its state instead, and is taken from the inventory by name
+//! (no scheduler of the suite uses `.from_inventory()`: it would need that state).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -12,15 +14,20 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use hexeract::schedule::{ScheduledJob, SchedulerWorker, Spec};
+use hexeract::schedule::{jobs_from_inventory, ScheduledJob, SchedulerWorker, Spec};
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::{DeliveryStore, ScheduleDefinition, Store, SCHEDULE_MESSAGE_TYPE};
-use hexeract::{CancellationToken, Context, DeadLetter, HandlerOutcome, Reason};
+use hexeract::{
+    scheduled, CancellationToken, Context, DeadLetter, HandlerOutcome, MissingState, Reason,
+    RegistryError, State,
+};
 use tokio::task::JoinHandle;
 
 use crate::support::{
-    captured_log, counts, eventually, handler_field, log_lines, transport_field, unique, WITHIN,
+    captured_log, counts, eventually, handler_field, log_lines, transport_field, unique, Journal,
+    Recorded, WITHIN,
 };
+use crate::worlds::Equipment;
 
 /// Job name → the attempt of each run, in order.
 static RUNS: Mutex<BTreeMap<String, Vec<u32>>> = Mutex::new(BTreeMap::new());
@@ -140,6 +147,33 @@ fn fails_when_stopped(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
     })
 }
 
+/// The name of [`stateful_job`].
+const STATEFUL_JOB: &str = "conformance.stateful_job";
+
+/// Where [`stateful_job`]'s name is (line, column): scenario 17's error names it.
+const STATEFUL_JOB_AT: (u32, u32) = (line!() + 6, 10);
+
+/// A `#[scheduled]` job that takes the test's journal as its state and writes
+/// `call, attempt <n>` in it; daily, so that only [`Scheduler::due_now`] makes it due during a
+/// test.
+#[scheduled(every = "24h", name = "conformance.stateful_job")]
+async fn stateful_job(ctx: &Context, State(journal): State<Journal>) -> Result<(), String> {
+    journal.write(
+        ctx.handler_name(),
+        format!("call, attempt {}", ctx.attempt()),
+    );
+    Ok(())
+}
+
+/// [`stateful_job`], from the program's `#[scheduled]` jobs.
+fn stateful_job_from_inventory() -> ScheduledJob {
+    jobs_from_inventory()
+        .expect("the program's jobs")
+        .into_iter()
+        .find(|job| job.name() == STATEFUL_JOB)
+        .expect("`stateful_job` is in the inventory")
+}
+
 type JobFn = for<'a> fn(&'a Context) -> BoxFuture<'a, HandlerOutcome>;
 
 /// A daily job named `role` and a unique suffix: its own next fire time does not come during
@@ -193,22 +227,32 @@ impl Scheduler {
 
     /// Starts a worker running `jobs`, each run under `dispatch_timeout`.
     fn start(&mut self, jobs: &[ScheduledJob], dispatch_timeout: Duration) {
-        let worker = jobs
-            .iter()
-            .fold(
-                SchedulerWorker::builder_shared(self.store.clone())
-                    .max_deliveries(3)
-                    .retry_delays(self.retry_delays.0, self.retry_delays.1)
-                    .dispatch_timeout(dispatch_timeout)
-                    .lease(Duration::from_secs(15))
-                    .poll_interval(Duration::from_millis(20)),
-                |builder, job| builder.job(job.clone()),
-            )
-            .build()
+        self.try_start(jobs, dispatch_timeout, &Equipment::default())
             .expect("the scheduler builds");
+    }
+
+    /// The same, with `equipment` given to the builder; returns what `build()` returned when it
+    /// fails (then no worker runs).
+    fn try_start(
+        &mut self,
+        jobs: &[ScheduledJob],
+        dispatch_timeout: Duration,
+        equipment: &Equipment,
+    ) -> Result<(), hexeract::Error> {
+        let builder = jobs.iter().fold(
+            SchedulerWorker::builder_shared(self.store.clone())
+                .max_deliveries(3)
+                .retry_delays(self.retry_delays.0, self.retry_delays.1)
+                .dispatch_timeout(dispatch_timeout)
+                .lease(Duration::from_secs(15))
+                .poll_interval(Duration::from_millis(20)),
+            |builder, job| builder.job(job.clone()),
+        );
+        let worker = equipment.give(builder).build()?;
         let cancel = CancellationToken::new();
         let task = tokio::spawn(worker.run(cancel.clone()));
         self.running = Some((cancel, task));
+        Ok(())
     }
 
     async fn stop(&mut self) -> Result<(), String> {
@@ -585,4 +629,105 @@ pub(crate) async fn attempt_count_survives_a_restart() {
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].reason, Reason::MAX_DELIVERIES_EXCEEDED);
     assert_eq!(letters[0].attempts, 3);
+}
+
+/// Scenario 16: a `#[scheduled]` job that takes state (`State<Journal>`), given it with
+/// `SchedulerBuilder::state`, runs with that value (it writes `call` in the test's journal);
+/// the scheduler's middleware (`.middleware`) and the job's own (`.middleware_for`, inside it)
+/// run around the run and see its outcome.
+pub(crate) async fn stateful_job_with_middleware() {
+    let journal = Journal::default();
+    let job = stateful_job_from_inventory();
+    let equipment = Equipment::default()
+        .state(journal.clone())
+        .middleware(Recorded::new("outer", &journal))
+        .middleware_for(STATEFUL_JOB, Recorded::new("by_name", &journal));
+    let mut scheduler = Scheduler::create().await;
+    scheduler.due_now(std::slice::from_ref(&job)).await;
+    scheduler
+        .try_start(std::slice::from_ref(&job), DISPATCH_TIMEOUT, &equipment)
+        .expect("the scheduler builds with the job's state");
+    let letters = scheduler
+        .until("the run and its middleware done", |_| {
+            journal.of(STATEFUL_JOB).len() == 5
+        })
+        .await;
+    scheduler.settled().await;
+    scheduler
+        .stop()
+        .await
+        .expect("run returns Ok(()) on cancel");
+    assert_eq!(
+        journal.of(STATEFUL_JOB),
+        [
+            "enter outer",
+            "enter by_name",
+            "call, attempt 1",
+            "exit by_name: ack",
+            "exit outer: ack"
+        ],
+        "one run, with the journal given as its state, inside the scheduler's middleware, \
+         inside the job's own"
+    );
+    assert!(letters.is_empty(), "{letters:?}");
+}
+
+/// Scenario 17 on the scheduler: a scheduler whose `#[scheduled]` job takes state it was not
+/// given does not build, with an error naming the job, where it is and the type; nothing ran:
+/// the occurrence due before is run by the next scheduler, given the state, at attempt 1.
+pub(crate) async fn missing_state_stops_the_build() {
+    let journal = Journal::default();
+    let job = stateful_job_from_inventory();
+    let mut scheduler = Scheduler::create().await;
+    scheduler.due_now(std::slice::from_ref(&job)).await;
+    let error = scheduler
+        .try_start(
+            std::slice::from_ref(&job),
+            DISPATCH_TIMEOUT,
+            &Equipment::default(),
+        )
+        .expect_err("a scheduler without the job's state does not build");
+    let (line, column) = STATEFUL_JOB_AT;
+    let location = format!("tests/tests/conformance/scheduler.rs:{line}:{column}");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "handlers take state that was not given to the worker; give each value with \
+             `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
+             `conformance.stateful_job` ({location}) takes `State<conformance::support::Journal>`"
+        )
+    );
+    let hexeract::Error::Registry(RegistryError::MissingState(missing)) = &error else {
+        panic!("not a missing state: {error:?}");
+    };
+    assert_eq!(
+        missing,
+        &[MissingState {
+            handler: STATEFUL_JOB.to_owned(),
+            location,
+            type_name: std::any::type_name::<Journal>(),
+        }]
+    );
+
+    // Given the state, the next scheduler runs the occurrence the failed one left.
+    let equipment = Equipment::default()
+        .state(journal.clone())
+        .middleware(Recorded::new("outer", &journal));
+    scheduler
+        .try_start(std::slice::from_ref(&job), DISPATCH_TIMEOUT, &equipment)
+        .expect("the scheduler builds with the job's state");
+    let letters = scheduler
+        .until("the run done", |_| journal.of(STATEFUL_JOB).len() == 3)
+        .await;
+    scheduler.settled().await;
+    scheduler
+        .stop()
+        .await
+        .expect("run returns Ok(()) on cancel");
+    assert_eq!(
+        journal.of(STATEFUL_JOB),
+        ["enter outer", "call, attempt 1", "exit outer: ack"],
+        "one run, at attempt 1, by the scheduler given the state: the failed build ran nothing"
+    );
+    assert!(letters.is_empty(), "{letters:?}");
 }

@@ -1,5 +1,6 @@
 //! What the scenarios share: the messages, a scripted handler that records its calls, unique
-//! names, waits, the handlers' metrics and the captured log.
+//! names, the middleware and the journal they write, waits, the handlers' metrics and the
+//! captured log.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -8,7 +9,8 @@ use std::time::Duration;
 
 use hexeract::metrics::Metrics;
 use hexeract::{
-    Context, DeadLetter, Envelope, Handler, HandlerOptions, HandlerOutcome, Message, Registry,
+    Context, DeadLetter, Envelope, Handler, HandlerOptions, HandlerOutcome, Message, Middleware,
+    Next, Registry,
 };
 use hexeract_tests::logs::Captured;
 use uuid::Uuid;
@@ -158,6 +160,9 @@ pub(crate) enum Act {
     /// stop (its context's cancellation) and then fails, as a cooperative handler does; acks
     /// every later call.
     FailWhenStopped(Arc<AtomicBool>),
+    /// Writes `call` in the journal (between the entries of the middleware around it), then
+    /// acks.
+    Note(Journal),
 }
 
 /// A handler of [`Order`] that records each call in [`Calls`] and then does its [`Act`].
@@ -220,6 +225,10 @@ impl Scripted {
                 Err("gave up: the worker is stopping".to_owned())
             }
             Act::FailWhenStopped(_) => Ok(HandlerOutcome::Ack),
+            Act::Note(journal) => {
+                journal.write(ctx.handler_name(), "call");
+                Ok(HandlerOutcome::Ack)
+            }
         }
     }
 }
@@ -263,6 +272,89 @@ impl Handlers {
 
     pub(crate) fn registry(&self) -> Registry {
         self.registry.clone()
+    }
+}
+
+/// What the middleware of a test (and the handlers or jobs inside it) did, in order, each entry
+/// under the name of the handler (or job) of its call.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Journal(Arc<Mutex<Vec<(String, String)>>>);
+
+impl Journal {
+    pub(crate) fn write(&self, handler: &str, entry: impl Into<String>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((handler.to_owned(), entry.into()));
+    }
+
+    /// The entries of `handler`'s calls, in order.
+    pub(crate) fn of(&self, handler: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| name == handler)
+            .map(|(_, entry)| entry.clone())
+            .collect()
+    }
+}
+
+/// The reason [`RequireTenant`] dead-letters with.
+pub(crate) const TENANT_MISSING: &str = "tenant_missing";
+/// Its detail.
+pub(crate) const NO_TENANT: &str = "the message has no `tenant` header";
+
+/// Dead-letters a message without a `tenant` header as [`TENANT_MISSING`], without calling the
+/// rest of the chain (nor the handler); lets the others through.
+pub(crate) struct RequireTenant;
+
+impl Middleware for RequireTenant {
+    async fn handle(&self, ctx: &Context, next: Next<'_>) -> HandlerOutcome {
+        match ctx.header("tenant") {
+            Some(_) => next.run(ctx).await,
+            None => HandlerOutcome::dead_letter(TENANT_MISSING, NO_TENANT),
+        }
+    }
+}
+
+/// Writes `enter <layer>` in the journal, calls the rest of the chain, then writes
+/// `exit <layer>: <the outcome it returned>` and returns that outcome.
+pub(crate) struct Recorded {
+    layer: &'static str,
+    journal: Journal,
+}
+
+impl Recorded {
+    pub(crate) fn new(layer: &'static str, journal: &Journal) -> Recorded {
+        Recorded {
+            layer,
+            journal: journal.clone(),
+        }
+    }
+}
+
+impl Middleware for Recorded {
+    async fn handle(&self, ctx: &Context, next: Next<'_>) -> HandlerOutcome {
+        let handler = ctx.handler_name().to_owned();
+        self.journal
+            .write(&handler, format!("enter {}", self.layer));
+        let outcome = next.run(ctx).await;
+        self.journal.write(
+            &handler,
+            format!("exit {}: {}", self.layer, verdict(&outcome)),
+        );
+        outcome
+    }
+}
+
+/// An outcome in a word: `ack`, `retry`, `dead_letter(<reason>)`.
+fn verdict(outcome: &HandlerOutcome) -> String {
+    match outcome {
+        HandlerOutcome::Ack => "ack".to_owned(),
+        HandlerOutcome::Retry { .. } => "retry".to_owned(),
+        HandlerOutcome::DeadLetter { reason, .. } => format!("dead_letter({})", reason.as_str()),
+        other => format!("{other:?}"),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The worlds the delivery contract runs in, behind one small trait: each makes a place of its
 //! own (store, schema, broker prefix, topic prefix), starts its worker with a test's handlers
-//! and knobs, publishes, says when nothing is owed any more, reads its dead letters and stops.
+//! and knobs (its state and middleware among them), publishes, says when nothing is owed any
+//! more, reads its dead letters and stops.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -9,14 +10,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hexeract::kafka::{KafkaRelay, KafkaWorker};
-use hexeract::outbox::OutboxWorker;
+use hexeract::kafka::{KafkaRelay, KafkaWorker, KafkaWorkerBuilder};
+use hexeract::outbox::{OutboxWorker, OutboxWorkerBuilder};
 use hexeract::rabbitmq::{QueueKind, RabbitMqPublisher, RabbitMqWorkerBuilder, Topology};
+use hexeract::schedule::SchedulerBuilder;
 use hexeract::store::postgres::PgStore;
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
 use hexeract::store::Store;
-use hexeract::{CancellationToken, DeadLetter, Envelope, InMemoryStore, Registry, Runtime};
+use hexeract::{
+    CancellationToken, Context, DeadLetter, Envelope, HandlerOutcome, InMemoryStore, Middleware,
+    Next, Registry, Runtime, RuntimeBuilder,
+};
 use hexeract_tests::amqp::TestBroker;
 use hexeract_tests::kafka::TestKafka;
 use hexeract_tests::pg::TestSchema;
@@ -36,6 +41,8 @@ pub(crate) struct Knobs {
     pub(crate) retry_delays: (Duration, Duration),
     pub(crate) handler_timeout: Duration,
     pub(crate) max_payload_bytes: usize,
+    /// The state and middleware given to the builder (none unless the scenario gives some).
+    pub(crate) equipment: Equipment,
 }
 
 impl Default for Knobs {
@@ -45,9 +52,149 @@ impl Default for Knobs {
             retry_delays: (Duration::from_millis(20), Duration::from_millis(80)),
             handler_timeout: Duration::from_secs(10),
             max_payload_bytes: 1024 * 1024,
+            equipment: Equipment::default(),
         }
     }
 }
+
+/// `$then` on the builder inside `$builder` (named `$b`), put back in the same variant.
+macro_rules! on_any_builder {
+    ($builder:expr, |$b:ident| $then:expr) => {
+        match $builder {
+            AnyBuilder::Memory(inner) => {
+                let $b = *inner;
+                AnyBuilder::Memory(Box::new($then))
+            }
+            AnyBuilder::Outbox(inner) => {
+                let $b = *inner;
+                AnyBuilder::Outbox(Box::new($then))
+            }
+            AnyBuilder::RabbitMq(inner) => {
+                let $b = *inner;
+                AnyBuilder::RabbitMq(Box::new($then))
+            }
+            AnyBuilder::Kafka(inner) => {
+                let $b = *inner;
+                AnyBuilder::Kafka(Box::new($then))
+            }
+            AnyBuilder::Scheduler(inner) => {
+                let $b = *inner;
+                AnyBuilder::Scheduler(Box::new($then))
+            }
+        }
+    };
+}
+
+/// What a scenario gives a worker's builder besides its handlers and knobs: values with
+/// `.state(value)`, middleware with `.middleware(m)` and `.middleware_for(handler, m)`, each
+/// given in the order written to whichever builder the world (or the scheduler) uses, at every
+/// start.
+#[derive(Clone, Default)]
+pub(crate) struct Equipment {
+    steps: Vec<Step>,
+}
+
+/// One thing given to a builder.
+type Step = Arc<dyn Fn(AnyBuilder) -> AnyBuilder + Send + Sync>;
+
+impl Equipment {
+    /// `.state(value)`: a clone of `value` at each start.
+    pub(crate) fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Equipment {
+        self.steps.push(Arc::new(move |builder| {
+            on_any_builder!(builder, |b| b.state(value.clone()))
+        }));
+        self
+    }
+
+    /// `.middleware(middleware)`: around every handler, inside the middleware given before.
+    pub(crate) fn middleware(mut self, middleware: impl Middleware) -> Equipment {
+        let middleware = Arc::new(middleware);
+        self.steps.push(Arc::new(move |builder| {
+            on_any_builder!(builder, |b| b.middleware(Shared(middleware.clone())))
+        }));
+        self
+    }
+
+    /// `.middleware_for(handler, middleware)`: around that handler (or job) alone, inside the
+    /// worker's middleware.
+    pub(crate) fn middleware_for(
+        mut self,
+        handler: &str,
+        middleware: impl Middleware,
+    ) -> Equipment {
+        let (handler, middleware) = (handler.to_owned(), Arc::new(middleware));
+        self.steps.push(Arc::new(move |builder| {
+            on_any_builder!(builder, |b| b
+                .middleware_for(handler.clone(), Shared(middleware.clone())))
+        }));
+        self
+    }
+
+    /// `builder` with everything given to it, in order.
+    pub(crate) fn give<B: Builder>(&self, builder: B) -> B {
+        B::from_any(
+            self.steps
+                .iter()
+                .fold(builder.into_any(), |builder, step| step(builder)),
+        )
+    }
+}
+
+impl std::fmt::Debug for Equipment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Equipment")
+            .field("steps", &self.steps.len())
+            .finish()
+    }
+}
+
+/// A middleware given at every start of a world: each builder gets a handle on the one value.
+struct Shared<M>(Arc<M>);
+
+impl<M: Middleware> Middleware for Shared<M> {
+    fn handle(&self, ctx: &Context, next: Next<'_>) -> impl Future<Output = HandlerOutcome> + Send {
+        self.0.handle(ctx, next)
+    }
+}
+
+/// The builder of any world (and the scheduler's), for [`Equipment`]'s steps: each has
+/// `state`, `middleware` and `middleware_for`, but no trait in common.
+pub(crate) enum AnyBuilder {
+    Memory(Box<RuntimeBuilder>),
+    Outbox(Box<OutboxWorkerBuilder>),
+    RabbitMq(Box<RabbitMqWorkerBuilder>),
+    Kafka(Box<KafkaWorkerBuilder>),
+    Scheduler(Box<SchedulerBuilder>),
+}
+
+/// A worker builder [`Equipment`] gives to.
+pub(crate) trait Builder: Sized {
+    fn into_any(self) -> AnyBuilder;
+    fn from_any(any: AnyBuilder) -> Self;
+}
+
+macro_rules! builder {
+    ($builder:ty, $variant:ident) => {
+        impl Builder for $builder {
+            fn into_any(self) -> AnyBuilder {
+                AnyBuilder::$variant(Box::new(self))
+            }
+
+            fn from_any(any: AnyBuilder) -> $builder {
+                match any {
+                    AnyBuilder::$variant(builder) => *builder,
+                    _ => unreachable!("each step gives back the kind of builder it was given"),
+                }
+            }
+        }
+    };
+}
+
+builder!(RuntimeBuilder, Memory);
+builder!(OutboxWorkerBuilder, Outbox);
+builder!(RabbitMqWorkerBuilder, RabbitMq);
+builder!(KafkaWorkerBuilder, Kafka);
+builder!(SchedulerBuilder, Scheduler);
 
 /// A world: its own place, a worker started on it with a test's handlers, and what a
 /// scenario needs to see of it.
@@ -63,8 +210,17 @@ pub(crate) trait World: Sized {
     async fn create() -> Self;
 
     /// Starts a worker with these handlers and knobs (again after [`stop`](World::stop): the
-    /// next start, on the same place).
-    async fn start(&mut self, handlers: Registry, knobs: &Knobs);
+    /// next start, on the same place); fails the test if the worker does not build.
+    async fn start(&mut self, handlers: Registry, knobs: &Knobs) {
+        if let Err(error) = self.try_start(handlers, knobs).await {
+            panic!("on {}: the worker does not build: {error}", Self::TRANSPORT);
+        }
+    }
+
+    /// The same, returning what the builder's `build()` returned when it fails (then no worker
+    /// runs, and the world may be started again).
+    async fn try_start(&mut self, handlers: Registry, knobs: &Knobs)
+        -> Result<(), hexeract::Error>;
 
     /// Publishes `envelope` as a producer of this world does.
     async fn publish(&self, envelope: Envelope);
@@ -154,18 +310,26 @@ impl World for Memory {
         }
     }
 
-    async fn start(&mut self, handlers: Registry, knobs: &Knobs) {
+    async fn try_start(
+        &mut self,
+        handlers: Registry,
+        knobs: &Knobs,
+    ) -> Result<(), hexeract::Error> {
         let (initial, longest) = knobs.retry_delays;
-        let runtime = Runtime::builder()
-            .store(self.store.clone())
-            .registry(handlers)
-            .max_deliveries(knobs.max_deliveries)
-            .retry_delays(initial, longest)
-            .handler_timeout(knobs.handler_timeout)
-            .max_payload_bytes(knobs.max_payload_bytes)
-            .build()
-            .expect("the runtime builds");
+        let runtime = knobs
+            .equipment
+            .give(
+                Runtime::builder()
+                    .store(self.store.clone())
+                    .registry(handlers)
+                    .max_deliveries(knobs.max_deliveries)
+                    .retry_delays(initial, longest)
+                    .handler_timeout(knobs.handler_timeout)
+                    .max_payload_bytes(knobs.max_payload_bytes),
+            )
+            .build()?;
         self.running = Some(Running::spawn(|cancel| runtime.run(cancel)));
+        Ok(())
     }
 
     async fn publish(&self, envelope: Envelope) {
@@ -258,18 +422,26 @@ impl<D: Database> World for Outbox<D> {
         }
     }
 
-    async fn start(&mut self, handlers: Registry, knobs: &Knobs) {
+    async fn try_start(
+        &mut self,
+        handlers: Registry,
+        knobs: &Knobs,
+    ) -> Result<(), hexeract::Error> {
         let (initial, longest) = knobs.retry_delays;
-        let worker = OutboxWorker::builder_shared(self.store.clone())
-            .registry(handlers)
-            .poll_interval(Duration::from_millis(10))
-            .max_deliveries(knobs.max_deliveries)
-            .retry_delays(initial, longest)
-            .handler_timeout(knobs.handler_timeout)
-            .max_payload_bytes(knobs.max_payload_bytes)
-            .build()
-            .expect("the outbox worker builds");
+        let worker = knobs
+            .equipment
+            .give(
+                OutboxWorker::builder_shared(self.store.clone())
+                    .registry(handlers)
+                    .poll_interval(Duration::from_millis(10))
+                    .max_deliveries(knobs.max_deliveries)
+                    .retry_delays(initial, longest)
+                    .handler_timeout(knobs.handler_timeout)
+                    .max_payload_bytes(knobs.max_payload_bytes),
+            )
+            .build()?;
         self.running = Some(Running::spawn(|cancel| worker.run(cancel)));
+        Ok(())
     }
 
     async fn publish(&self, envelope: Envelope) {
@@ -358,7 +530,11 @@ impl World for RabbitMq {
         }
     }
 
-    async fn start(&mut self, handlers: Registry, knobs: &Knobs) {
+    async fn try_start(
+        &mut self,
+        handlers: Registry,
+        knobs: &Knobs,
+    ) -> Result<(), hexeract::Error> {
         self.starts += 1;
         self.known_types = handlers.handlers().map(|info| info.message_type).collect();
         let first = handlers
@@ -372,17 +548,20 @@ impl World for RabbitMq {
             .await;
         let (initial, longest) = knobs.retry_delays;
         // No wait tiers given: the builder's default tiers are the retry delays, doubling.
-        let worker = RabbitMqWorkerBuilder::new(connection)
-            .registry(handlers)
-            .exchange(self.broker.exchange.clone())
-            .prefix(self.broker.prefix.clone())
-            .max_attempts(knobs.max_deliveries)
-            .retry_delays(initial, longest)
-            .handler_timeout(knobs.handler_timeout)
-            .max_payload_bytes(knobs.max_payload_bytes)
-            .dead_letters(self.dead_letters.clone())
-            .build()
-            .expect("the RabbitMQ worker builds");
+        let worker = knobs
+            .equipment
+            .give(
+                RabbitMqWorkerBuilder::new(connection)
+                    .registry(handlers)
+                    .exchange(self.broker.exchange.clone())
+                    .prefix(self.broker.prefix.clone())
+                    .max_attempts(knobs.max_deliveries)
+                    .retry_delays(initial, longest)
+                    .handler_timeout(knobs.handler_timeout)
+                    .max_payload_bytes(knobs.max_payload_bytes)
+                    .dead_letters(self.dead_letters.clone()),
+            )
+            .build()?;
         let topology = worker.topology().clone();
         let queue = topology.queue_for(&first);
         self.topology = Some((topology, queue));
@@ -410,7 +589,7 @@ impl World for RabbitMq {
                 }
             }
             if consumed == handler_queues.len() {
-                return;
+                return Ok(());
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -538,18 +717,26 @@ impl<B: Brokers> World for Kafka<B> {
         }
     }
 
-    async fn start(&mut self, handlers: Registry, knobs: &Knobs) {
+    async fn try_start(
+        &mut self,
+        handlers: Registry,
+        knobs: &Knobs,
+    ) -> Result<(), hexeract::Error> {
         let (initial, longest) = knobs.retry_delays;
-        let worker = KafkaWorker::builder(self.kafka.config(PARTITIONS), self.store.clone())
-            .registry(handlers)
-            .max_deliveries(knobs.max_deliveries)
-            .retry_delays(initial, longest)
-            .handler_timeout(knobs.handler_timeout)
-            .max_payload_bytes(knobs.max_payload_bytes)
-            .check_interval(Duration::from_millis(500))
-            .build()
-            .expect("the Kafka worker builds");
+        let worker = knobs
+            .equipment
+            .give(
+                KafkaWorker::builder(self.kafka.config(PARTITIONS), self.store.clone())
+                    .registry(handlers)
+                    .max_deliveries(knobs.max_deliveries)
+                    .retry_delays(initial, longest)
+                    .handler_timeout(knobs.handler_timeout)
+                    .max_payload_bytes(knobs.max_payload_bytes)
+                    .check_interval(Duration::from_millis(500)),
+            )
+            .build()?;
         self.running = Some(Running::spawn(|cancel| worker.run(cancel)));
+        Ok(())
     }
 
     async fn publish(&self, envelope: Envelope) {
