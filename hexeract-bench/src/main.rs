@@ -32,7 +32,8 @@ mod scheduler;
 mod soak;
 
 use hexeract::{
-    handler, CancellationToken, Context, Envelope, InMemoryStore, Message, Registry, Runtime,
+    handler, CancellationToken, Context, Envelope, HandlerOutcome, InMemoryStore, Message,
+    Middleware, Next, Registry, Runtime, State,
 };
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -75,6 +76,33 @@ async fn record(order: OrderPlaced, _ctx: &Context) -> Result<(), Infallible> {
     Ok(())
 }
 
+/// The same handler taking state, as a service's handler takes its pool.
+#[handler(message = "bench.OrderPlaced", name = "bench.record_with_state")]
+async fn record_with_state(
+    order: OrderPlaced,
+    _ctx: &Context,
+    State(ledger): State<Arc<Ledger>>,
+) -> Result<(), Infallible> {
+    black_box(&order);
+    black_box(&ledger);
+    Ok(())
+}
+
+/// The state: what a pool is to a handler, an `Arc` cloned per call.
+#[derive(Debug, Default)]
+struct Ledger {
+    _name: String,
+}
+
+/// A middleware that does nothing but pass the call on.
+struct PassOn;
+
+impl Middleware for PassOn {
+    async fn handle(&self, ctx: &Context, next: Next<'_>) -> HandlerOutcome {
+        next.run(ctx).await
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).is_some_and(|arg| arg == "soak") {
@@ -93,6 +121,12 @@ fn main() -> ExitCode {
     // scenario on the two worker threads it would have in a service here.
     if wanted("dispatch") {
         report("dispatch", dispatch(400_000 * scale));
+    }
+    if wanted("dispatch_state_middleware") {
+        report(
+            "dispatch_state_middleware",
+            dispatch_state_middleware(400_000 * scale),
+        );
     }
     let multi = runtime();
     if wanted("in_process") {
@@ -162,7 +196,8 @@ pub(crate) fn rate(messages: u64, elapsed: Duration) -> f64 {
 /// One message through registry lookup, erased dispatch and decode, against
 /// `serde_json::from_slice` and a direct call of the same function.
 fn dispatch(messages: u64) -> Figures {
-    let registry = Registry::from_inventory().expect("registry");
+    let mut registry = Registry::from_inventory().expect("registry");
+    registry.retain(|info| info.name == "bench.record");
     let envelope = Envelope::new(&order(1)).expect("encode");
     let ctx = Context::new(
         envelope.clone(),
@@ -170,21 +205,29 @@ fn dispatch(messages: u64) -> Figures {
         CancellationToken::new(),
         Arc::new(InMemoryStore::new()),
     );
+    five_pairs(
+        messages,
+        || dispatch_erased(&registry, &envelope, &ctx, messages),
+        || dispatch_direct(&envelope, &ctx, messages),
+    )
+}
 
-    let mut hexeract = Vec::new();
-    let mut baseline = Vec::new();
+/// The medians of five runs of each side, taken in turns, on this thread.
+fn five_pairs(messages: u64, mut hexeract: impl FnMut(), mut baseline: impl FnMut()) -> Figures {
+    let mut hexeract_rates = Vec::new();
+    let mut baseline_rates = Vec::new();
     for _ in 0..5 {
         let started = Instant::now();
-        dispatch_erased(&registry, &envelope, &ctx, messages);
-        hexeract.push(rate(messages, started.elapsed()));
+        hexeract();
+        hexeract_rates.push(rate(messages, started.elapsed()));
 
         let started = Instant::now();
-        dispatch_direct(&envelope, &ctx, messages);
-        baseline.push(rate(messages, started.elapsed()));
+        baseline();
+        baseline_rates.push(rate(messages, started.elapsed()));
     }
     Figures {
-        hexeract: median(hexeract),
-        baseline: median(baseline),
+        hexeract: median(hexeract_rates),
+        baseline: median(baseline_rates),
     }
 }
 
@@ -214,6 +257,77 @@ fn dispatch_direct(envelope: &Envelope, ctx: &Context, messages: u64) {
             .now_or_never()
             .expect("the handler never waits");
         assert!(result.is_ok());
+    }
+}
+
+/// A handler taking `State<Arc<_>>`, behind two middlewares that pass the call on, against the
+/// plain handler without state or middleware: both called as a worker calls them
+/// (`RegisteredHandler::call`: the middleware chain, then decode and call), on one thread.
+fn dispatch_state_middleware(messages: u64) -> Figures {
+    let built = |name: &'static str| {
+        let runtime = Runtime::builder()
+            .store(InMemoryStore::new())
+            .handlers_where(move |info| info.name == name)
+            .state(Arc::new(Ledger::default()))
+            .middleware(PassOn)
+            .middleware(PassOn)
+            .build()
+            .expect("runtime");
+        runtime.registry().get(name).expect("the handler").clone()
+    };
+    let plain = {
+        let runtime = Runtime::builder()
+            .store(InMemoryStore::new())
+            .handlers_where(|info| info.name == "bench.record")
+            .build()
+            .expect("runtime");
+        runtime
+            .registry()
+            .get("bench.record")
+            .expect("the handler")
+            .clone()
+    };
+    let with_both = built("bench.record_with_state");
+    let envelope = Envelope::new(&order(1)).expect("encode");
+    let ctx = Context::new(
+        envelope,
+        "bench.record",
+        CancellationToken::new(),
+        Arc::new(InMemoryStore::new()),
+    );
+    five_pairs(
+        messages,
+        || call_with_state_and_middleware(&with_both, &ctx, messages),
+        || call_plain(&plain, &ctx, messages),
+    )
+}
+
+// Two functions (kept apart by their labels), so that an instruction counter tells the sides
+// apart.
+#[inline(never)]
+fn call_with_state_and_middleware(
+    handler: &hexeract::RegisteredHandler,
+    ctx: &Context,
+    messages: u64,
+) {
+    black_box("with state and middleware");
+    call_registered(handler, ctx, messages);
+}
+
+#[inline(never)]
+fn call_plain(handler: &hexeract::RegisteredHandler, ctx: &Context, messages: u64) {
+    black_box("plain");
+    call_registered(handler, ctx, messages);
+}
+
+#[inline(always)]
+fn call_registered(handler: &hexeract::RegisteredHandler, ctx: &Context, messages: u64) {
+    for _ in 0..messages {
+        let outcome = handler
+            .call(black_box(ctx))
+            .now_or_never()
+            .expect("the handler never waits");
+        assert!(outcome.is_ack());
     }
 }
 

@@ -239,9 +239,17 @@ impl RegisteredHandler {
         }
     }
 
-    /// The middleware around it, outermost first.
-    pub(crate) fn chain(&self) -> &Chain {
-        &self.chain
+    /// One call of the handler with `ctx`'s envelope, through its middleware (what a worker
+    /// runs, without the worker's timeout, span and panic catch).
+    pub fn call<'a>(
+        &'a self,
+        ctx: &'a Context,
+    ) -> impl std::future::Future<Output = HandlerOutcome> + Send + 'a {
+        crate::middleware::Next::new(
+            &self.chain,
+            crate::middleware::Endpoint::Handler(&*self.handler),
+        )
+        .run(ctx)
     }
 
     /// The handler's description.
@@ -384,6 +392,31 @@ impl Registry {
         states: &States,
         middleware: &Middlewares,
     ) -> Result<Registry, RegistryError> {
+        let (provided, missing) = self.provide_what_can_be(states, middleware);
+        if !missing.is_empty() {
+            return Err(RegistryError::MissingState(missing));
+        }
+        let unknown: Vec<String> = middleware
+            .named()
+            .filter(|name| self.get(name).is_none())
+            .map(str::to_owned)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(RegistryError::UnknownHandlers {
+                names: unknown,
+                known: self.handlers().map(|info| info.name.to_string()).collect(),
+            });
+        }
+        Ok(provided)
+    }
+
+    /// [`provide`](Registry::provide) for every handler whose state is there; the others stay
+    /// as they are (stand-ins that dead-letter, for the test harness), and are returned.
+    pub(crate) fn provide_what_can_be(
+        &self,
+        states: &States,
+        middleware: &Middlewares,
+    ) -> (Registry, Vec<MissingState>) {
         let mut missing = Vec::new();
         let mut provided = Registry::new();
         for registered in &self.handlers {
@@ -398,6 +431,15 @@ impl Registry {
                                 location: registered.info.origin(),
                                 type_name,
                             }));
+                            provided
+                                .insert(RegisteredHandler {
+                                    info: registered.info.clone(),
+                                    handler: registered.handler.clone(),
+                                    make: registered.make,
+                                    own: registered.own.clone(),
+                                    chain: registered.chain.clone(),
+                                })
+                                .expect("names were unique already");
                             continue;
                         }
                     }
@@ -422,21 +464,7 @@ impl Registry {
                 })
                 .expect("names were unique already");
         }
-        if !missing.is_empty() {
-            return Err(RegistryError::MissingState(missing));
-        }
-        let unknown: Vec<String> = middleware
-            .named()
-            .filter(|name| self.get(name).is_none())
-            .map(str::to_owned)
-            .collect();
-        if !unknown.is_empty() {
-            return Err(RegistryError::UnknownHandlers {
-                names: unknown,
-                known: self.handlers().map(|info| info.name.to_string()).collect(),
-            });
-        }
-        Ok(provided)
+        (provided, missing)
     }
 
     fn insert(&mut self, registered: RegisteredHandler) -> Result<(), DuplicateName> {
@@ -643,7 +671,8 @@ impl ErasedHandler for Unprovided {
         Box::pin(async {
             HandlerOutcome::dead_letter(
                 "state_missing",
-                "the handler takes state its worker was not given",
+                "the handler takes state (`State<T>`) it was not given: give the value with \
+                 `.state(value)` to its worker (or to the test harness)",
             )
         })
     }

@@ -37,15 +37,22 @@ use crate::context::Context;
 use crate::delivery::{call_handler, Call};
 use crate::envelope::{EncodeError, Envelope};
 use crate::message::Message;
+use crate::middleware::Middlewares;
 use crate::outcome::HandlerOutcome;
 use crate::publish::{Publish, PublishError};
 use crate::registry::{Registry, RegistryError};
+use crate::state::States;
 
 /// Delivers messages to registered handlers in-process and reports each handler's outcome.
 /// What handlers publish through their context is captured, not delivered.
 #[derive(Debug, Clone)]
 pub struct Harness {
+    /// The handlers as given, before state and middleware.
+    base: Registry,
+    /// The handlers as called: with the state and middleware given so far.
     registry: Registry,
+    states: States,
+    middleware: Middlewares,
     published: Arc<Recorder>,
     attempt: u32,
     timeout: Duration,
@@ -60,11 +67,36 @@ impl Harness {
     /// A harness over the given handlers.
     pub fn with_registry(registry: Registry) -> Harness {
         Harness {
+            base: registry.clone(),
             registry,
+            states: States::new(),
+            middleware: Middlewares::default(),
             published: Arc::new(Recorder::default()),
             attempt: 1,
             timeout: Duration::from_secs(30),
         }
+    }
+
+    /// Gives the handlers a value they take as [`State<T>`](crate::State), as a worker's
+    /// `.state(value)` does. A handler whose state the harness was not given dead-letters with
+    /// `state_missing`, saying so.
+    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Harness {
+        self.states.insert(value);
+        self.rebuild()
+    }
+
+    /// Runs `middleware` around every call, as a worker's `.middleware(m)` does.
+    pub fn middleware(mut self, middleware: impl crate::Middleware) -> Harness {
+        self.middleware.add(middleware);
+        self.rebuild()
+    }
+
+    fn rebuild(mut self) -> Harness {
+        self.registry = self
+            .base
+            .provide_what_can_be(&self.states, &self.middleware)
+            .0;
+        self
     }
 
     /// Delivers as call number `attempt` (default 1), for handlers that behave differently on

@@ -337,6 +337,50 @@ async fn the_orders_example_takes_orders_reserves_stock_confirms_and_expires_car
         "{listed}"
     );
 
+    // 4b. The shop's middleware: an order of another shop is dead-lettered with its reason,
+    // before the handler takes any stock.
+    let stock_before = shop.stock().await;
+    let stranger = Envelope::from_raw(
+        "shop.OrderPlaced",
+        serde_json::json!({
+            "order_id": uuid::Uuid::now_v7(),
+            "email": "eve@example.com",
+            "total_cents": 900,
+            "lines": [{ "sku": "mug", "quantity": 1 }],
+        })
+        .to_string()
+        .into_bytes(),
+    )
+    .with_header("shop", "another-shop");
+    let pool = sqlx::PgPool::connect(&database.url).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    hexeract::outbox::enqueue_envelopes(&mut tx, "hexeract", &[stranger])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let listed = loop {
+        let listed = shop.command(&["dead-letters", "list", "--reason", "wrong_shop"]);
+        if listed.contains("1 dead letter(s)") {
+            break listed;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no wrong_shop dead letter within 30 s: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(listed.contains("shop.reserve_stock"), "{listed}");
+    assert!(
+        listed.contains("the message is for shop \"another-shop\"; this is shop \"main\""),
+        "{listed}"
+    );
+    assert_eq!(
+        shop.stock().await,
+        stock_before,
+        "no stock taken for another shop"
+    );
+
     // 5. A cart nobody touches for CART_TTL_SECS (3 s) is deleted by the scheduled job.
     let (_, cart) = shop.call("POST", "/carts", None).await;
     let cart = cart["cart_id"].as_str().unwrap().to_owned();

@@ -25,8 +25,10 @@ use crate::registry::RegisteredHandler;
 
 /// What a slot calls.
 enum Callee {
+    /// A handler, with its middleware.
     Handler(Arc<RegisteredHandler>),
-    Job(Arc<dyn ErasedJob>),
+    /// A job, and the middleware around its runs.
+    Job(Arc<dyn ErasedJob>, Chain),
 }
 
 /// One handler (or scheduled job) as every world calls it: its name as contexts carry it, its
@@ -34,8 +36,6 @@ enum Callee {
 pub(crate) struct Slot {
     name: Arc<str>,
     callee: Callee,
-    /// The middleware around each call, outermost first.
-    chain: Chain,
     permits: Option<Arc<Semaphore>>,
     timeout: Duration,
     metrics: Arc<HandlerMetrics>,
@@ -59,7 +59,6 @@ impl Slot {
                 .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
             timeout: info.timeout.unwrap_or(timeout),
             metrics: metrics.handler(&info.name),
-            chain: handler.chain().clone(),
             callee: Callee::Handler(handler.clone()),
         }
     }
@@ -75,8 +74,7 @@ impl Slot {
         Slot {
             metrics: crate::metrics::Metrics::global().handler(&name),
             name,
-            callee: Callee::Job(run),
-            chain,
+            callee: Callee::Job(run, chain),
             permits: None,
             timeout,
         }
@@ -91,7 +89,7 @@ impl Slot {
     pub(crate) fn registered(&self) -> Option<&Arc<RegisteredHandler>> {
         match &self.callee {
             Callee::Handler(handler) => Some(handler),
-            Callee::Job(_) => None,
+            Callee::Job(..) => None,
         }
     }
 
@@ -140,18 +138,14 @@ pub(crate) async fn invoke(
                 trace_id = envelope.trace_id().map(tracing::field::display),
             );
             let handler = handler.clone();
-            let chain = slot.chain.clone();
             // The context carries the envelope: one copy per call.
-            let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
-                Next::new(&chain, Endpoint::Handler(handler.handler()))
-                    .run(&ctx)
-                    .await
-            });
+            let call: BoxFuture<'static, HandlerOutcome> =
+                Box::pin(async move { handler.call(&ctx).await });
             call_boxed(call, call_cancelled, slot.timeout, interrupt)
                 .instrument(span)
                 .await
         }
-        Callee::Job(run) => {
+        Callee::Job(run, chain) => {
             let span = tracing::info_span!(
                 "hexeract.schedule",
                 job = %slot.name,
@@ -159,7 +153,7 @@ pub(crate) async fn invoke(
                 attempt = envelope.attempt,
             );
             let run = run.clone();
-            let chain = slot.chain.clone();
+            let chain = chain.clone();
             let call: BoxFuture<'static, HandlerOutcome> =
                 Box::pin(async move { Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await });
             call_boxed(call, call_cancelled, slot.timeout, interrupt)
@@ -179,11 +173,8 @@ pub(crate) async fn call_handler(
     interrupt: &CancellationToken,
 ) -> Call {
     let call_cancelled = ctx.cancellation().clone();
-    let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
-        Next::new(handler.chain(), Endpoint::Handler(handler.handler()))
-            .run(&ctx)
-            .await
-    });
+    let call: BoxFuture<'static, HandlerOutcome> =
+        Box::pin(async move { handler.call(&ctx).await });
     call_boxed(call, call_cancelled, timeout, interrupt).await
 }
 

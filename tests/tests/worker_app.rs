@@ -1,0 +1,322 @@
+//! `hexeract::Worker`, the application builder: a `WorkerConfig` built in code, state for
+//! `#[handler]` fns and `#[scheduled]` jobs, middleware, a handler written as a type, the one
+//! error that lists every missing state before anything starts, `cli::execute_with` on the same
+//! worker, and the test harness with state.
+//!
+//! The worker runs on an SQLite file of the test's own (and `WORKER_PORT` 0), so tests run in
+//! parallel; nextest runs each in a process of its own.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hexeract::config::Database;
+use hexeract::store::sqlite::SqliteStore;
+use hexeract::store::{DeadLetterStore, DeliveryStore};
+use hexeract::testing::Harness;
+use hexeract::{
+    handler, scheduled, CancellationToken, Context, Envelope, Error, Handler, HandlerOptions,
+    HandlerOutcome, Message, Middleware, Next, RegistryError, State, Worker, WorkerConfig,
+};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "app.Ping")]
+struct Ping {
+    n: u32,
+}
+
+/// What the handlers and middleware write down, shared with the test as state.
+#[derive(Clone, Default)]
+struct Journal(Arc<Mutex<Vec<String>>>);
+
+impl Journal {
+    fn note(&self, line: impl Into<String>) {
+        self.0.lock().unwrap().push(line.into());
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// The warehouse's name, a second piece of state.
+#[derive(Clone)]
+struct Warehouse(&'static str);
+
+#[handler(message = "app.Ping", name = "app.stateful")]
+async fn stateful(
+    ping: Ping,
+    _ctx: &Context,
+    State(journal): State<Journal>,
+    State(warehouse): State<Warehouse>,
+) -> Result<(), String> {
+    journal.note(format!("stateful {} at {}", ping.n, warehouse.0));
+    Ok(())
+}
+
+#[scheduled(every = "24h", name = "app.nightly")]
+async fn nightly(_ctx: &Context, State(journal): State<Journal>) -> Result<(), String> {
+    journal.note("nightly");
+    Ok(())
+}
+
+/// A handler written as a type: its state is its field.
+struct Typed {
+    journal: Journal,
+}
+
+impl Handler<Ping> for Typed {
+    type Error = String;
+
+    async fn handle(&self, ping: Ping, _ctx: &Context) -> Result<(), Self::Error> {
+        self.journal.note(format!("typed {}", ping.n));
+        Ok(())
+    }
+}
+
+/// Writes down each call it wraps, with the outcome.
+struct Around {
+    label: &'static str,
+    journal: Journal,
+}
+
+impl Middleware for Around {
+    async fn handle(&self, ctx: &Context, next: Next<'_>) -> HandlerOutcome {
+        let outcome = next.run(ctx).await;
+        self.journal.note(format!(
+            "{} {} {}",
+            self.label,
+            ctx.handler_name(),
+            if outcome.is_ack() { "ack" } else { "not ack" }
+        ));
+        outcome
+    }
+}
+
+/// An SQLite file of the test's own, removed at the end.
+struct File(PathBuf);
+
+impl File {
+    fn new() -> File {
+        File(std::env::temp_dir().join(format!("hexeract-app-{}.db", uuid::Uuid::now_v7())))
+    }
+
+    fn config(&self) -> WorkerConfig {
+        let mut config = WorkerConfig {
+            database: Database::Sqlite(self.0.clone()),
+            worker_port: 0,
+            ..WorkerConfig::default()
+        };
+        config.policy.shutdown_grace = Duration::from_secs(2);
+        config
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+        }
+    }
+}
+
+#[tokio::test]
+async fn missing_state_of_handlers_and_jobs_is_one_error_before_anything_starts() {
+    let file = File::new();
+    let error = Worker::new(file.config())
+        .try_run(CancellationToken::new())
+        .await
+        .expect_err("the state is missing");
+    let Error::Registry(RegistryError::MissingState(missing)) = &error else {
+        panic!("not the missing-state error: {error}");
+    };
+    let handler_line = line_of("async fn stateful(");
+    let job_line = line_of("async fn nightly(");
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "handlers take state that was not given to the worker; give each value with \
+             `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
+             `app.stateful` (tests/tests/worker_app.rs:{handler_line}:10) takes \
+             `State<worker_app::Journal>` and `State<worker_app::Warehouse>`\n  \
+             `app.nightly` (tests/tests/worker_app.rs:{job_line}:10) takes \
+             `State<worker_app::Journal>`"
+        )
+    );
+    assert_eq!(missing.len(), 3);
+    // Nothing started: not even the store was opened.
+    assert!(!file.0.exists(), "the store was created before the check");
+
+    // One of the two given: the rest is still named.
+    let error = Worker::new(file.config())
+        .state(Journal::default())
+        .try_run(CancellationToken::new())
+        .await
+        .expect_err("the warehouse is missing");
+    assert!(
+        error
+            .to_string()
+            .ends_with("`app.stateful` (tests/tests/worker_app.rs:{handler_line}:10) takes `State<worker_app::Warehouse>`".replace("{handler_line}", &handler_line.to_string()).as_str()),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_built_in_code_runs_handlers_with_their_state_and_middleware() {
+    let file = File::new();
+    let journal = Journal::default();
+    let cancel = CancellationToken::new();
+    let worker = Worker::new(file.config())
+        .state(journal.clone())
+        .state(Warehouse("eu-west"))
+        .middleware(Around {
+            label: "outer",
+            journal: journal.clone(),
+        })
+        .middleware_for(
+            "app.stateful",
+            Around {
+                label: "by_name",
+                journal: journal.clone(),
+            },
+        )
+        // A middleware for the scheduled job's name is the job's, not an unknown handler.
+        .middleware_for(
+            "app.nightly",
+            Around {
+                label: "job",
+                journal: journal.clone(),
+            },
+        )
+        .register_handler_with::<Ping, _>(
+            Typed {
+                journal: journal.clone(),
+            },
+            HandlerOptions::new().name("app.typed").middleware(Around {
+                label: "own",
+                journal: journal.clone(),
+            }),
+        );
+    let running = tokio::spawn(worker.try_run(cancel.clone()));
+
+    // A producer of its own on the same file: the worker polls it.
+    let store = SqliteStore::open(&file.0).await.expect("open the file");
+    store.migrate().await.expect("migrate");
+    store
+        .publish(vec![Envelope::new(&Ping { n: 7 }).unwrap()])
+        .await
+        .expect("publish");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let expected = [
+        "stateful 7 at eu-west",
+        "by_name app.stateful ack",
+        "outer app.stateful ack",
+        "typed 7",
+        "own app.typed ack",
+        "outer app.typed ack",
+    ];
+    loop {
+        let lines = journal.lines();
+        if expected
+            .iter()
+            .all(|line| lines.contains(&line.to_string()))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all calls within 30 s: {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    running
+        .await
+        .expect("no panic")
+        .expect("the worker stopped cleanly");
+    let lines = journal.lines();
+    // Each handler's own lines, innermost first.
+    let order = |of: &[&str]| -> Vec<usize> {
+        of.iter()
+            .map(|line| lines.iter().position(|l| l == line).unwrap())
+            .collect()
+    };
+    let stateful = order(&expected[..3]);
+    assert!(stateful.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
+    let typed = order(&expected[3..]);
+    assert!(typed.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_operations_commands_take_the_worker() {
+    let file = File::new();
+    let worker = Worker::new(file.config())
+        .state(Journal::default())
+        .state(Warehouse("eu-west"))
+        .register_handler_with::<Ping, _>(
+            Typed {
+                journal: Journal::default(),
+            },
+            HandlerOptions::new().name("app.typed"),
+        );
+    let mut out = String::new();
+    hexeract::cli::execute_with(worker, &["handlers".to_owned()], &mut out)
+        .await
+        .expect("handlers");
+    assert!(
+        out.contains("app.typed"),
+        "a handler registered in code: {out}"
+    );
+    assert!(out.contains("app.stateful"), "{out}");
+    assert!(out.contains("app.nightly"), "{out}");
+    // And its store is the worker's file, not the environment's.
+    assert!(file.0.exists(), "{out}");
+
+    // Without the state, the commands refuse as `run` would.
+    let mut out = String::new();
+    let refused = hexeract::cli::execute_with(
+        Worker::new(file.config()),
+        &["handlers".to_owned()],
+        &mut out,
+    )
+    .await;
+    assert!(
+        matches!(&refused, Err(hexeract::cli::CliError::Failed(error)) if error.to_string().contains("`app.stateful`")),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_test_harness_gives_state_and_says_when_it_is_missing() {
+    let journal = Journal::default();
+    let harness = Harness::new()
+        .expect("harness")
+        .state(journal.clone())
+        .state(Warehouse("lab"));
+    let deliveries = harness.deliver(&Ping { n: 1 }).await.unwrap();
+    assert_eq!(
+        deliveries.outcome("app.stateful"),
+        Some(&HandlerOutcome::Ack)
+    );
+    assert_eq!(journal.lines(), ["stateful 1 at lab"]);
+
+    let without = Harness::new().expect("harness");
+    let deliveries = without.deliver(&Ping { n: 2 }).await.unwrap();
+    match deliveries.outcome("app.stateful") {
+        Some(HandlerOutcome::DeadLetter { reason, detail }) => {
+            assert_eq!(reason, "state_missing");
+            assert!(detail.contains(".state(value)"), "{detail}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The line of this file that starts with `text`.
+fn line_of(text: &str) -> usize {
+    include_str!("worker_app.rs")
+        .lines()
+        .position(|line| line.starts_with(text))
+        .expect("the line")
+        + 1
+}
