@@ -24,8 +24,10 @@ pub(crate) fn expand(state_tys: &[&Type], states: &Ident, missing: &Ident) -> St
     for (position, ty) in state_tys.iter().enumerate() {
         let value = format_ident!("__hexeract_state_{}", position, span = Span::mixed_site());
         let index = Index::from(position);
+        // The type as written, for the error that names a missing one.
+        let written = crate::types::display(ty);
         take.extend(quote_spanned! {ty.span()=>
-            let #value = ::hexeract::__private::state::<#ty>(#states, #missing);
+            let #value = ::hexeract::__private::state::<#ty>(#states, #missing, #written);
         });
         fields.push(quote_spanned! {ty.span()=> #value? });
         // `Clone` alone: a type that is not state is reported once, by the build above.

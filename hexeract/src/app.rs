@@ -1,4 +1,4 @@
-//! [`Worker`]: the application builder. Everything [`hexeract::run`](crate::run) does (the store
+//! [`Worker`]: the application builder, and [`run`], its shorthand. Everything [`hexeract::run`](crate::run) does (the store
 //! and the transport from the configuration, the scheduler, the relays, health and metrics,
 //! retention, SIGTERM), plus what an application adds in code: state, middleware, handlers
 //! registered as types, and settings.
@@ -8,8 +8,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::WorkerConfig;
 use crate::error::Error;
 use crate::registry::{HandlerSet, RegistryError};
+use crate::run::Application;
 use crate::schedule::jobs_from_inventory;
-use crate::state::States;
 
 /// The application builder: [`WorkerConfig`] (from the environment, from a file or from code)
 /// and what the application gives its handlers.
@@ -136,9 +136,36 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-/// What a [`Worker`] runs: its handlers, built, and what its scheduler's jobs take.
-pub(crate) struct Application {
-    pub(crate) registry: crate::Registry,
-    pub(crate) states: States,
-    pub(crate) job_middleware: crate::middleware::Middlewares,
+/// Runs every registered handler until `cancel` fires (or SIGTERM / Ctrl-C arrives), with the
+/// configuration taken from the environment.
+///
+/// Messages come from the process's outbox store ([`default_store`](crate::store::default_store)):
+/// an SQLite file unless `DATABASE_URL` names a PostgreSQL database. An
+/// [`OutboxWorker`](crate::outbox::OutboxWorker) delivers them to every handler, with the process
+/// defaults of `docs/configuration.md` (batches of 100, polls every 500 ms when idle, woken at
+/// once by publishes).
+///
+/// With `AMQP_URL` set, the broker does the fan-out instead: an
+/// [`OutboxRelay`](crate::rabbitmq::OutboxRelay) publishes the outbox to the exchange (a row is
+/// deleted once the broker confirmed it), and a [`RabbitMqWorker`](crate::rabbitmq::RabbitMqWorker)
+/// consumes every handler's queue; both are restarted after a lost connection
+/// (`docs/rabbitmq.md`).
+///
+/// Returns `Ok(())` after a cancellation, once the handlers running have finished (up to the
+/// shutdown grace, 8 s), and only then; an invalid configuration, an unreachable database or
+/// two handlers with the same name are an error before anything starts.
+///
+/// ```no_run
+/// use hexeract::CancellationToken;
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), hexeract::Error> {
+///     hexeract::run(CancellationToken::new()).await
+/// }
+/// ```
+///
+/// `run` is [`Worker`](crate::Worker)'s shorthand for a program that gives its handlers no state
+/// and no middleware: `Worker::new(WorkerConfig::from_env()?).try_run(cancel)`.
+pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
+    Worker::new(WorkerConfig::from_env()?).try_run(cancel).await
 }

@@ -46,13 +46,10 @@ use crate::store::{DeadLetterFilter, Page, Store, SCHEDULE_MESSAGE_TYPE};
 /// Runs the command named by the process's arguments and returns the exit code: 0 on success,
 /// 1 when the command failed (the error is printed to stderr), 2 for a usage error.
 pub async fn main() -> ExitCode {
-    match crate::config::WorkerConfig::from_env() {
-        Ok(config) => main_with(crate::Worker::new(config)).await,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::from(1)
-        }
-    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut out = String::new();
+    let result = execute(&args, &mut out).await;
+    finish(result, &out)
 }
 
 /// [`main`] for an application built with [`Worker`](crate::Worker): `run` runs that worker
@@ -79,10 +76,15 @@ pub async fn main() -> ExitCode {
 ///     hexeract::cli::main_with(worker).await
 /// }
 /// ```
-pub async fn main_with(worker: crate::Worker) -> ExitCode {
+pub async fn main_with(worker: crate::app::Worker) -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut out = String::new();
     let result = execute_with(worker, &args, &mut out).await;
+    finish(result, &out)
+}
+
+/// Prints what a command printed and its error; the exit code.
+fn finish(result: Result<(), CliError>, out: &str) -> ExitCode {
     print!("{out}");
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -133,28 +135,82 @@ filter, or --all for every dead letter";
 /// Runs the command `args` (the arguments after the program name), writing what it prints to
 /// `out`: for tests and for programs with commands of their own.
 pub async fn execute(args: &[String], out: &mut String) -> Result<(), CliError> {
+    // Help and usage errors need no settings: an invalid environment does not hide them.
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    if let Parsed::Help = parse(&words, args)? {
+        let _ = writeln!(out, "{USAGE}");
+        return Ok(());
+    }
     let config = crate::config::WorkerConfig::from_env().map_err(Error::from)?;
-    execute_with(crate::Worker::new(config), args, out).await
+    execute_with(crate::app::Worker::new(config), args, out).await
 }
 
 /// [`execute`] for an application built with [`Worker`](crate::Worker) (see [`main_with`]).
 pub async fn execute_with(
-    worker: crate::Worker,
+    worker: crate::app::Worker,
     args: &[String],
     out: &mut String,
 ) -> Result<(), CliError> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     // Arguments are checked before the store is opened: a usage error touches nothing.
-    let command = match words.as_slice() {
-        [] | ["run"] => {
+    let command = match parse(&words, args)? {
+        Parsed::Help => {
+            let _ = writeln!(out, "{USAGE}");
+            return Ok(());
+        }
+        Parsed::Run => {
             return Ok(worker
                 .try_run(tokio_util::sync::CancellationToken::new())
                 .await?)
         }
-        ["help" | "--help" | "-h"] => {
-            let _ = writeln!(out, "{USAGE}");
-            return Ok(());
+        Parsed::Command(command) => command,
+    };
+    // Those that know the program's handlers need them built (with their state); the others
+    // need the settings and the store alone.
+    let (config, registry) = match command {
+        Command::Handlers | Command::Replay(_) => {
+            let (config, application) = worker.prepare()?;
+            (config, Some(application.registry))
         }
+        _ => {
+            worker.config().check().map_err(Error::from)?;
+            (worker.config().clone(), None)
+        }
+    };
+    let program = Program {
+        store: crate::store::process::store_for(&config.database).await?,
+        config,
+    };
+    let registry = || {
+        registry
+            .as_ref()
+            .expect("built for the commands that need it")
+    };
+    match command {
+        Command::Handlers => handlers(&program, registry(), out).await,
+        Command::Migrate => {
+            program.store.migrate().await?;
+            let _ = writeln!(out, "the store's tables are up to date");
+            Ok(())
+        }
+        Command::List(options) => list(&program, options, out).await,
+        Command::Show(id) => show(&program, &id, out).await,
+        Command::Replay(target) => replay(&program, registry(), &target, out).await,
+        Command::Purge(selection) => purge(&program, &selection, out).await,
+    }
+}
+
+/// What the arguments ask for.
+enum Parsed<'a> {
+    Help,
+    Run,
+    Command(Command<'a>),
+}
+
+fn parse<'a>(words: &'a [&'a str], args: &[String]) -> Result<Parsed<'a>, CliError> {
+    Ok(Parsed::Command(match words {
+        [] | ["run"] => return Ok(Parsed::Run),
+        ["help" | "--help" | "-h"] => return Ok(Parsed::Help),
         ["handlers"] => Command::Handlers,
         ["migrate"] => Command::Migrate,
         ["dead-letters", "list", options @ ..] => Command::List(options),
@@ -173,25 +229,7 @@ pub async fn execute_with(
                 }
             )))
         }
-    };
-    let (config, application) = worker.prepare()?;
-    let program = Program {
-        store: crate::store::process::store_for(&config.database).await?,
-        config,
-        registry: application.registry,
-    };
-    match command {
-        Command::Handlers => handlers(&program, out).await,
-        Command::Migrate => {
-            program.store.migrate().await?;
-            let _ = writeln!(out, "the store's tables are up to date");
-            Ok(())
-        }
-        Command::List(options) => list(&program, options, out).await,
-        Command::Show(id) => show(&program, &id, out).await,
-        Command::Replay(target) => replay(&program, &target, out).await,
-        Command::Purge(selection) => purge(&program, &selection, out).await,
-    }
+    }))
 }
 
 /// A command that works on the program's store and handlers.
@@ -204,15 +242,17 @@ enum Command<'a> {
     Purge(Selection),
 }
 
-/// What the commands work on: the worker's settings, its store and its handlers.
+/// What the commands work on: the worker's settings and its store.
 struct Program {
     config: crate::config::WorkerConfig,
     store: std::sync::Arc<dyn Store>,
-    registry: Registry,
 }
 
-async fn handlers(program: &Program, out: &mut String) -> Result<(), CliError> {
-    let registry = &program.registry;
+async fn handlers(
+    program: &Program,
+    registry: &Registry,
+    out: &mut String,
+) -> Result<(), CliError> {
     // Without the `rabbitmq` feature there are no queues to show (and `AMQP_URL` is refused).
     #[cfg_attr(not(feature = "rabbitmq"), allow(unused_variables))]
     let settings = &program.config;
@@ -603,10 +643,15 @@ async fn purge(program: &Program, selection: &Selection, out: &mut String) -> Re
     Ok(())
 }
 
-async fn replay(program: &Program, target: &Replay, out: &mut String) -> Result<(), CliError> {
+async fn replay(
+    program: &Program,
+    registry: &Registry,
+    target: &Replay,
+    out: &mut String,
+) -> Result<(), CliError> {
     let settings = &program.config;
     let store = program.store.clone();
-    let mut owners = Owners::of_this_program(&program.registry)?;
+    let mut owners = Owners::of_this_program(registry)?;
     let selection = match target {
         Replay::One(id) => {
             let letter = find(&*store, id).await?;

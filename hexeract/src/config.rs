@@ -3,12 +3,14 @@
 //! Every variable is optional; one that is set but invalid stops startup, and all invalid
 //! variables are reported together. Values that may hold a password are never repeated in full.
 
-use std::fmt;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::delivery::Policy;
+pub(crate) use crate::knobs::KnobChecks;
+use crate::knobs::{millis, millis_option};
+pub use crate::knobs::{ConfigError, ConfigProblem};
+use crate::policy::Policy;
 use crate::redact::redact_url;
 
 /// Where [`hexeract::run`](crate::run), [`Worker`](crate::Worker) and
@@ -211,7 +213,7 @@ pub(crate) const DEFAULT_INBOX_RETENTION_DAYS: u64 = 7;
 pub(crate) const DEFAULT_DEAD_LETTER_RETENTION_DAYS: u64 = 30;
 
 fn days(days: u64) -> Duration {
-    Duration::from_secs(days * 86_400)
+    Duration::from_secs(days.saturating_mul(86_400))
 }
 
 /// A retention in days; 0 keeps forever.
@@ -460,10 +462,139 @@ impl WorkerConfig {
                 });
             }
         }
-        if let Err(error) = self.policy.checks("MAX_DELIVERIES").finish() {
-            problems.extend(error.problems);
-        }
+        self.range_problems(&mut problems);
         problems
+    }
+
+    /// Every number within the bounds its variable has (`from_env` refuses the same values
+    /// when it reads them), named by its variable.
+    fn range_problems(&self, problems: &mut Vec<ConfigProblem>) {
+        let policy = &self.policy;
+        let ms = |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        let retention = |age: Option<Duration>| age.map_or(0, |age| age.as_secs() / 86_400);
+        let mut numbers: Vec<(&str, u64, u64, u64)> = vec![
+            (
+                "MAX_DELIVERIES",
+                policy.retry.max_deliveries_value().into(),
+                1,
+                1_000,
+            ),
+            (
+                "RETRY_MAX_DELAY_MS",
+                ms(policy.retry.delays().1),
+                1,
+                86_400_000,
+            ),
+            (
+                "HANDLER_TIMEOUT_MS",
+                ms(policy.handler_timeout),
+                1,
+                86_400_000,
+            ),
+            ("SHUTDOWN_GRACE_MS", ms(policy.shutdown_grace), 0, 3_600_000),
+            ("RELAY_BATCH_SIZE", policy.batch_size.into(), 1, 10_000),
+            (
+                "RELAY_POLL_INTERVAL_MS",
+                ms(self.relay_poll_interval),
+                1,
+                3_600_000,
+            ),
+            (
+                "CONSUMER_POLL_INTERVAL_MS",
+                ms(policy.poll_interval),
+                1,
+                3_600_000,
+            ),
+            ("DELIVERY_LEASE_MS", ms(policy.lease), 1, 86_400_000),
+            (
+                "MAX_PAYLOAD_BYTES",
+                policy.max_payload_bytes as u64,
+                1,
+                1_073_741_824,
+            ),
+            ("STORE_TIMEOUT_MS", ms(policy.store_timeout), 1, 3_600_000),
+            ("AMQP_PREFETCH", policy.prefetch.into(), 1, 65_535),
+            ("WORKER_PORT", self.worker_port.into(), 0, 65_535),
+            (
+                "INBOX_RETENTION_DAYS",
+                retention(self.inbox_retention),
+                0,
+                36_500,
+            ),
+            (
+                "DEAD_LETTER_RETENTION_DAYS",
+                retention(self.dead_letter_retention),
+                0,
+                36_500,
+            ),
+            // Not variables: a settings file's own knobs.
+            (
+                "policy.retry.initial_delay_ms",
+                ms(policy.retry.delays().0),
+                1,
+                86_400_000,
+            ),
+            (
+                "policy.min_cycle_delay_ms",
+                ms(policy.min_cycle_delay),
+                0,
+                60_000,
+            ),
+        ];
+        if let Some(limit) = policy.concurrency {
+            numbers.push(("policy.concurrency", limit.into(), 1, 10_000));
+        }
+        let scheduler = &self.scheduler;
+        let optional = [
+            (
+                "SCHEDULER_POLL_INTERVAL_MS",
+                scheduler.poll_interval.map(ms),
+                1,
+                3_600_000,
+            ),
+            (
+                "SCHEDULER_BATCH_SIZE",
+                scheduler.batch_size.map(u64::from),
+                1,
+                10_000,
+            ),
+            (
+                "SCHEDULER_MIN_CYCLE_DELAY_MS",
+                scheduler.min_cycle_delay.map(ms),
+                0,
+                60_000,
+            ),
+            (
+                "SCHEDULER_DISPATCH_TIMEOUT_MS",
+                scheduler.dispatch_timeout.map(ms),
+                1,
+                86_400_000,
+            ),
+            ("SCHEDULER_LEASE_MS", scheduler.lease.map(ms), 1, 86_400_000),
+            (
+                "KAFKA_TOPIC_PARTITIONS",
+                self.kafka
+                    .as_ref()
+                    .and_then(|kafka| kafka.partitions)
+                    .map(u64::from),
+                1,
+                10_000,
+            ),
+        ];
+        numbers.extend(
+            optional
+                .into_iter()
+                .filter_map(|(name, value, min, max)| Some((name, value?, min, max))),
+        );
+        for (setting, value, min, max) in numbers {
+            if let Err(expected) = whole_number(&value.to_string(), min, max) {
+                problems.push(ConfigProblem {
+                    setting: setting.to_owned(),
+                    value: value.to_string(),
+                    expected,
+                });
+            }
+        }
     }
 }
 
@@ -543,124 +674,6 @@ fn whole_number(value: &str, min: u64, max: u64) -> Result<u64, String> {
     }
 }
 
-/// One or more settings are invalid. Every problem is listed, not only the first.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub struct ConfigError {
-    /// Each invalid setting.
-    pub problems: Vec<ConfigProblem>,
-}
-
-/// One invalid setting: which, what it holds, and what it should hold.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigProblem {
-    /// The environment variable or builder knob.
-    pub setting: String,
-    /// The value found (already redacted where it could hold a secret).
-    pub value: String,
-    /// What is accepted.
-    pub expected: String,
-}
-
-/// Builder knobs checked together, so that one error lists every bad one.
-#[derive(Default)]
-pub(crate) struct KnobChecks(Vec<ConfigProblem>);
-
-impl KnobChecks {
-    fn require(mut self, ok: bool, knob: &str, value: String, expected: &str) -> KnobChecks {
-        if !ok {
-            self.0.push(ConfigProblem {
-                setting: knob.to_owned(),
-                value,
-                expected: expected.to_owned(),
-            });
-        }
-        self
-    }
-
-    /// A problem found by a check of the caller's own.
-    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
-    pub(crate) fn problem(self, knob: &str, value: String, expected: &str) -> KnobChecks {
-        self.require(false, knob, value, expected)
-    }
-
-    /// `value` must be 1 or more.
-    pub(crate) fn at_least_one(self, knob: &str, value: u64) -> KnobChecks {
-        self.require(value >= 1, knob, value.to_string(), "at least 1")
-    }
-
-    /// `value` must be longer than zero.
-    pub(crate) fn not_zero(self, knob: &str, value: std::time::Duration) -> KnobChecks {
-        self.require(
-            !value.is_zero(),
-            knob,
-            format!("{value:?}"),
-            "longer than zero",
-        )
-    }
-
-    pub(crate) fn finish(self) -> Result<(), ConfigError> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError { problems: self.0 })
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid configuration, nothing was started:")?;
-        for problem in &self.problems {
-            write!(
-                f,
-                "\n  {} = {:?}: {}",
-                problem.setting, problem.value, problem.expected
-            )?;
-        }
-        Ok(())
-    }
-}
-
-/// A duration as whole milliseconds, for serde (`#[serde(with = "millis")]`).
-pub(crate) mod millis {
-    use std::time::Duration;
-
-    pub(crate) fn serialize<S: serde::Serializer>(
-        value: &Duration,
-        to: S,
-    ) -> Result<S::Ok, S::Error> {
-        to.serialize_u64(u64::try_from(value.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
-        from: D,
-    ) -> Result<Duration, D::Error> {
-        <u64 as serde::Deserialize>::deserialize(from).map(Duration::from_millis)
-    }
-}
-
-/// An optional duration as whole milliseconds, for serde.
-pub(crate) mod millis_option {
-    use std::time::Duration;
-
-    pub(crate) fn serialize<S: serde::Serializer>(
-        value: &Option<Duration>,
-        to: S,
-    ) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(value) => super::millis::serialize(value, to),
-            None => to.serialize_none(),
-        }
-    }
-
-    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
-        from: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        <Option<u64> as serde::Deserialize>::deserialize(from)
-            .map(|ms| ms.map(Duration::from_millis))
-    }
-}
-
 /// A retention as whole days, 0 for "kept forever" (`None`), for serde.
 pub(crate) mod days {
     use std::time::Duration;
@@ -669,7 +682,8 @@ pub(crate) mod days {
         value: &Option<Duration>,
         to: S,
     ) -> Result<S::Ok, S::Error> {
-        to.serialize_u64(value.map_or(0, |age| age.as_secs() / 86_400))
+        // Whole days, rounded up: a retention under a day is not "kept forever" (0).
+        to.serialize_u64(value.map_or(0, |age| age.as_secs().div_ceil(86_400).max(1)))
     }
 
     pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
@@ -1183,8 +1197,31 @@ mod tests {
         let settings: Vec<_> = error.problems.iter().map(|p| p.setting.as_str()).collect();
         assert_eq!(
             settings,
-            ["HEXERACT_EXCHANGE", "DATABASE_URL", "handler_timeout"]
+            ["HEXERACT_EXCHANGE", "DATABASE_URL", "HANDLER_TIMEOUT_MS"]
         );
         assert!(!error.to_string().contains("secret"), "{error}");
+        // Every number from a file is held to its variable's bounds, named by the variable.
+        let config: WorkerConfig = serde_json::from_str(
+            r#"{ "policy": { "prefetch": 0, "retry": { "jitter": 7, "max_delay_ms": 0 } },
+                 "relay_poll_interval_ms": 0, "inbox_retention_days": 99999999999999,
+                 "scheduler": { "lease_ms": 0 } }"#,
+        )
+        .unwrap();
+        assert_eq!(config.policy.retry.delays().1, Duration::ZERO);
+        let error = config.check().unwrap_err();
+        let settings: Vec<_> = error.problems.iter().map(|p| p.setting.as_str()).collect();
+        assert_eq!(
+            settings,
+            [
+                "RETRY_MAX_DELAY_MS",
+                "RELAY_POLL_INTERVAL_MS",
+                "AMQP_PREFETCH",
+                "INBOX_RETENTION_DAYS",
+                "SCHEDULER_LEASE_MS"
+            ]
+        );
+        // The jitter is kept within its bounds, as the setter keeps it.
+        let jitter: crate::RetryPolicy = serde_json::from_str(r#"{ "jitter": 7 }"#).unwrap();
+        assert_eq!(jitter, crate::RetryPolicy::default().jitter(1.0));
     }
 }

@@ -39,6 +39,8 @@ pub struct Context {
     handler: Arc<str>,
     cancellation: CancellationToken,
     publisher: Arc<dyn Publish>,
+    /// Set by the scheduler alone: a message cannot pass for a job's run.
+    scheduled_run: bool,
 }
 
 impl Context {
@@ -54,10 +56,19 @@ impl Context {
             handler: handler.into(),
             cancellation,
             publisher,
+            scheduled_run: false,
         }
     }
 
-    /// For a scheduled job's run, the fire time it stands for; `None` for a message.
+    /// This context is a scheduled job's run (only the scheduler makes one).
+    pub(crate) fn for_scheduled_run(mut self) -> Context {
+        self.scheduled_run = true;
+        self
+    }
+
+    /// For a scheduled job's run, the fire time it stands for; `None` for a message (whatever
+    /// headers it carries: only the scheduler makes a job's run), so a middleware can tell a
+    /// job's run from a message.
     ///
     /// ```
     /// use hexeract::{scheduled, Context};
@@ -71,6 +82,9 @@ impl Context {
     /// }
     /// ```
     pub fn scheduled_for(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        if !self.scheduled_run {
+            return None;
+        }
         let text = self
             .envelope
             .headers

@@ -16,7 +16,6 @@
 //! here, once.
 
 mod invoke;
-mod policy;
 mod record;
 mod verdict;
 
@@ -32,9 +31,9 @@ use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::retry::RetryPolicy;
 
+pub use crate::policy::Policy;
+pub(crate) use crate::policy::IN_MEMORY_CONCURRENCY;
 pub(crate) use invoke::{call_handler, spawn_grace_timer, Slot};
-pub use policy::Policy;
-pub(crate) use policy::IN_MEMORY_CONCURRENCY;
 use record::{Delivered, Transport};
 #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
 pub(crate) use verdict::payload_too_large_detail;

@@ -73,12 +73,14 @@ mod handler;
 pub mod health;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+mod knobs;
 mod memory;
 mod message;
 pub mod metrics;
 pub mod middleware;
 pub mod outbox;
 mod outcome;
+mod policy;
 #[cfg(all(test, any(feature = "rabbitmq", feature = "kafka")))]
 mod proptest_support;
 mod publish;
@@ -119,6 +121,7 @@ pub mod testing;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use app::run;
 pub use app::Worker;
 pub use config::WorkerConfig;
 pub use context::Context;
@@ -138,7 +141,6 @@ pub use registry::{
     Registry, RegistryError,
 };
 pub use retry::RetryPolicy;
-pub use run::run;
 pub use runtime::{HandlerStats, Runtime, RuntimeBuilder};
 pub use schedule::{schedule_after, schedule_at};
 pub use state::{FromStates, State, States};

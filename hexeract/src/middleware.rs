@@ -114,9 +114,8 @@ impl Middlewares {
         self.by_handler.extend(other.by_handler);
     }
 
-    /// The chain of the handler named `name`: the worker's, its own by name, then `own` (those
-    /// of its registration).
-    pub(crate) fn chain_for(&self, name: &str, own: &[Arc<dyn ErasedMiddleware>]) -> Chain {
+    /// The chain of the handler named `name`: the worker's, then its own by name.
+    pub(crate) fn chain_for(&self, name: &str) -> Chain {
         self.global
             .iter()
             .chain(
@@ -125,7 +124,6 @@ impl Middlewares {
                     .filter(|(handler, _)| handler == name)
                     .map(|(_, middleware)| middleware),
             )
-            .chain(own)
             .cloned()
             .collect()
     }

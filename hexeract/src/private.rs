@@ -44,9 +44,18 @@ pub trait Build: Sized {
     fn build(states: &States, missing: &mut Vec<&'static str>) -> Option<Self>;
 }
 
-/// One state parameter of a handler or job, taken from `states` (or named in `missing`).
-pub fn state<T: FromStates>(states: &States, missing: &mut Vec<&'static str>) -> Option<T> {
-    crate::state::take(states, missing)
+/// One state parameter of a handler or job, taken from `states`, or named in `missing` as the
+/// function's signature writes it (`written`).
+pub fn state<T: FromStates>(
+    states: &States,
+    missing: &mut Vec<&'static str>,
+    written: &'static str,
+) -> Option<T> {
+    let taken = crate::state::take(states, &mut Vec::new());
+    if taken.is_none() {
+        missing.push(written);
+    }
+    taken
 }
 
 /// How a `#[scheduled]` job is built from its worker's state.

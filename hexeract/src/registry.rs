@@ -222,8 +222,6 @@ pub struct RegisteredHandler {
     /// How a `#[handler]` is built again with the worker's state; `None` for a handler
     /// registered in code (it holds its state itself).
     make: Option<MakeHandler>,
-    /// Its own middleware (from its [`HandlerOptions`]).
-    own: Vec<Arc<dyn ErasedMiddleware>>,
     /// Every middleware around it, once its worker is built.
     chain: Chain,
 }
@@ -234,7 +232,6 @@ impl RegisteredHandler {
             info,
             handler,
             make: None,
-            own: Vec::new(),
             chain: Arc::from([]),
         }
     }
@@ -379,7 +376,8 @@ impl Registry {
         }
         let handler: Arc<dyn ErasedHandler> = Arc::new(TypedHandler::<M, H>::new(handler));
         let mut registered = RegisteredHandler::new(info, handler);
-        registered.own = options.middleware;
+        // Its own middleware, innermost: a worker's go around it.
+        registered.chain = Arc::from(options.middleware);
         self.insert(registered)
             .map_err(|duplicate| RegistryError::DuplicateNames(vec![duplicate]))
     }
@@ -436,7 +434,6 @@ impl Registry {
                                     info: registered.info.clone(),
                                     handler: registered.handler.clone(),
                                     make: registered.make,
-                                    own: registered.own.clone(),
                                     chain: registered.chain.clone(),
                                 })
                                 .expect("names were unique already");
@@ -449,7 +446,7 @@ impl Registry {
             // Built now: a later build (a worker given this registry) keeps it as it is, and adds
             // its own middleware outside the chain it has.
             let chain: Chain = middleware
-                .chain_for(&registered.info.name, &registered.own)
+                .chain_for(&registered.info.name)
                 .iter()
                 .chain(registered.chain.iter())
                 .cloned()
@@ -459,7 +456,6 @@ impl Registry {
                     info: registered.info.clone(),
                     handler,
                     make: None,
-                    own: Vec::new(),
                     chain,
                 })
                 .expect("names were unique already");
@@ -597,7 +593,7 @@ pub struct MissingState {
     pub handler: String,
     /// Where it is declared.
     pub location: String,
-    /// The type it takes as `State<T>`: `T`'s path.
+    /// The parameter's type as the function's signature writes it (`State<PgPool>`).
     pub type_name: &'static str,
 }
 
@@ -612,7 +608,7 @@ impl MissingState {
             let same: Vec<String> = missing[index..]
                 .iter()
                 .take_while(|one| one.handler == first.handler)
-                .map(|one| format!("`State<{}>`", short_type_name(one.type_name)))
+                .map(|one| format!("`{}`", one.type_name))
                 .collect();
             index += same.len();
             text.push_str(&format!(
@@ -624,36 +620,6 @@ impl MissingState {
         }
         text
     }
-}
-
-/// A type's path as people write it: the standard library's own modules left out
-/// (`alloc::string::String` is `String`), where a path starts (not inside another name).
-fn short_type_name(type_name: &str) -> String {
-    const STD_MODULES: [&str; 6] = [
-        "alloc::string::",
-        "alloc::sync::",
-        "alloc::vec::",
-        "alloc::boxed::",
-        "core::option::",
-        "std::collections::hash::map::",
-    ];
-    let mut short = String::with_capacity(type_name.len());
-    let mut rest = type_name;
-    while let Some(c) = rest.chars().next() {
-        let at_path_start = short
-            .chars()
-            .last()
-            .is_none_or(|before| !(before.is_alphanumeric() || before == '_' || before == ':'));
-        if at_path_start {
-            if let Some(module) = STD_MODULES.iter().find(|module| rest.starts_with(*module)) {
-                rest = &rest[module.len()..];
-                continue;
-            }
-        }
-        short.push(c);
-        rest = &rest[c.len_utf8()..];
-    }
-    short
 }
 
 /// Stands in for a `#[handler]` that takes state until its worker builds it with that state;
@@ -757,17 +723,18 @@ macro_rules! state_and_middleware {
 
         /// Runs `middleware` around every handler call, inside the middleware added before
         /// (see [`middleware`]($crate::middleware)).
-        pub fn middleware(mut self, middleware: impl $crate::Middleware) -> $builder {
+        pub fn middleware(mut self, middleware: impl $crate::middleware::Middleware) -> $builder {
             self.handlers.middleware.add(middleware);
             self
         }
 
         /// Runs `middleware` around the calls of the handler named `handler` alone, inside the
-        /// worker's middleware. A name that is not one of the worker's handlers stops `build()`.
+        /// worker's middleware (on a `Worker`, the name may be a scheduled job's too). A name
+        /// that is not one of the worker's stops it before it starts (`build()`, `try_run`).
         pub fn middleware_for(
             mut self,
             handler: impl Into<::std::borrow::Cow<'static, str>>,
-            middleware: impl $crate::Middleware,
+            middleware: impl $crate::middleware::Middleware,
         ) -> $builder {
             self.handlers.middleware.add_for(handler, middleware);
             self
@@ -890,21 +857,5 @@ mod tests {
         registry.retain(|info| info.name == "b");
         assert_eq!(registry.len(), 1);
         assert_eq!(registry.handlers_for("Ping").len(), 1);
-    }
-
-    #[test]
-    fn type_names_lose_the_standard_library_modules_only_where_a_path_starts() {
-        assert_eq!(
-            short_type_name("alloc::sync::Arc<alloc::vec::Vec<my::Thing>>"),
-            "Arc<Vec<my::Thing>>"
-        );
-        assert_eq!(
-            short_type_name("scratch::xalloc::vec::Thing"),
-            "scratch::xalloc::vec::Thing"
-        );
-        assert_eq!(
-            short_type_name("(alloc::string::String, core::option::Option<u8>)"),
-            "(String, Option<u8>)"
-        );
     }
 }

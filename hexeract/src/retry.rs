@@ -27,15 +27,50 @@ use std::time::Duration;
 /// `{ "max_deliveries": 5, "initial_delay_ms": 1000, "max_delay_ms": 300000, "jitter": 0.2 }`,
 /// every key optional.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(from = "RetryFile")]
 pub struct RetryPolicy {
     /// At least 1 through the public API; a builder may hold 0 until its `build()` refuses it.
     max_deliveries: u32,
-    #[serde(rename = "initial_delay_ms", with = "crate::config::millis")]
+    #[serde(rename = "initial_delay_ms", with = "crate::knobs::millis")]
     initial_delay: Duration,
-    #[serde(rename = "max_delay_ms", with = "crate::config::millis")]
+    #[serde(rename = "max_delay_ms", with = "crate::knobs::millis")]
     max_delay: Duration,
     jitter: f64,
+}
+
+/// A [`RetryPolicy`] as a settings file spells it, read through the setters (the jitter is kept
+/// between 0 and 1); a zero delay or limit is left for the settings' check to name.
+#[derive(serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RetryFile {
+    max_deliveries: u32,
+    #[serde(with = "crate::knobs::millis")]
+    initial_delay_ms: Duration,
+    #[serde(with = "crate::knobs::millis")]
+    max_delay_ms: Duration,
+    jitter: f64,
+}
+
+impl Default for RetryFile {
+    fn default() -> RetryFile {
+        let defaults = RetryPolicy::default();
+        RetryFile {
+            max_deliveries: defaults.max_deliveries,
+            initial_delay_ms: defaults.initial_delay,
+            max_delay_ms: defaults.max_delay,
+            jitter: defaults.jitter,
+        }
+    }
+}
+
+impl From<RetryFile> for RetryPolicy {
+    fn from(file: RetryFile) -> RetryPolicy {
+        RetryPolicy::default()
+            .max_deliveries_or_zero(file.max_deliveries)
+            .initial_delay(file.initial_delay_ms)
+            .max_delay(file.max_delay_ms)
+            .jitter(file.jitter)
+    }
 }
 
 impl Default for RetryPolicy {

@@ -1,13 +1,12 @@
-//! [`run`]: the whole process from the environment: the store, the scheduler, the outbox worker
-//! or a broker's relay and consumers, health and metrics on `WORKER_PORT`, retention and
-//! SIGTERM.
+//! The whole process a [`Worker`](crate::Worker) (and so [`run`](crate::run)) runs: the store,
+//! the scheduler, the outbox worker or a broker's relay and consumers, health and metrics on
+//! `WORKER_PORT`, retention and SIGTERM.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Application;
 use crate::config::{IfSet, SchedulerConfig, WorkerConfig};
 use crate::delivery::Policy;
 use crate::error::Error;
@@ -15,40 +14,12 @@ use crate::outbox::OutboxWorkerBuilder;
 use crate::registry::Registry;
 use crate::schedule::{SchedulerBuilder, SchedulerWorker};
 
-/// Runs every registered handler until `cancel` fires (or SIGTERM / Ctrl-C arrives), with the
-/// configuration taken from the environment.
-///
-/// Messages come from the process's outbox store ([`default_store`](crate::store::default_store)):
-/// an SQLite file unless `DATABASE_URL` names a PostgreSQL database. An
-/// [`OutboxWorker`](crate::outbox::OutboxWorker) delivers them to every handler, with the process
-/// defaults of `docs/configuration.md` (batches of 100, polls every 500 ms when idle, woken at
-/// once by publishes).
-///
-/// With `AMQP_URL` set, the broker does the fan-out instead: an
-/// [`OutboxRelay`](crate::rabbitmq::OutboxRelay) publishes the outbox to the exchange (a row is
-/// deleted once the broker confirmed it), and a [`RabbitMqWorker`](crate::rabbitmq::RabbitMqWorker)
-/// consumes every handler's queue; both are restarted after a lost connection
-/// (`docs/rabbitmq.md`).
-///
-/// Returns `Ok(())` after a cancellation, once the handlers running have finished (up to the
-/// shutdown grace, 8 s), and only then; an invalid configuration, an unreachable database or
-/// two handlers with the same name are an error before anything starts.
-///
-/// ```no_run
-/// use hexeract::CancellationToken;
-///
-/// #[tokio::main]
-/// async fn main() -> Result<(), hexeract::Error> {
-///     hexeract::run(CancellationToken::new()).await
-/// }
-/// ```
-///
-/// `run` is [`Worker`](crate::Worker)'s shorthand for a program that gives its handlers no state
-/// and no middleware: `Worker::new(WorkerConfig::from_env()?).try_run(cancel)`.
-pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
-    crate::Worker::new(WorkerConfig::from_env()?)
-        .try_run(cancel)
-        .await
+/// What a [`Worker`](crate::Worker) runs: its handlers, built with their state and middleware,
+/// and what its scheduler's jobs take.
+pub(crate) struct Application {
+    pub(crate) registry: Registry,
+    pub(crate) states: crate::state::States,
+    pub(crate) job_middleware: crate::middleware::Middlewares,
 }
 
 /// What [`Worker::try_run`](crate::Worker::try_run) runs, once its settings and handlers are

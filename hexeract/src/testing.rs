@@ -75,6 +75,7 @@ impl Harness {
             attempt: 1,
             timeout: Duration::from_secs(30),
         }
+        .rebuild()
     }
 
     /// Gives the handlers a value they take as [`State<T>`](crate::State), as a worker's
@@ -86,7 +87,7 @@ impl Harness {
     }
 
     /// Runs `middleware` around every call, as a worker's `.middleware(m)` does.
-    pub fn middleware(mut self, middleware: impl crate::Middleware) -> Harness {
+    pub fn middleware(mut self, middleware: impl crate::middleware::Middleware) -> Harness {
         self.middleware.add(middleware);
         self.rebuild()
     }

@@ -1083,7 +1083,7 @@ async fn missing_state_stops_the_build<W: World>() {
         format!(
             "handlers take state that was not given to the worker; give each value with \
              `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
-             `conformance.stateful` ({location}) takes `State<Arc<conformance::Sightings>>` and \
+             `conformance.stateful` ({location}) takes `State<Arc<Sightings>>` and \
              `State<String>`"
         )
     );
@@ -1098,8 +1098,8 @@ async fn missing_state_stops_the_build<W: World>() {
     assert_eq!(
         missing,
         &[
-            missing_type(std::any::type_name::<Arc<Sightings>>()),
-            missing_type(std::any::type_name::<String>()),
+            missing_type("State<Arc<Sightings>>"),
+            missing_type("State<String>"),
         ]
     );
     assert_eq!(sightings.len(), 0, "no call");

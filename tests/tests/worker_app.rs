@@ -4,7 +4,8 @@
 //! worker, and the test harness with state.
 //!
 //! The worker runs on an SQLite file of the test's own (and `WORKER_PORT` 0), so tests run in
-//! parallel; nextest runs each in a process of its own.
+//! parallel; nextest runs each in a process of its own (two tests set the process's
+//! environment, and the process store is opened once per process).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -54,7 +55,8 @@ async fn stateful(
     Ok(())
 }
 
-#[scheduled(every = "24h", name = "app.nightly")]
+/// Runs every second, so that a worker's run sees it fire.
+#[scheduled(every = "1s", name = "app.nightly", catch_up = "none")]
 async fn nightly(_ctx: &Context, State(journal): State<Journal>) -> Result<(), String> {
     journal.note("nightly");
     Ok(())
@@ -138,9 +140,9 @@ async fn missing_state_of_handlers_and_jobs_is_one_error_before_anything_starts(
             "handlers take state that was not given to the worker; give each value with \
              `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
              `app.stateful` (tests/tests/worker_app.rs:{handler_line}:10) takes \
-             `State<worker_app::Journal>` and `State<worker_app::Warehouse>`\n  \
+             `State<Journal>` and `State<Warehouse>`\n  \
              `app.nightly` (tests/tests/worker_app.rs:{job_line}:10) takes \
-             `State<worker_app::Journal>`"
+             `State<Journal>`"
         )
     );
     assert_eq!(missing.len(), 3);
@@ -154,9 +156,11 @@ async fn missing_state_of_handlers_and_jobs_is_one_error_before_anything_starts(
         .await
         .expect_err("the warehouse is missing");
     assert!(
-        error
-            .to_string()
-            .ends_with("`app.stateful` (tests/tests/worker_app.rs:{handler_line}:10) takes `State<worker_app::Warehouse>`".replace("{handler_line}", &handler_line.to_string()).as_str()),
+        error.to_string().ends_with(
+            "`app.stateful` (tests/tests/worker_app.rs:{handler_line}:10) takes `State<Warehouse>`"
+                .replace("{handler_line}", &handler_line.to_string())
+                .as_str()
+        ),
         "{error}"
     );
 }
@@ -214,6 +218,10 @@ async fn a_worker_built_in_code_runs_handlers_with_their_state_and_middleware() 
         "typed 7",
         "own app.typed ack",
         "outer app.typed ack",
+        // The job, with its state, under the worker's middleware and its own by name.
+        "nightly",
+        "job app.nightly ack",
+        "outer app.nightly ack",
     ];
     loop {
         let lines = journal.lines();
@@ -243,8 +251,10 @@ async fn a_worker_built_in_code_runs_handlers_with_their_state_and_middleware() 
     };
     let stateful = order(&expected[..3]);
     assert!(stateful.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
-    let typed = order(&expected[3..]);
+    let typed = order(&expected[3..6]);
     assert!(typed.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
+    let job = order(&expected[6..]);
+    assert!(job.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
     assert!(store.dead_letters(10).await.unwrap().is_empty());
 }
 
@@ -310,6 +320,65 @@ async fn the_test_harness_gives_state_and_says_when_it_is_missing() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test]
+async fn hexeract_publish_writes_where_a_worker_built_in_code_reads() {
+    // No database variable: the environment would name ./hexeract.db, the worker names its own.
+    for variable in ["DATABASE_URL", "HEXERACT_SQLITE_PATH"] {
+        std::env::remove_var(variable);
+    }
+    let file = File::new();
+    let journal = Journal::default();
+    let cancel = CancellationToken::new();
+    let worker = Worker::new(file.config())
+        .state(journal.clone())
+        .state(Warehouse("eu-west"));
+    let running = tokio::spawn(worker.try_run(cancel.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !file.0.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker did not open its store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // `hexeract::publish` writes to the process's store, which the worker made its own.
+    hexeract::publish(&Ping { n: 42 }).await.expect("publish");
+    while !journal
+        .lines()
+        .contains(&"stateful 42 at eu-west".to_owned())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the published message was not handled within 30 s: {:?}",
+            journal.lines()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_worker_refuses_a_database_other_than_the_open_process_store() {
+    let first = File::new();
+    std::env::remove_var("DATABASE_URL");
+    std::env::set_var("HEXERACT_SQLITE_PATH", &first.0);
+    // Something published first: the process's store is the environment's.
+    hexeract::publish(&Ping { n: 1 }).await.expect("publish");
+    let other = File::new();
+    let error = Worker::new(other.config())
+        .state(Journal::default())
+        .state(Warehouse("eu-west"))
+        .try_run(CancellationToken::new())
+        .await
+        .expect_err("two stores in one process");
+    let text = error.to_string();
+    assert!(text.contains("already open on"), "{text}");
+    assert!(text.contains(&first.0.display().to_string()), "{text}");
+    assert!(text.contains(&other.0.display().to_string()), "{text}");
+    assert!(!other.0.exists(), "the other database was not opened");
 }
 
 /// The line of this file that starts with `text`.

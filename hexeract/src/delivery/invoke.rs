@@ -125,6 +125,10 @@ pub(crate) async fn invoke(
         stop.child_token(),
         publisher.clone(),
     );
+    let ctx = match slot.callee {
+        Callee::Job(..) => ctx.for_scheduled_run(),
+        Callee::Handler(_) => ctx,
+    };
     let call_cancelled = ctx.cancellation().clone();
     let started = Instant::now();
     let call = match &slot.callee {

@@ -27,7 +27,7 @@ pub(crate) fn config(kafka: &Kafka) -> KafkaConfig {
 pub(crate) async fn run_on_kafka(
     kafka: &Kafka,
     settings: &WorkerConfig,
-    registry: &crate::Registry,
+    registry: &crate::registry::Registry,
     store: Arc<dyn Store>,
     health: &Health,
     startup: crate::health::Probe,

@@ -84,7 +84,10 @@ impl SchedulerBuilder {
     }
 
     /// Runs `middleware` around every job's run (see [`middleware`](crate::middleware)).
-    pub fn middleware(mut self, middleware: impl crate::Middleware) -> SchedulerBuilder {
+    pub fn middleware(
+        mut self,
+        middleware: impl crate::middleware::Middleware,
+    ) -> SchedulerBuilder {
         self.middleware.add(middleware);
         self
     }
@@ -94,7 +97,7 @@ impl SchedulerBuilder {
     pub fn middleware_for(
         mut self,
         job: impl Into<std::borrow::Cow<'static, str>>,
-        middleware: impl crate::Middleware,
+        middleware: impl crate::middleware::Middleware,
     ) -> SchedulerBuilder {
         self.middleware.add_for(job, middleware);
         self
@@ -291,7 +294,7 @@ impl SchedulerBuilder {
                     Slot::job(
                         job.shared_name(),
                         job.runner(),
-                        self.middleware.chain_for(name, &[]),
+                        self.middleware.chain_for(name),
                         timeout,
                     ),
                 )

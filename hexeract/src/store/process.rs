@@ -27,36 +27,39 @@ use crate::store::{DeliveryStore, Store, StoreError};
 /// # }
 /// ```
 pub async fn default_store() -> Result<Arc<dyn Store>, Error> {
+    if let Some((_, store)) = DEFAULT_STORE.get() {
+        return Ok(store.clone());
+    }
     let settings = WorkerConfig::from_env()?;
-    Ok(DEFAULT_STORE
-        .get_or_try_init(|| async {
-            let store = open(&settings.database).await?;
-            Ok::<_, Error>((settings.database.clone(), store))
-        })
-        .await?
-        .1
-        .clone())
+    store_for(&settings.database).await
 }
 
 /// The process's store and the database it is in, once opened.
 static DEFAULT_STORE: tokio::sync::OnceCell<(Database, Arc<dyn Store>)> =
     tokio::sync::OnceCell::const_new();
 
-/// The store of `database`: the process's ([`default_store`], which `hexeract::publish` writes
-/// to) when it is the database the environment names, else one opened for it.
+/// The store of `database`, made the process's store: what [`default_store`] returns from then
+/// on, so that `hexeract::publish` and `schedule_*` write where a [`Worker`](crate::Worker)
+/// whose settings name `database` reads. A process has one: when it already has another (a
+/// publish came first, with the environment naming another database), this is an error naming
+/// both, rather than messages written where nothing reads them.
 pub(crate) async fn store_for(database: &Database) -> Result<Arc<dyn Store>, Error> {
-    if let Some((opened, store)) = DEFAULT_STORE.get() {
-        if opened == database {
-            return Ok(store.clone());
-        }
+    let (opened, store) = DEFAULT_STORE
+        .get_or_try_init(|| async {
+            let store = open(database).await?;
+            Ok::<_, Error>((database.clone(), store))
+        })
+        .await?;
+    if opened != database {
+        return Err(Error::Unsupported(format!(
+            "this process's store is already open on {opened:?} (`hexeract::publish` or \
+             `default_store()` opened it from the environment), but the worker's settings name \
+             {database:?}: messages published with `hexeract::publish` would wait where this \
+             worker does not read. Give the worker the environment's database, or start it \
+             before anything publishes"
+        )));
     }
-    let from_env = WorkerConfig::from_env()
-        .ok()
-        .map(|settings| settings.database);
-    if from_env.as_ref() == Some(database) {
-        return default_store().await;
-    }
-    open(database).await
+    Ok(store.clone())
 }
 
 /// [`default_store`], under the name it had while the scheduler's part of the store was a type

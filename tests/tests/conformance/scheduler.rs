@@ -694,7 +694,7 @@ pub(crate) async fn missing_state_stops_the_build() {
         format!(
             "handlers take state that was not given to the worker; give each value with \
              `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
-             `conformance.stateful_job` ({location}) takes `State<conformance::support::Journal>`"
+             `conformance.stateful_job` ({location}) takes `State<Journal>`"
         )
     );
     let hexeract::Error::Registry(RegistryError::MissingState(missing)) = &error else {
@@ -705,7 +705,7 @@ pub(crate) async fn missing_state_stops_the_build() {
         &[MissingState {
             handler: STATEFUL_JOB.to_owned(),
             location,
-            type_name: std::any::type_name::<Journal>(),
+            type_name: "State<Journal>",
         }]
     );
 

@@ -5,7 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::config::KnobChecks;
+use crate::knobs::KnobChecks;
 use crate::retry::RetryPolicy;
 
 /// Calls of one handler running at once in the in-memory world, where nothing else bounds
@@ -38,7 +38,7 @@ pub struct Policy {
     pub retry: RetryPolicy,
     /// Deadline of one call unless the handler sets its own (`HANDLER_TIMEOUT_MS`; the
     /// scheduler's is `SCHEDULER_DISPATCH_TIMEOUT_MS`).
-    #[serde(rename = "handler_timeout_ms", with = "crate::config::millis")]
+    #[serde(rename = "handler_timeout_ms", with = "crate::knobs::millis")]
     pub handler_timeout: Duration,
     /// Largest payload handed to a handler; larger ones are dead-lettered undecoded
     /// (`MAX_PAYLOAD_BYTES`).
@@ -47,25 +47,25 @@ pub struct Policy {
     /// world alone (its claim batch, prefetch or partition; 16 in the in-memory world).
     pub concurrency: Option<u32>,
     /// How long a cancelled worker lets running calls finish (`SHUTDOWN_GRACE_MS`).
-    #[serde(rename = "shutdown_grace_ms", with = "crate::config::millis")]
+    #[serde(rename = "shutdown_grace_ms", with = "crate::knobs::millis")]
     pub shutdown_grace: Duration,
     /// Sleep after a poll that found nothing (`CONSUMER_POLL_INTERVAL_MS`: the outbox
     /// worker's).
-    #[serde(rename = "poll_interval_ms", with = "crate::config::millis")]
+    #[serde(rename = "poll_interval_ms", with = "crate::knobs::millis")]
     pub poll_interval: Duration,
     /// Deliveries claimed, or rows relayed, per poll (`RELAY_BATCH_SIZE`).
     pub batch_size: u32,
     /// How long a claim of a delivery lasts (`DELIVERY_LEASE_MS`).
-    #[serde(rename = "lease_ms", with = "crate::config::millis")]
+    #[serde(rename = "lease_ms", with = "crate::knobs::millis")]
     pub lease: Duration,
     /// Deliveries a broker may have in flight per consumer (`AMQP_PREFETCH`).
     pub prefetch: u32,
     /// Wait between two poll cycles that found work.
-    #[serde(rename = "min_cycle_delay_ms", with = "crate::config::millis")]
+    #[serde(rename = "min_cycle_delay_ms", with = "crate::knobs::millis")]
     pub min_cycle_delay: Duration,
     /// Deadline of one of the worker's own statements: claim, settle, relay pass, plan
     /// (`STORE_TIMEOUT_MS`).
-    #[serde(rename = "store_timeout_ms", with = "crate::config::millis")]
+    #[serde(rename = "store_timeout_ms", with = "crate::knobs::millis")]
     pub store_timeout: Duration,
 }
 
