@@ -59,11 +59,13 @@ pub struct Next<'a> {
 }
 
 impl<'a> Next<'a> {
+    #[inline]
     pub(crate) fn new(chain: &'a [Arc<dyn ErasedMiddleware>], endpoint: Endpoint<'a>) -> Next<'a> {
         Next { chain, endpoint }
     }
 
     /// Calls the next middleware, or the handler after the last one.
+    #[inline]
     pub fn run(self, ctx: &'a Context) -> impl Future<Output = HandlerOutcome> + Send + 'a {
         match self.chain.split_first() {
             Some((first, rest)) => first.handle_boxed(ctx, Next::new(rest, self.endpoint)),

@@ -238,6 +238,7 @@ impl RegisteredHandler {
 
     /// One call of the handler with `ctx`'s envelope, through its middleware (what a worker
     /// runs, without the worker's timeout, span and panic catch).
+    #[inline]
     pub fn call<'a>(
         &'a self,
         ctx: &'a Context,
