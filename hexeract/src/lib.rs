@@ -89,22 +89,22 @@ pub mod rabbitmq;
 
 /// The guides of `docs/` that carry examples, compiled as doctests so that they stay true.
 #[cfg(all(doctest, feature = "rabbitmq"))]
-#[doc = include_str!("../../docs/rabbitmq.md")]
+#[doc = include_str!("../docs/rabbitmq.md")]
 pub struct RabbitMqGuide;
 #[cfg(all(doctest, feature = "rabbitmq"))]
-#[doc = include_str!("../../docs/health.md")]
+#[doc = include_str!("../docs/health.md")]
 pub struct HealthGuide;
 #[cfg(doctest)]
-#[doc = include_str!("../../docs/operations.md")]
+#[doc = include_str!("../docs/operations.md")]
 pub struct OperationsGuide;
 #[cfg(all(doctest, feature = "kafka"))]
-#[doc = include_str!("../../docs/kafka.md")]
+#[doc = include_str!("../docs/kafka.md")]
 pub struct KafkaGuide;
 #[cfg(all(doctest, feature = "postgres"))]
-#[doc = include_str!("../../docs/scheduler.md")]
+#[doc = include_str!("../docs/scheduler.md")]
 pub struct SchedulerGuide;
 #[cfg(doctest)]
-#[doc = include_str!("../../docs/scheduled.md")]
+#[doc = include_str!("../docs/scheduled.md")]
 pub struct ScheduledReference;
 mod reason;
 mod redact;
@@ -147,7 +147,7 @@ pub use state::{FromStates, State, States};
 pub use store::process::publish;
 pub use tokio_util::sync::CancellationToken;
 
-#[doc = include_str!("../../docs/handlers.md")]
+#[doc = include_str!("../docs/handlers.md")]
 pub use hexeract_macros::handler;
 
 /// Registers an async fn as a scheduled job, run by the scheduler that

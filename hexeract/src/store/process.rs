@@ -14,8 +14,9 @@ use crate::store::{DeliveryStore, Store, StoreError};
 
 /// The store `hexeract::run` delivers from and `hexeract::publish` writes to: PostgreSQL when
 /// `DATABASE_URL` is set, otherwise an SQLite file (`HEXERACT_SQLITE_PATH`, default
-/// `hexeract.db` in the working directory, created on first use). Opened and migrated once per
-/// process; later calls return the same store.
+/// `hexeract.db` in the working directory, created on first use), unless a
+/// [`Worker`](crate::Worker) whose settings name another database started first (then that
+/// one). Opened and migrated once per process; later calls return the same store.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), hexeract::Error> {
@@ -27,11 +28,16 @@ use crate::store::{DeliveryStore, Store, StoreError};
 /// # }
 /// ```
 pub async fn default_store() -> Result<Arc<dyn Store>, Error> {
-    if let Some((_, store)) = DEFAULT_STORE.get() {
-        return Ok(store.clone());
-    }
-    let settings = WorkerConfig::from_env()?;
-    store_for(&settings.database).await
+    // The process's store, whichever database it is in: the environment's, unless a `Worker`
+    // made its own the process's first (or is opening it now: this waits for it).
+    let (_, store) = DEFAULT_STORE
+        .get_or_try_init(|| async {
+            let settings = WorkerConfig::from_env()?;
+            let store = open(&settings.database).await?;
+            Ok::<_, Error>((settings.database, store))
+        })
+        .await?;
+    Ok(store.clone())
 }
 
 /// The process's store and the database it is in, once opened.
