@@ -1,4 +1,4 @@
-//! Procedural macros for [Hexeract](https://docs.rs/hexeract).
+//! Procedural macros for [Hexeract](https://docs.rs/hexeract-runtime).
 //!
 //! Do not depend on this crate directly: use the re-exports `hexeract::handler`,
 //! `hexeract::scheduled` and `hexeract::Message`, whose documentation has the examples. Generated code only refers to
