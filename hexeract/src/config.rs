@@ -224,6 +224,39 @@ fn retention(days_set: Option<u64>, default: u64) -> Option<Duration> {
     }
 }
 
+/// RabbitMQ's own default, for `HEXERACT_TRANSPORT=rabbitmq` without `AMQP_URL`.
+pub(crate) const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@localhost:5672/%2f";
+
+/// Kafka's own default, for `HEXERACT_TRANSPORT=kafka` without `KAFKA_BROKERS`.
+pub(crate) const DEFAULT_KAFKA_BROKERS: &str = "localhost:9092";
+
+/// The prefix of Kafka's topics and groups when `KAFKA_TOPIC_PREFIX` is unset: the running
+/// executable's name (`orders` for `target/release/orders`), in Kafka's topic characters.
+pub(crate) fn executable_name() -> String {
+    let name: String = std::env::current_exe()
+        .ok()
+        .and_then(|path| {
+            path.file_stem()
+                .map(|stem| stem.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(200)
+        .collect();
+    if name.is_empty() {
+        "hexeract".to_owned()
+    } else {
+        name
+    }
+}
+
 /// The port of the health and metrics endpoints unless `WORKER_PORT` says otherwise.
 pub(crate) const DEFAULT_WORKER_PORT: u16 = 8081;
 
@@ -323,19 +356,81 @@ impl WorkerConfig {
             amqp: None,
             kafka: None,
         };
-        let partitions = match lookup("KAFKA_BROKERS") {
+        // Its problems are pushed with the others' at the end (`read` holds `problems`).
+        let mut transport_problems = Vec::new();
+        // `HEXERACT_TRANSPORT` chooses the transport by name (a broker's URL then has a
+        // default); unset, `AMQP_URL` or `KAFKA_BROKERS` choose it.
+        let (amqp_url, kafka_brokers) = match lookup("HEXERACT_TRANSPORT") {
+            None => (lookup("AMQP_URL"), lookup("KAFKA_BROKERS")),
+            Some(chosen) => {
+                let (allowed, urls) = match chosen.trim() {
+                    "store" => (&[][..], (None, None)),
+                    "rabbitmq" => (
+                        &["AMQP_URL"][..],
+                        (
+                            Some(lookup("AMQP_URL").unwrap_or_else(|| DEFAULT_AMQP_URL.to_owned())),
+                            None,
+                        ),
+                    ),
+                    "kafka" => (
+                        &["KAFKA_BROKERS"][..],
+                        (
+                            None,
+                            Some(
+                                lookup("KAFKA_BROKERS")
+                                    .unwrap_or_else(|| DEFAULT_KAFKA_BROKERS.to_owned()),
+                            ),
+                        ),
+                    ),
+                    _ => {
+                        transport_problems.push(ConfigProblem {
+                            setting: "HEXERACT_TRANSPORT".to_owned(),
+                            value: chosen.clone(),
+                            expected: "store, rabbitmq or kafka (unset: chosen by AMQP_URL or \
+                                       KAFKA_BROKERS)"
+                                .to_owned(),
+                        });
+                        (&["AMQP_URL", "KAFKA_BROKERS"][..], (None, None))
+                    }
+                };
+                let conflicting: Vec<&str> = ["AMQP_URL", "KAFKA_BROKERS"]
+                    .into_iter()
+                    .filter(|name| !allowed.contains(name) && lookup(name).is_some())
+                    .collect();
+                if !conflicting.is_empty() {
+                    transport_problems.push(ConfigProblem {
+                        setting: "HEXERACT_TRANSPORT".to_owned(),
+                        value: chosen.clone(),
+                        expected: format!(
+                            "a transport the other settings agree with: {} {} set too; unset \
+                             {}, or choose the transport {}",
+                            conflicting.join(" and "),
+                            if conflicting.len() == 1 { "is" } else { "are" },
+                            if conflicting.len() == 1 { "it" } else { "them" },
+                            if conflicting.len() == 1 {
+                                "it names"
+                            } else {
+                                "they name"
+                            },
+                        ),
+                    });
+                }
+                urls
+            }
+        };
+        let partitions = match &kafka_brokers {
             Some(_) => {
                 read("KAFKA_TOPIC_PARTITIONS", |v| whole_number(v, 1, 10_000)).map(|n| n as u32)
             }
             None => None,
         };
         // Like the names below, read only when there is a broker to apply it to.
-        if lookup("AMQP_URL").is_some() {
+        if amqp_url.is_some() {
             if let Some(prefetch) = read("AMQP_PREFETCH", |v| whole_number(v, 1, 65_535)) {
                 settings.policy.prefetch = prefetch as u32;
             }
         }
-        if let Some(url) = lookup("AMQP_URL") {
+        if let Some(url) = amqp_url {
             let name = |variable: &str, default: &str| {
                 lookup(variable).unwrap_or_else(|| default.to_owned())
             };
@@ -357,13 +452,14 @@ impl WorkerConfig {
             }),
             (None, None) => {}
         }
-        if let Some(brokers) = lookup("KAFKA_BROKERS") {
+        if let Some(brokers) = kafka_brokers {
             settings.kafka = Some(Kafka {
                 brokers,
-                topic_prefix: lookup("KAFKA_TOPIC_PREFIX").unwrap_or_default(),
+                topic_prefix: lookup("KAFKA_TOPIC_PREFIX").unwrap_or_else(executable_name),
                 partitions,
             });
         }
+        problems.extend(transport_problems);
         problems.extend(settings.problems());
         if problems.is_empty() {
             Ok(settings)
@@ -632,8 +728,8 @@ fn broker_list(value: &str) -> Result<(), String> {
 fn topic_prefix_ok(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Err(
-            "set (required with KAFKA_BROKERS): the prefix of every topic and consumer \
-                    group, usually the project's name"
+            "not empty: the prefix of every topic and consumer group (unset, it is the \
+             executable's name)"
                 .to_owned(),
         );
     }
@@ -1048,14 +1144,30 @@ mod tests {
         ]))
         .unwrap_err();
         let text = error.to_string();
-        assert_eq!(error.problems.len(), 3, "{text}");
+        assert_eq!(error.problems.len(), 2, "{text}");
         assert!(
             text.contains("KAFKA_BROKERS = \"http://localhost\": a list of brokers as host:port"),
             "{text}"
         );
+        // Unset, the prefix is the executable's name; set empty, it is refused.
+        let defaulted = WorkerConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "localhost:9092")]))
+            .unwrap()
+            .kafka
+            .unwrap();
+        assert_eq!(defaulted.topic_prefix, executable_name());
         assert!(
-            text.contains("KAFKA_TOPIC_PREFIX = \"\": set (required with KAFKA_BROKERS)"),
-            "{text}"
+            defaulted.topic_prefix.starts_with("hexeract"),
+            "{defaulted:?}"
+        );
+        let empty = WorkerConfig::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "localhost:9092"),
+            ("KAFKA_TOPIC_PREFIX", ""),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            empty.contains("KAFKA_TOPIC_PREFIX = \"\": not empty: the prefix of every topic"),
+            "{empty}"
         );
         assert!(
             text.contains("KAFKA_TOPIC_PARTITIONS = \"0\": a whole number from 1 to 10000"),
@@ -1116,6 +1228,7 @@ mod tests {
                 "HEXERACT_SQLITE_PATH" => "other.db",
                 "HEXERACT_EXCHANGE" | "HEXERACT_QUEUE_PREFIX" | "KAFKA_TOPIC_PREFIX" => "other",
                 "KAFKA_BROKERS" => "broker:9093",
+                "HEXERACT_TRANSPORT" => "kafka",
                 "WORKER_PORT" => "9999",
                 _ => "11",
             };
@@ -1223,5 +1336,72 @@ mod tests {
         // The jitter is kept within its bounds, as the setter keeps it.
         let jitter: crate::RetryPolicy = serde_json::from_str(r#"{ "jitter": 7 }"#).unwrap();
         assert_eq!(jitter, crate::RetryPolicy::default().jitter(1.0));
+    }
+
+    #[test]
+    fn hexeract_transport_chooses_by_name_with_the_brokers_defaults() {
+        let kafka = WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "kafka")])).unwrap();
+        assert_eq!(
+            kafka.kafka,
+            Some(Kafka {
+                brokers: "localhost:9092".to_owned(),
+                topic_prefix: executable_name(),
+                partitions: None,
+            })
+        );
+        assert_eq!(kafka.amqp, None);
+        let rabbitmq =
+            WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "rabbitmq")])).unwrap();
+        assert_eq!(
+            rabbitmq.amqp.map(|amqp| amqp.url),
+            Some("amqp://guest:guest@localhost:5672/%2f".to_owned())
+        );
+        let named = WorkerConfig::from_lookup(lookup(&[
+            ("HEXERACT_TRANSPORT", "kafka"),
+            ("KAFKA_BROKERS", "kafka-1:9092"),
+            ("KAFKA_TOPIC_PREFIX", "shop"),
+        ]))
+        .unwrap();
+        assert_eq!(named.kafka.unwrap().brokers, "kafka-1:9092");
+        let store = WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "store")])).unwrap();
+        assert_eq!((store.amqp, store.kafka), (None, None));
+    }
+
+    #[test]
+    fn hexeract_transport_refuses_settings_of_another_transport_in_one_error() {
+        let error = WorkerConfig::from_lookup(lookup(&[
+            ("HEXERACT_TRANSPORT", "store"),
+            ("AMQP_URL", "amqp://guest:secret@rabbit"),
+            ("KAFKA_BROKERS", "kafka:9092"),
+        ]))
+        .unwrap_err();
+        let problems: Vec<_> = error
+            .problems
+            .iter()
+            .filter(|problem| problem.setting == "HEXERACT_TRANSPORT")
+            .collect();
+        assert_eq!(problems.len(), 1, "{error}");
+        assert_eq!(
+            problems[0].expected,
+            "a transport the other settings agree with: AMQP_URL and KAFKA_BROKERS are set too; \
+             unset them, or choose the transport they name"
+        );
+        let error = WorkerConfig::from_lookup(lookup(&[
+            ("HEXERACT_TRANSPORT", "kafka"),
+            ("AMQP_URL", "amqp://rabbit"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("HEXERACT_TRANSPORT = \"kafka\": a transport the other settings agree with: AMQP_URL is set too"),
+            "{error}"
+        );
+        let error = WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "nats")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("HEXERACT_TRANSPORT = \"nats\": store, rabbitmq or kafka"),
+            "{error}"
+        );
     }
 }

@@ -1,7 +1,7 @@
-//! `hexeract::run` with `KAFKA_BROKERS`: the topics are created at startup, the outbox is relayed
-//! to them, every handler consumes as its own group, `/health/ready` covers the relay and each
-//! consumer, `/metrics` shows each partition's lag; a handler whose message declares no
-//! aggregate stops startup, naming it.
+//! `hexeract::run` with `KAFKA_BROKERS` (and with `HEXERACT_TRANSPORT=kafka` alone): the topics
+//! are created at startup, the outbox is relayed to them, every handler consumes as its own
+//! group, `/health/ready` covers the relay and each consumer, `/metrics` shows each partition's
+//! lag; a handler whose message declares no aggregate stops startup, naming it.
 //!
 //! Needs the Kafka broker at `TEST_KAFKA_BROKERS` (default `127.0.0.1:9092`, the tansu
 //! `.ci/run` starts). The test uses its own topic prefix and an SQLite outbox of its own;
@@ -139,5 +139,83 @@ async fn run_relays_the_outbox_to_kafka_and_each_handler_consumes_as_its_group()
         "run on Kafka: {} pairs handled, {duplicates} duplicates",
         calls.len()
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `HEXERACT_TRANSPORT=kafka` and no other Kafka variable: `run` delivers through the broker at
+/// `localhost:9092`, its topics and groups prefixed with the executable's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hexeract_transport_kafka_alone_runs_on_the_local_broker() {
+    let kafka = TestKafka::tansu();
+    assert!(
+        matches!(kafka.brokers(), "127.0.0.1:9092" | "localhost:9092"),
+        "this test runs `HEXERACT_TRANSPORT=kafka` alone, whose broker is localhost:9092; \
+         TEST_KAFKA_BROKERS names {}: unset it, or run a broker there",
+        kafka.brokers()
+    );
+    let dir = std::env::temp_dir().join(format!("hexeract-run-kafka-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for variable in [
+        "DATABASE_URL",
+        "AMQP_URL",
+        "KAFKA_BROKERS",
+        "KAFKA_TOPIC_PREFIX",
+        "KAFKA_TOPIC_PARTITIONS",
+    ] {
+        std::env::remove_var(variable);
+    }
+    std::env::set_var("HEXERACT_TRANSPORT", "kafka");
+    std::env::set_var("HEXERACT_SQLITE_PATH", dir.join("outbox.db"));
+    std::env::set_var("RELAY_POLL_INTERVAL_MS", "50");
+    let port = hexeract_tests::http::free_port();
+    std::env::set_var("WORKER_PORT", port.to_string());
+
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(hexeract::run(cancel.clone()));
+    let ready =
+        hexeract_tests::http::wait_for_status(port, "/health/ready", 200, Duration::from_secs(30))
+            .await;
+    for component in [
+        "kafka relay",
+        "kafka consumer billing::invoice",
+        "kafka consumer stock::reserve",
+    ] {
+        assert!(ready.contains(&format!("{component}: ready")), "{ready}");
+    }
+    let orders = 20u32;
+    let envelopes = (0..orders)
+        .map(|order_id| hexeract::Envelope::new(&OrderPlaced { order_id }).unwrap())
+        .collect();
+    hexeract::store::default_store()
+        .await
+        .unwrap()
+        .publish(envelopes)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while distinct() < 2 * orders as usize {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {} (handler, order) pairs handled",
+            distinct(),
+            2 * orders
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The topic is the aggregate's under the executable's name.
+    let executable = std::env::current_exe().unwrap();
+    let prefix = executable.file_stem().unwrap().to_string_lossy();
+    let records = kafka.read_all(&format!("{prefix}.order"), orders as usize);
+    assert!(
+        records.len() >= orders as usize,
+        "{} records",
+        records.len()
+    );
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("run stops")
+        .unwrap()
+        .expect("run returns Ok");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -388,7 +388,12 @@ async fn no_more_than_prefetch_calls_run_at_once_and_cancel_finishes_the_calls_i
         4,
         "prefetch 4: four calls at once, never more"
     );
-    // Every finished call was acked; the rest went back to the queue, none lost.
+    // Every finished call was acked; the rest went back to the queue, none lost. The broker
+    // requeues what a closed channel held as it closes it, after `stop` returned: wait for it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while broker.ready(&queue).await != 100 - finished && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(broker.ready(&queue).await, 100 - finished);
     broker.delete(&topology).await;
 }

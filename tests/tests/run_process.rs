@@ -147,23 +147,40 @@ fn under_kafka_a_handler_whose_message_has_no_aggregate_stops_startup_naming_it(
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Unset, `KAFKA_TOPIC_PREFIX` is the executable's name (issue 18); set empty, or beside
+/// `AMQP_URL`, Kafka stops startup with one error naming both problems.
 #[test]
-fn kafka_brokers_without_a_topic_prefix_stop_startup() {
+fn kafka_beside_amqp_and_an_empty_topic_prefix_stop_startup() {
     let dir = std::env::temp_dir().join(format!("hexeract-run-child-{}", uuid::Uuid::now_v7()));
     std::fs::create_dir_all(&dir).unwrap();
     let output = child()
         .env("HEXERACT_SQLITE_PATH", dir.join("outbox.db"))
         .env("KAFKA_BROKERS", "localhost:9092")
+        .env("KAFKA_TOPIC_PREFIX", "")
         .env("AMQP_URL", "amqp://localhost")
         .output()
         .expect("run run_child");
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("KAFKA_TOPIC_PREFIX = \"\": set (required with KAFKA_BROKERS)"),
+        stderr.contains("KAFKA_TOPIC_PREFIX = \"\": not empty: the prefix of every topic"),
         "{stderr}"
     );
     assert!(stderr.contains("not both"), "{stderr}");
+    assert!(!dir.join("outbox.db").exists(), "nothing started");
+    // HEXERACT_TRANSPORT=kafka beside AMQP_URL: named as the conflict it is.
+    let output = child()
+        .env("HEXERACT_SQLITE_PATH", dir.join("outbox.db"))
+        .env("HEXERACT_TRANSPORT", "kafka")
+        .env("AMQP_URL", "amqp://localhost")
+        .output()
+        .expect("run run_child");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("HEXERACT_TRANSPORT = \"kafka\": a transport the other settings agree with: AMQP_URL is set too"),
+        "{stderr}"
+    );
     assert!(!dir.join("outbox.db").exists(), "nothing started");
     let _ = std::fs::remove_dir_all(&dir);
 }
