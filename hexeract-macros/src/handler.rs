@@ -453,13 +453,7 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
     let call_context = quote_spanned! {context_span=> ::hexeract::__private::context_arg(#ctx) };
     let outcome_result =
         quote_spanned! {output_ty.span()=> #private::outcome_result::<#output_ty> };
-    let states = Ident::new("__hexeract_states", Span::mixed_site());
-    let missing = Ident::new("__hexeract_missing", Span::mixed_site());
-    let crate::state::StateExpansion {
-        take,
-        fields,
-        call_args,
-    } = crate::state::expand(state_tys, &states, &missing);
+    let (adapter_definition, call_args) = crate::state::adapter(&adapter, state_tys);
     let call = quote_spanned! {ident.span()=> #ident(#message, #call_context #(, #call_args)*) };
     let location = quote_spanned! {ident.span()=>
         file: ::core::file!(),
@@ -471,17 +465,7 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
         #[doc(hidden)]
         #[allow(non_camel_case_types, unreachable_pub, deprecated)]
         const _: () = {
-            struct #adapter(#(#state_tys),*);
-
-            impl #private::Build for #adapter {
-                fn build(
-                    #states: &#private::States,
-                    #missing: &mut ::std::vec::Vec<&'static str>,
-                ) -> ::core::option::Option<Self> {
-                    #take
-                    ::core::option::Option::Some(#adapter(#(#fields),*))
-                }
-            }
+            #adapter_definition
 
             impl #private::Handler<#message_ty> for #adapter {
                 type Error = #private::HandlerOutcome;

@@ -396,13 +396,8 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
         other => other.span(),
     };
     let call_context = quote_spanned! {context_span=> JobContext::from_context(#ctx) };
-    let states = Ident::new("__hexeract_states", Span::mixed_site());
-    let missing = Ident::new("__hexeract_missing", Span::mixed_site());
-    let crate::state::StateExpansion {
-        take,
-        fields,
-        call_args,
-    } = crate::state::expand(state_tys, &states, &missing);
+    let job = Ident::new("__HexeractJob", Span::call_site());
+    let (job_definition, call_args) = crate::state::adapter(&job, state_tys);
     let call = quote_spanned! {ident.span()=> #ident(#call_context #(, #call_args)*) };
     let location = quote_spanned! {ident.span()=>
         file: ::core::file!(),
@@ -434,17 +429,7 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
                 future
             }
 
-            struct __HexeractJob(#(#state_tys),*);
-
-            impl #private::Build for __HexeractJob {
-                fn build(
-                    #states: &#private::States,
-                    #missing: &mut ::std::vec::Vec<&'static str>,
-                ) -> ::core::option::Option<Self> {
-                    #take
-                    ::core::option::Option::Some(__HexeractJob(#(#fields),*))
-                }
-            }
+            #job_definition
 
             impl #private::ErasedJob for __HexeractJob {
                 fn run<'a>(

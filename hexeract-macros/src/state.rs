@@ -2,22 +2,17 @@
 //! context): taken once when the worker is built, and cloned for each call.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote_spanned};
+use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, Index, Type};
 
-/// The pieces of an adapter that holds a function's state.
-pub(crate) struct StateExpansion {
-    /// Statements taking each value from `states` (a missing one named in `missing`).
-    pub(crate) take: TokenStream,
-    /// The adapter's fields, from those values (`?` ends the build at a missing one).
-    pub(crate) fields: Vec<TokenStream>,
-    /// The arguments of one call, from the adapter's fields.
-    pub(crate) call_args: Vec<TokenStream>,
-}
-
-/// Spanned at each type, so that a parameter that is not state is reported where it is written.
-pub(crate) fn expand(state_tys: &[&Type], states: &Ident, missing: &Ident) -> StateExpansion {
+/// An adapter that holds a function's state: the struct `name`, its `Build` impl (each value
+/// taken once from the worker's state, a missing one named as written), and the arguments of
+/// one call, from its fields. Spanned at each type, so that a parameter that is not state is
+/// reported where it is written.
+pub(crate) fn adapter(name: &Ident, state_tys: &[&Type]) -> (TokenStream, Vec<TokenStream>) {
+    let states = Ident::new("__hexeract_states", Span::mixed_site());
+    let missing = Ident::new("__hexeract_missing", Span::mixed_site());
     let mut take = TokenStream::new();
     let mut fields = Vec::new();
     let mut call_args = Vec::new();
@@ -35,9 +30,18 @@ pub(crate) fn expand(state_tys: &[&Type], states: &Ident, missing: &Ident) -> St
             ::core::clone::Clone::clone(&self.#index)
         });
     }
-    StateExpansion {
-        take,
-        fields,
-        call_args,
-    }
+    let definition = quote! {
+        struct #name(#(#state_tys),*);
+
+        impl ::hexeract::__private::Build for #name {
+            fn build(
+                #states: &::hexeract::__private::States,
+                #missing: &mut ::std::vec::Vec<&'static str>,
+            ) -> ::core::option::Option<Self> {
+                #take
+                ::core::option::Option::Some(#name(#(#fields),*))
+            }
+        }
+    };
+    (definition, call_args)
 }
