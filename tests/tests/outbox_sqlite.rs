@@ -743,3 +743,50 @@ async fn a_retry_after_longer_than_the_longest_delay_is_capped_by_it() {
     assert_eq!(dead[0].attempts, 2);
     db.finish().await;
 }
+
+/// A worker and its producers often start together on one new file. Switching a file to WAL
+/// needs a lock that SQLite's busy timeout does not wait for; before `open` retried it, one
+/// of them failed now and then with `database is locked`. Eight stores open, migrate and
+/// publish at once, each closes while the others still work, and a store opened right after
+/// reads everything; repeated, so that the moments overlap in many ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_opening_one_new_file_at_once_all_open() {
+    for round in 0..10 {
+        let dir = std::env::temp_dir().join(format!("hexeract-sqlite-{}", Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("create the test directory");
+        let path = dir.join("outbox.db");
+        let opened = futures_util::future::join_all((0..8).map(|n| {
+            let path = path.clone();
+            tokio::spawn(async move {
+                let store = SqliteStore::open(&path).await?;
+                store.migrate().await?;
+                store
+                    .publish(vec![Envelope::new(&OrderPlaced { order_id: n }).unwrap()])
+                    .await?;
+                store.pool().close().await;
+                Ok::<_, hexeract::store::StoreError>(())
+            })
+        }))
+        .await;
+        for (n, result) in opened.into_iter().enumerate() {
+            result
+                .expect("no panic")
+                .unwrap_or_else(|error| panic!("round {round}, store {n}: {error}"));
+        }
+        let store = SqliteStore::open(&path)
+            .await
+            .expect("open after the others");
+        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(journal, "wal", "round {round}");
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM \"hexeract_outbox\"")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(rows, 8, "round {round}: every publish is in the file");
+        store.pool().close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -231,6 +231,12 @@ async fn a_worker_built_in_code_runs_handlers_with_their_state_and_middleware() 
         {
             break;
         }
+        if running.is_finished() {
+            panic!(
+                "the worker stopped before every call: {:?}; calls: {lines:?}",
+                running.await
+            );
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
             "not all calls within 30 s: {lines:?}"
@@ -255,7 +261,8 @@ async fn a_worker_built_in_code_runs_handlers_with_their_state_and_middleware() 
     assert!(typed.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
     let job = order(&expected[6..]);
     assert!(job.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
-    assert!(store.dead_letters(10).await.unwrap().is_empty());
+    let dead = store.dead_letters(10).await.expect("read the dead letters");
+    assert!(dead.is_empty(), "{dead:?}");
 }
 
 #[tokio::test]

@@ -87,14 +87,19 @@ impl SqliteStore {
     /// Opens the database file at `path`, creating it if missing, with a pool of 10
     /// connections: WAL journal, `synchronous = NORMAL`, busy timeout 5 s. Tables get the
     /// default prefix.
+    ///
+    /// Several processes may open the same file at the same moment (a worker and a producer
+    /// starting together): the switch to WAL is made once, retried while another connection
+    /// holds the file, and the pool's connections then find the file in WAL mode without
+    /// asking for the exclusive lock that SQLite's busy timeout does not wait for.
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(5))
+            .busy_timeout(BUSY_TIMEOUT)
             .log_statements(tracing::log::LevelFilter::Trace);
+        use_wal(&options).await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(10)
             .connect_with(options)
@@ -113,7 +118,7 @@ impl SqliteStore {
             .filename(format!("hexeract-{}", Uuid::now_v7().simple()))
             .in_memory(true)
             .shared_cache(true)
-            .busy_timeout(Duration::from_secs(5))
+            .busy_timeout(BUSY_TIMEOUT)
             .log_statements(tracing::log::LevelFilter::Trace);
         let keep_alive = options.connect().await?;
         // One connection: shared-cache connections lock whole tables, and two transactions
@@ -621,6 +626,47 @@ impl Statements {
              ) STRICT, WITHOUT ROWID;"
         )
     }
+}
+
+/// How long a statement waits for another connection's lock before `database is locked`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Puts the file of `options` in WAL mode, which then stays with the file.
+///
+/// `PRAGMA journal_mode = WAL` needs an exclusive lock that SQLite's busy timeout does not wait
+/// for (a connection of another process, or one closing and checkpointing, makes it fail at
+/// once with `database is locked`), so the switch is retried here, for up to [`BUSY_TIMEOUT`].
+async fn use_wal(options: &SqliteConnectOptions) -> Result<(), StoreError> {
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let switched = async {
+            let connection = options
+                .clone()
+                .journal_mode(SqliteJournalMode::Wal)
+                .connect()
+                .await?;
+            connection.close().await
+        }
+        .await;
+        match switched {
+            Err(error) if is_busy(&error) && started.elapsed() < BUSY_TIMEOUT => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            switched => return Ok(switched?),
+        }
+    }
+}
+
+/// `SQLITE_BUSY` or `SQLITE_LOCKED`, with any extended code.
+fn is_busy(error: &sqlx::Error) -> bool {
+    let code = match error {
+        sqlx::Error::Database(error) => error.code(),
+        _ => None,
+    };
+    code.and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }
 
 /// The schema version [`migrate_in`] brings the tables to.
