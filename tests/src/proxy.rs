@@ -1,7 +1,7 @@
 //! A fault-injecting TCP proxy for the chaos tests: workers connect to PostgreSQL or RabbitMQ
 //! through it, and a test resets every connection, refuses new ones, blackholes them (sockets
 //! stay open, nothing is forwarded, as when a network path dies without a reset), adds latency,
-//! or cuts each connection after a number of bytes.
+//! cuts each connection after a number of bytes, or loses what one side sends.
 //!
 //! ```no_run
 //! # async fn example() {
@@ -28,6 +28,8 @@ use tokio_util::sync::CancellationToken;
 struct Faults {
     refuse: AtomicBool,
     blackhole: AtomicBool,
+    lose_replies: AtomicBool,
+    lose_requests: AtomicBool,
     latency_micros: AtomicU64,
     /// Bytes after which each connection is reset (both directions together); 0: never.
     cut_after: AtomicU64,
@@ -80,9 +82,27 @@ impl FaultProxy {
         self.faults.refuse.store(on, Ordering::SeqCst);
     }
 
-    /// While `on`, nothing is forwarded in either direction; the sockets stay open.
+    /// While `on`, nothing is forwarded in either direction; the sockets stay open. Nothing is
+    /// lost either: as TCP would, once the path is back, a connection that is still open
+    /// carries on with every byte sent during the blackhole, in order.
     pub fn blackhole(&self, on: bool) {
         self.faults.blackhole.store(on, Ordering::SeqCst);
+    }
+
+    /// While `on`, what the server sends is read and thrown away, while what the client sends
+    /// still goes through: a client that loses its replies (confirms, acks, heartbeats) on a
+    /// connection that stays open. TCP never loses bytes inside a stream; this stands for a
+    /// reply lost between the broker and the client library, or a broker that stopped
+    /// answering one connection.
+    pub fn lose_replies(&self, on: bool) {
+        self.faults.lose_replies.store(on, Ordering::SeqCst);
+    }
+
+    /// While `on`, what the client sends is read and thrown away (the other way round from
+    /// [`lose_replies`](FaultProxy::lose_replies)): the server never sees it, and the
+    /// connection stays open.
+    pub fn lose_requests(&self, on: bool) {
+        self.faults.lose_requests.store(on, Ordering::SeqCst);
     }
 
     /// Delays every chunk forwarded, in both directions, by `latency`.
@@ -152,6 +172,7 @@ async fn accept(
                     &faults,
                     &forwarded,
                     &cut,
+                    Direction::Up,
                 );
                 let down = pipe(
                     &mut server_read,
@@ -159,6 +180,7 @@ async fn accept(
                     &faults,
                     &forwarded,
                     &cut,
+                    Direction::Down,
                 );
                 tokio::select! {
                     () = stop.cancelled() => false,
@@ -181,6 +203,15 @@ async fn accept(
     }
 }
 
+/// Which way a [`pipe`] copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Client to server.
+    Up,
+    /// Server to client.
+    Down,
+}
+
 /// Copies `from` to `to` under the faults, until `from` ends or the byte budget is spent.
 async fn pipe(
     from: &mut OwnedReadHalf,
@@ -188,6 +219,7 @@ async fn pipe(
     faults: &Faults,
     forwarded: &AtomicU64,
     cut: &CancellationToken,
+    direction: Direction,
 ) {
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
@@ -205,8 +237,16 @@ async fn pipe(
         if latency > 0 {
             tokio::time::sleep(Duration::from_micros(latency)).await;
         }
-        // Data read while a blackhole was switched on is dropped, as the network would.
-        if faults.blackhole.load(Ordering::SeqCst) {
+        // Data read just as a blackhole was switched on waits for the path to come back: a
+        // network loses packets, but TCP sends them again, and a stream never has a hole.
+        while faults.blackhole.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let lose = match direction {
+            Direction::Up => &faults.lose_requests,
+            Direction::Down => &faults.lose_replies,
+        };
+        if lose.load(Ordering::SeqCst) {
             continue;
         }
         let limit = faults.cut_after.load(Ordering::SeqCst);

@@ -4,7 +4,8 @@
 //! without a reset), while deliveries are in flight. A reset is noticed at once; a blackhole
 //! only by the AMQP heartbeat (2 s here), not by the kernel's TCP timeouts (minutes). Either
 //! way every message is handled in the end, and the figures (lost, duplicates, time to notice,
-//! time to resume) are printed.
+//! time to resume) are printed. A last test loses one publish on its way, on a connection that
+//! stays up, and checks that the publisher and the relay give the channel up.
 //!
 //! Needs RabbitMQ at `TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`). Each
 //! test runs in a process of its own (nextest), with its own exchange, queues and SQLite file,
@@ -14,6 +15,7 @@ use std::net::ToSocketAddrs;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use hexeract::health::Status;
 use hexeract::{handler, CancellationToken, Context, Message};
 use hexeract_tests::amqp::TestBroker;
 use hexeract_tests::ledger::{self, Call};
@@ -57,14 +59,8 @@ async fn calls_beyond(count: usize, limit: Duration) -> Duration {
     started.elapsed()
 }
 
-enum Fault {
-    Reset,
-    Blackhole,
-}
-
-async fn consume_through_a_proxy(fault: Fault, scenario: &str) {
-    const MESSAGES: u32 = 3_000;
-    let broker = TestBroker::new().await;
+/// A fault proxy to RabbitMQ, and the URL through it, with a heartbeat of `heartbeat` seconds.
+async fn proxy_to_rabbitmq(heartbeat: u32) -> (FaultProxy, String) {
     let upstream = url::Url::parse(&hexeract_tests::amqp::amqp_url())
         .expect("TEST_AMQP_URL is a URL")
         .socket_addrs(|| Some(5672))
@@ -82,9 +78,24 @@ async fn consume_through_a_proxy(fault: Fault, scenario: &str) {
     through_proxy
         .set_port(Some(proxy.addr().port()))
         .expect("a port");
-    through_proxy.set_query(Some("heartbeat=2"));
+    through_proxy.set_query(Some(&format!("heartbeat={heartbeat}")));
+    (proxy, through_proxy.to_string())
+}
 
-    let (dir, port) = hexeract_tests::amqp::run_env(&broker, through_proxy.as_str(), 50);
+enum Fault {
+    Reset,
+    Blackhole,
+}
+
+async fn consume_through_a_proxy(fault: Fault, scenario: &str) {
+    const MESSAGES: u32 = 3_000;
+    // What the supervisors say about the lost connection shows in the test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "hexeract=info".into()))
+        .try_init();
+    let broker = TestBroker::new().await;
+    let (proxy, through_proxy) = proxy_to_rabbitmq(2).await;
+    let (dir, port) = hexeract_tests::amqp::run_env(&broker, &through_proxy, 50);
 
     let cancel = CancellationToken::new();
     let running = tokio::spawn(hexeract::run(cancel.clone()));
@@ -131,12 +142,22 @@ async fn consume_through_a_proxy(fault: Fault, scenario: &str) {
         }
     };
     let started = Instant::now();
+    let queue = format!("{}.{}", broker.prefix, HANDLER.replace("::", "."));
     while calls() < MESSAGES as usize {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "{} of {MESSAGES} calls within 120 s of the fault",
-            calls()
-        );
+        if started.elapsed() > Duration::from_secs(120) {
+            // Where the messages are, to tell a stalled relay from a stalled consumer.
+            let pending = store.backlog().await;
+            let readiness = hexeract_tests::http::get(port, "/health/ready").await;
+            panic!(
+                "{} of {MESSAGES} calls within 120 s of the fault; outbox pending: {pending:?}; \
+                 queue ready: {}, consumers: {:?}; proxy open connections: {}; \
+                 /health/ready: {readiness:?}",
+                calls(),
+                broker.ready(&queue).await,
+                broker.consumers(&queue).await,
+                proxy.open_connections(),
+            );
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     hexeract::store::wait_until_drained(&*store, Duration::from_millis(20))
@@ -144,9 +165,7 @@ async fn consume_through_a_proxy(fault: Fault, scenario: &str) {
         .unwrap();
     // Let redeliveries of unacked deliveries, if any, arrive before the count.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let ready = broker
-        .ready(&format!("{}.{}", broker.prefix, HANDLER.replace("::", ".")))
-        .await;
+    let ready = broker.ready(&queue).await;
     cancel.cancel();
     running.await.unwrap().unwrap();
 
@@ -186,4 +205,181 @@ async fn every_connection_reset_mid_consumption_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_connection_is_noticed_within_the_heartbeat_and_loses_nothing() {
     consume_through_a_proxy(Fault::Blackhole, "rabbitmq_proxy_blackhole").await;
+}
+
+/// The broker numbers publisher confirms by the publishes it received. When a publish is lost
+/// on its way while the connection stays up, every later confirm names a number the client
+/// gave to an earlier publish, and the last one waits for ever. (A TCP stream never loses
+/// bytes, but a frame lost between the broker and the client library does the same; a
+/// blackhole proxy that dropped bytes once made a relay wait for such confirms for good.) The
+/// first confirm that does not come in time gives the channel up: `is_connected` turns false,
+/// and the relay, the bus worker and the transport then open a new connection instead of
+/// publishing into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_lost_on_its_way_gives_the_channel_up() {
+    let broker = TestBroker::new().await;
+    // A long heartbeat: the lost bytes, not a missed heartbeat, are what the client meets.
+    let (proxy, through_proxy) = proxy_to_rabbitmq(60).await;
+    let connection =
+        hexeract::rabbitmq::RabbitMqConnection::connect_named(&through_proxy, &broker.prefix)
+            .await
+            .expect("connect through the proxy");
+    let publisher = hexeract::rabbitmq::RabbitMqPublisher::new(&connection)
+        .await
+        .expect("a publisher")
+        .exchange(broker.exchange.clone())
+        .confirm_timeout(Duration::from_secs(1));
+    publisher.declare_exchange().await.expect("declare");
+    let shipment = |n| hexeract::Envelope::new(&Shipment { n }).unwrap();
+    publisher.publish(&shipment(0)).await.expect("confirmed");
+    assert!(publisher.is_connected());
+
+    // The second publish never reaches the broker.
+    proxy.lose_requests(true);
+    let lost = publisher.publish(&shipment(1)).await;
+    proxy.lose_requests(false);
+    assert!(
+        matches!(&lost, Err(hexeract::rabbitmq::BusError::NotConfirmed { detail, .. }) if detail.contains("no confirm within")),
+        "{lost:?}"
+    );
+    assert!(
+        !publisher.is_connected(),
+        "a channel whose confirm did not come is given up"
+    );
+    // Why: the broker confirms the third publish as its second, which the client takes for
+    // the lost one, and the third waits in vain.
+    let third = publisher.publish(&shipment(2)).await;
+    assert!(
+        matches!(
+            &third,
+            Err(hexeract::rabbitmq::BusError::NotConfirmed { .. })
+        ),
+        "{third:?}"
+    );
+    assert_eq!(
+        proxy.open_connections(),
+        1,
+        "the connection itself stayed up"
+    );
+
+    // A relay on such a channel stops (its supervisor connects again) instead of failing
+    // every pass for good; a relay on a new connection then relays the rows it left.
+    let dir = std::env::temp_dir().join(format!("hexeract-lost-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = hexeract::store::sqlite::SqliteStore::open(dir.join("outbox.db"))
+        .await
+        .unwrap();
+    hexeract::store::DeliveryStore::migrate(&store)
+        .await
+        .unwrap();
+    let queue = format!("{}.all", broker.prefix);
+    let channel = broker.connection.lapin().create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            broker.exchange.as_str().into(),
+            "#".into(),
+            lapin::options::QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let health = hexeract::health::Health::new();
+    let relay_store: std::sync::Arc<dyn hexeract::store::RelayStore> =
+        std::sync::Arc::new(store.clone());
+    let relay_connection =
+        hexeract::rabbitmq::RabbitMqConnection::connect_named(&through_proxy, "relay")
+            .await
+            .expect("connect through the proxy");
+    let relay = hexeract::rabbitmq::OutboxRelay::new(relay_store.clone(), &relay_connection)
+        .await
+        .unwrap()
+        .exchange(broker.exchange.clone())
+        .batch_size(5)
+        .poll_interval(Duration::from_millis(20))
+        .confirm_timeout(Duration::from_secs(1))
+        .health(health.probe("outbox relay"));
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(relay.run(cancel.clone()));
+    // Once it declared its exchange and found nothing to relay, its first publishes are lost:
+    // every confirm after them is behind.
+    let started = std::time::Instant::now();
+    while !health
+        .readiness()
+        .components
+        .iter()
+        .any(|component| component.name == "outbox relay" && component.status == Status::Ready)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}",
+            health.readiness()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.lose_requests(true);
+    let envelopes: Vec<hexeract::Envelope> = (10..20).map(shipment).collect();
+    let ids: Vec<Uuid> = envelopes.iter().map(|envelope| envelope.id).collect();
+    hexeract::store::DeliveryStore::publish(&store, envelopes)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.lose_requests(false);
+    let stopped = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the relay stops within 30 s rather than failing its passes for good")
+        .expect("no panic");
+    assert!(
+        matches!(&stopped, Err(hexeract::rabbitmq::BusError::Connection(_))),
+        "{stopped:?}"
+    );
+    let fresh = broker.connect("relay.again").await;
+    let relay = hexeract::rabbitmq::OutboxRelay::new(relay_store, &fresh)
+        .await
+        .unwrap()
+        .exchange(broker.exchange.clone())
+        .poll_interval(Duration::from_millis(20));
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(relay.run(cancel.clone()));
+    hexeract::store::wait_until_drained(&store, Duration::from_millis(20))
+        .await
+        .unwrap();
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+    let relayed: std::collections::HashSet<Uuid> = broker
+        .drain(&queue)
+        .await
+        .iter()
+        .map(|message| {
+            message
+                .properties
+                .message_id()
+                .as_ref()
+                .expect("a message id")
+                .as_str()
+                .parse()
+                .expect("a UUID")
+        })
+        .collect();
+    let missing: Vec<&Uuid> = ids.iter().filter(|id| !relayed.contains(id)).collect();
+    assert!(
+        missing.is_empty(),
+        "every row reaches the queue: {missing:?}"
+    );
+    channel
+        .queue_delete(
+            queue.as_str().into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(dir);
 }

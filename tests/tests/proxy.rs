@@ -116,7 +116,13 @@ async fn a_blackhole_forwards_nothing_and_keeps_the_socket_open() {
     assert_eq!(silent.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
     assert_eq!(proxy.open_connections(), 1, "the connection is still open");
     proxy.blackhole(false);
-    // What was written during the blackhole may or may not come back; fresh bytes do.
+    // Nothing written during the blackhole is lost: it arrives once the path is back.
+    let mut late = [0u8; 13];
+    tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut late))
+        .await
+        .expect("the held bytes arrive after the blackhole")
+        .unwrap();
+    assert_eq!(&late, b"into the void");
     let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
     assert_eq!(
         round_trip(&mut fresh, b"after", Duration::from_secs(5))
@@ -124,6 +130,26 @@ async fn a_blackhole_forwards_nothing_and_keeps_the_socket_open() {
             .unwrap(),
         b"after"
     );
+}
+
+#[tokio::test]
+async fn lost_replies_are_gone_and_the_connection_carries_on() {
+    let proxy = FaultProxy::start(echo().await).await;
+    let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+    proxy.lose_replies(true);
+    let lost = round_trip(&mut client, b"lost", Duration::from_millis(300)).await;
+    assert_eq!(lost.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+    // The echo did answer: wait until its reply was read and thrown away.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.lose_replies(false);
+    // The same connection, with a hole where the lost reply was.
+    assert_eq!(
+        round_trip(&mut client, b"kept", Duration::from_secs(5))
+            .await
+            .unwrap(),
+        b"kept"
+    );
+    assert_eq!(proxy.open_connections(), 1);
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! [`RabbitMqPublisher`]: publishing with publisher confirms, pipelined within a window.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +35,13 @@ use crate::rabbitmq::{BusError, RabbitMqConnection, DEFAULT_EXCHANGE};
 /// ```
 ///
 /// A clone publishes on the same channel, within the same confirm window.
+///
+/// A confirm that does not come within the confirm timeout makes the channel suspect: the
+/// broker numbers confirms by what it received, so one lost frame would leave every later
+/// confirm waiting for a number that never comes. From then on
+/// [`is_connected`](RabbitMqPublisher::is_connected) is `false`, and the relay, the bus
+/// worker and [`RabbitMqTransport`](crate::rabbitmq::RabbitMqTransport) open a new connection
+/// rather than go on publishing into it.
 #[derive(Clone)]
 pub struct RabbitMqPublisher {
     connection: RabbitMqConnection,
@@ -41,6 +49,8 @@ pub struct RabbitMqPublisher {
     exchange: String,
     window: Arc<Semaphore>,
     confirm_timeout: Duration,
+    /// Set once a confirm did not come in time; shared by the clones on the channel.
+    confirms_lost: Arc<AtomicBool>,
 }
 
 /// Publishes waiting for their confirms at once, unless set otherwise.
@@ -61,6 +71,7 @@ impl RabbitMqPublisher {
             exchange: DEFAULT_EXCHANGE.to_owned(),
             window: Arc::new(Semaphore::new(DEFAULT_CONFIRM_WINDOW)),
             confirm_timeout: Duration::from_secs(30),
+            confirms_lost: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -105,16 +116,17 @@ impl RabbitMqPublisher {
             })
     }
 
-    /// `true` while the channel is open.
+    /// `true` while the channel is open and its confirms come: `false` once a confirm did
+    /// not come within the confirm timeout, even if the channel looks open.
     pub fn is_connected(&self) -> bool {
-        self.channel.status().connected()
+        self.channel.status().connected() && !self.confirms_lost.load(Ordering::SeqCst)
     }
 
     /// On a connection with lapin's recovery on: waits up to `within` for lapin to bring the
     /// channel back (confirm mode and the exchange replayed); `false` when it does not, or
     /// cannot (recovery off, or given up).
     pub(crate) async fn recovered(&self, within: Duration) -> bool {
-        if !self.connection.is_recovering() {
+        if !self.connection.is_recovering() || self.confirms_lost.load(Ordering::SeqCst) {
             return false;
         }
         let deadline = tokio::time::Instant::now() + within;
@@ -297,10 +309,21 @@ impl RabbitMqPublisher {
             message_id: message_id.to_owned(),
             detail,
         };
-        let confirmation = tokio::time::timeout(self.confirm_timeout, pending.confirm)
-            .await
-            .map_err(|_| not_confirmed(format!("no confirm within {:?}", self.confirm_timeout)))?
-            .map_err(|error| BusError::transport("publisher confirm", error))?;
+        let Ok(confirmation) = tokio::time::timeout(self.confirm_timeout, pending.confirm).await
+        else {
+            if !self.confirms_lost.swap(true, Ordering::SeqCst) {
+                tracing::warn!(
+                    timeout = ?self.confirm_timeout,
+                    "a publisher confirm did not come in time; the channel is given up"
+                );
+            }
+            return Err(not_confirmed(format!(
+                "no confirm within {:?}; the channel is given up",
+                self.confirm_timeout
+            )));
+        };
+        let confirmation =
+            confirmation.map_err(|error| BusError::transport("publisher confirm", error))?;
         match confirmation {
             Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
             Confirmation::Ack(Some(returned)) => Err(not_confirmed(format!(

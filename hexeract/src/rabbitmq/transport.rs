@@ -128,6 +128,8 @@ impl RabbitMqTransport {
             Err(BusError::Connection(detail)) => detail,
             // The broker closed the channel (what a refused operation does).
             Err(BusError::Transport { detail, .. }) if !publisher.is_connected() => detail,
+            // A confirm that never came: the channel's confirms cannot be trusted any more.
+            Err(BusError::NotConfirmed { detail, .. }) if !publisher.is_connected() => detail,
             other => return other,
         };
         tracing::warn!(
