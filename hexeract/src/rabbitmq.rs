@@ -37,6 +37,9 @@ pub(crate) mod wire;
 mod worker;
 
 pub use connection::{redact_url, RabbitMqConnection};
+/// The kind of an [`Exchange`] (`Topic`, `Fanout`, `Direct`, `Headers`), re-exported from lapin
+/// so that an application declares its topology with `hexeract` alone.
+pub use lapin::ExchangeKind;
 pub use publisher::RabbitMqPublisher;
 pub use relay::OutboxRelay;
 pub use topology::{
@@ -82,6 +85,23 @@ pub enum BusError {
     /// A name cannot be used on the broker (too long, or empty).
     #[error("{0}")]
     InvalidName(String),
+    /// A queue or exchange exists on the broker with another value of an argument than the
+    /// worker would declare it with (`PRECONDITION_FAILED - inequivalent arg`). Retrying does
+    /// not help: delete the object, or declare it as the worker does (docs/rabbitmq.md), or
+    /// give the worker other names.
+    #[error(
+        "{object} exists on the broker with another {argument} than the worker declares it \
+         with; delete it, or declare it as docs/rabbitmq.md shows, or use other names \
+         (the broker said: {detail})"
+    )]
+    Mismatch {
+        /// The queue or exchange, with its name: `queue "orders.parked"`.
+        object: String,
+        /// The argument whose value differs: `x-message-ttl`, `x-queue-type`, `durable` …
+        argument: String,
+        /// What the broker said.
+        detail: String,
+    },
 }
 
 impl BusError {

@@ -221,3 +221,37 @@ async fn run_relays_the_outbox_and_survives_its_consumer_connection_being_closed
     drop(store);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A handler queue that exists with other arguments (declared by hand as a classic queue)
+/// stops `run` with an error naming the queue and the argument, rather than restarting for
+/// ever against the same refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_declared_with_other_arguments_stops_run_with_its_name() {
+    let broker = TestBroker::new().await;
+    let (dir, _port) =
+        hexeract_tests::amqp::run_env(&broker, &hexeract_tests::amqp::amqp_url(), 50);
+    let queue = format!("{}.billing.invoice", broker.prefix);
+    hexeract::rabbitmq::ensure_topology(
+        &broker.connection,
+        &[],
+        &[hexeract::rabbitmq::Queue::classic(queue.clone())],
+        &[],
+    )
+    .await
+    .unwrap();
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(30),
+        hexeract::run(CancellationToken::new()),
+    )
+    .await
+    .expect("run stops by itself");
+    let text = stopped.expect_err("a queue it cannot declare").to_string();
+    assert!(
+        text.contains(&format!(
+            "queue {queue:?} exists on the broker with another x-"
+        )),
+        "{text}"
+    );
+    hexeract_tests::amqp::delete_queues_with_prefix(&broker.prefix).await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -41,9 +41,11 @@ pub struct RabbitMqConnection {
 }
 
 impl RabbitMqConnection {
-    /// Connects once, naming the connection `hexeract`.
+    /// Connects once, naming the connection after the executable (`orders-service` for
+    /// `target/release/orders-service`), so that the broker's list of connections tells which
+    /// program holds each; `hexeract` when the executable's name cannot be read.
     pub async fn connect(url: &str) -> Result<RabbitMqConnection, BusError> {
-        RabbitMqConnection::connect_named(url, "hexeract").await
+        RabbitMqConnection::connect_named(url, &default_name()).await
     }
 
     /// Connects once, with `name` as the connection's name on the broker.
@@ -117,13 +119,15 @@ impl RabbitMqConnection {
     }
 
     /// Connects, trying up to `attempts` times with `delay` between tries (doubling, at most
-    /// 30 s). Returns the last error when every try failed.
+    /// 30 s), naming the connection after the executable as
+    /// [`connect`](RabbitMqConnection::connect) does. Returns the last error when every try
+    /// failed.
     pub async fn connect_with_retry(
         url: &str,
         attempts: u32,
         delay: Duration,
     ) -> Result<RabbitMqConnection, BusError> {
-        RabbitMqConnection::connect_named_with_retry(url, "hexeract", attempts, delay).await
+        RabbitMqConnection::connect_named_with_retry(url, &default_name(), attempts, delay).await
     }
 
     /// [`connect_with_retry`](RabbitMqConnection::connect_with_retry) with a connection name.
@@ -285,4 +289,9 @@ pub(crate) fn tls_settings(url: &str) -> Result<(String, OwnedTLSConfig), BusErr
 /// ```
 pub fn redact_url(url: &str) -> String {
     crate::redact::redact_url(url)
+}
+
+/// The executable's name (`hexeract` when it cannot be read).
+fn default_name() -> String {
+    crate::config::executable_name()
 }

@@ -82,6 +82,9 @@ pub(crate) async fn run_on_broker(
         "delivering through RabbitMQ"
     );
 
+    // A topology the broker refuses (an object that exists with other arguments) stops both
+    // loops and `run`: restarting would meet the same refusal for ever.
+    let cancel = cancel.child_token();
     let batch_size = settings.policy.batch_size;
     let poll_interval = settings.relay_poll_interval;
     let ownership_checked = std::sync::atomic::AtomicBool::new(false);
@@ -128,8 +131,11 @@ pub(crate) async fn run_on_broker(
             worker(connection).map_err(|error| BusError::InvalidName(error.to_string()))?;
         worker.run(cancel.clone()).await
     });
-    tokio::join!(relay, consumers);
-    Ok(())
+    let (relay, consumers) = tokio::join!(relay, consumers);
+    match relay.and(consumers) {
+        Ok(()) => Ok(()),
+        Err(error) => Err(Error::Broker(error)),
+    }
 }
 
 /// Connects, retrying with backoff until it succeeds or `cancel` fires.
@@ -158,8 +164,13 @@ async fn connect(
 
 /// Runs `start` again whenever it fails, with backoff, until it returns `Ok(())` (after a
 /// cancellation) or `cancel` fires. The component is failing from a failure until the
-/// restarted loop passes again.
-async fn supervise<F, Fut>(probe: &Probe, cancel: &CancellationToken, start: F)
+/// restarted loop passes again. A [`BusError::Mismatch`] is not retried: it cancels `cancel`
+/// (stopping the other loop too) and is returned.
+async fn supervise<F, Fut>(
+    probe: &Probe,
+    cancel: &CancellationToken,
+    start: F,
+) -> Result<(), BusError>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<(), BusError>>,
@@ -168,8 +179,15 @@ where
     loop {
         let started = tokio::time::Instant::now();
         match start().await {
-            Ok(()) => return,
-            Err(_) if cancel.is_cancelled() => return,
+            Ok(()) => return Ok(()),
+            Err(_) if cancel.is_cancelled() => return Ok(()),
+            Err(error @ BusError::Mismatch { .. }) => {
+                let name = probe.name();
+                tracing::error!(%error, "{name} cannot start on this broker; stopping");
+                probe.fail(&error);
+                cancel.cancel();
+                return Err(error);
+            }
             Err(error) => {
                 // A loop that ran a while before failing starts its backoff over: an outage
                 // days after the last one is not met with the longest delay.
@@ -181,7 +199,7 @@ where
                 tracing::error!(%error, retry_in = ?delay, "{name} stopped; restarting");
                 probe.fail(format_args!("{error}; restarting"));
                 tokio::select! {
-                    () = cancel.cancelled() => return,
+                    () = cancel.cancelled() => return Ok(()),
                     () = tokio::time::sleep(delay) => {}
                 }
             }

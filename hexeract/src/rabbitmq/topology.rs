@@ -512,17 +512,51 @@ pub async fn ensure_topology(
 
 fn declare_error(what: &str, name: &str, error: lapin::Error) -> BusError {
     let detail = error.to_string();
-    let hint = if detail.contains("PRECONDITION_FAILED") || detail.contains("inequivalent") {
-        " (it exists with other arguments: delete it, or give Hexeract another prefix)"
-    } else {
-        ""
-    };
-    match BusError::transport(format!("declaring {what} {name:?}"), error) {
-        BusError::Transport { operation, detail } => BusError::Transport {
-            operation,
-            detail: format!("{detail}{hint}"),
-        },
-        other => other,
+    if let Some(argument) = inequivalent_argument(&detail) {
+        return BusError::Mismatch {
+            object: format!("{what} {name:?}"),
+            argument,
+            detail,
+        };
+    }
+    BusError::transport(format!("declaring {what} {name:?}"), error)
+}
+
+/// The argument a `PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue …` names.
+fn inequivalent_argument(detail: &str) -> Option<String> {
+    let (_, rest) = detail.split_once("inequivalent arg '")?;
+    let (argument, _) = rest.split_once('\'')?;
+    Some(argument.to_owned())
+}
+
+/// Whether `queue` exists, asked passively (a declare that creates nothing and checks no
+/// argument), on a channel of its own: the broker closes the channel of a passive declare
+/// that finds nothing.
+pub(crate) async fn queue_exists(
+    connection: &RabbitMqConnection,
+    queue: &str,
+) -> Result<bool, BusError> {
+    let channel = connection.channel().await?;
+    let found = channel
+        .queue_declare(
+            short(queue)?,
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    match found {
+        Ok(_) => {
+            let _ = channel.close(200, "checked".into()).await;
+            Ok(true)
+        }
+        Err(error) if error.to_string().contains("NOT_FOUND") => Ok(false),
+        Err(error) => Err(BusError::transport(
+            format!("checking that queue {queue:?} exists"),
+            error,
+        )),
     }
 }
 
@@ -538,6 +572,18 @@ mod tests {
             delivery_limit: 5,
             handlers: vec![("shop::reserve".into(), "OrderPlaced".into())],
         }
+    }
+
+    #[test]
+    fn the_argument_of_a_precondition_failure_is_read_out_of_the_broker_s_text() {
+        let detail = "protocol error: PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' \
+                      for queue 'orders.parked' in vhost '/': received none but current is \
+                      the value '604800000' of type 'signedint'";
+        assert_eq!(
+            inequivalent_argument(detail).as_deref(),
+            Some("x-message-ttl")
+        );
+        assert_eq!(inequivalent_argument("NOT_FOUND - no queue 'x'"), None);
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
 use crate::rabbitmq::acks::{AckTracker, Acks};
-use crate::rabbitmq::topology::{parking_queue, short, Queue};
+use crate::rabbitmq::topology::{parking_queue, queue_exists, short, Queue};
 use crate::rabbitmq::wire::{self, ParkedInfo};
 use crate::rabbitmq::{
     ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology,
@@ -636,15 +636,27 @@ impl Shared {
     async fn declare(&self) -> Result<(), BusError> {
         match self.consumers.first().map(|consumer| &consumer.route) {
             Some(Route::ByType(_)) => {
-                // The queue is the user's; the wait tiers and the parking queue are ours.
+                // The queue is the application's, and so is the parking queue when it exists
+                // already: both are only checked, passively, never declared again with
+                // arguments of ours. The wait tiers are the worker's.
                 let consumer = &self.consumers[0];
+                if !queue_exists(&self.connection, &consumer.queue).await? {
+                    return Err(BusError::Transport {
+                        operation: format!("consuming queue {:?}", consumer.queue),
+                        detail: "it does not exist: with queue(…) the application declares \
+                                 its queue (ensure_topology) before the worker runs"
+                            .to_owned(),
+                    });
+                }
                 let mut queues: Vec<Queue> = self
                     .topology
                     .queues()
                     .into_iter()
                     .filter(|queue| queue.message_ttl.is_some())
                     .collect();
-                queues.push(Queue::classic(consumer.parking.clone()));
+                if !queue_exists(&self.connection, &consumer.parking).await? {
+                    queues.push(Queue::classic(consumer.parking.clone()));
+                }
                 let exchanges = self.topology.exchanges();
                 let bindings: Vec<_> = self
                     .topology
