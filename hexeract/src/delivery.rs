@@ -17,7 +17,7 @@
 
 mod invoke;
 mod record;
-mod verdict;
+pub(crate) mod verdict;
 
 use std::future::Future;
 use std::sync::Arc;

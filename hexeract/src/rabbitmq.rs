@@ -48,7 +48,7 @@ pub use topology::{
 };
 pub use transport::RabbitMqTransport;
 pub use wire::headers;
-pub use worker::{RabbitMqWorker, RabbitMqWorkerBuilder};
+pub use worker::{AckMode, RabbitMqWorker, RabbitMqWorkerBuilder};
 
 /// A broker operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -76,8 +76,10 @@ pub enum BusError {
         /// Why.
         detail: String,
     },
-    /// No handler is registered for the message type.
-    #[error("no handler is registered for message type {message_type:?}")]
+    /// No handler is registered for the message type. The worker logs it and treats it as
+    /// a failed call (`unknown_message_type`): retried, since the handler may come with the
+    /// next deployment, then parked; its dead-letter detail is this error's text.
+    #[error("{}", crate::delivery::verdict::missing_handler(message_type))]
     MissingHandler {
         /// The type the message carries.
         message_type: String,
@@ -127,4 +129,29 @@ fn is_connection_error(error: &lapin::Error) -> bool {
             | ErrorKind::MissingHeartbeatError
             | ErrorKind::RuntimeShutdownError(_)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BusError;
+    use crate::delivery::verdict::no_handler_for_type;
+    use crate::{HandlerOutcome, Reason};
+
+    #[test]
+    fn a_message_no_handler_takes_is_dead_lettered_with_the_missing_handler_text() {
+        let missing = BusError::MissingHandler {
+            message_type: "billing.Refund".to_owned(),
+        };
+        match no_handler_for_type("billing.Refund") {
+            HandlerOutcome::Retry { reason, detail, .. } => {
+                assert_eq!(reason, Reason::UNKNOWN_MESSAGE_TYPE);
+                assert_eq!(detail, missing.to_string());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            missing.to_string(),
+            "no handler is registered for message type \"billing.Refund\""
+        );
+    }
 }

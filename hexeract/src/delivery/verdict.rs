@@ -138,9 +138,15 @@ pub(crate) fn payload_too_large_detail(len: usize, max: usize) -> String {
 pub(crate) fn no_handler_for_type(message_type: &str) -> HandlerOutcome {
     HandlerOutcome::Retry {
         reason: Reason::UNKNOWN_MESSAGE_TYPE,
-        detail: format!("no handler is registered for message type {message_type:?}"),
+        detail: missing_handler(message_type),
         after: None,
     }
+}
+
+/// The one text of a message no handler here knows: the detail of its verdict and the
+/// message of `BusError::MissingHandler`.
+pub(crate) fn missing_handler(message_type: &str) -> String {
+    format!("no handler is registered for message type {message_type:?}")
 }
 
 /// The outcome of a message meant for one handler (a retry, a replayed dead letter) that this

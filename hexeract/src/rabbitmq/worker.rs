@@ -85,6 +85,7 @@ pub struct RabbitMqWorkerBuilder {
     policy: Policy,
     confirm_timeout: Duration,
     delivery_limit: u32,
+    ack_mode: AckMode,
     declare: bool,
     dead_letters: Option<Arc<dyn DeadLetterStore>>,
     publisher: Option<Arc<dyn Publish>>,
@@ -113,6 +114,7 @@ impl RabbitMqWorkerBuilder {
             policy,
             confirm_timeout: Duration::from_secs(30),
             delivery_limit: DEFAULT_DELIVERY_LIMIT,
+            ack_mode: AckMode::Manual,
             declare: true,
             dead_letters: None,
             publisher: None,
@@ -216,6 +218,14 @@ impl RabbitMqWorkerBuilder {
     /// [`skip_declare`](Self::skip_declare), set it to the limit the queues were declared with.
     pub fn delivery_limit(mut self, limit: u32) -> RabbitMqWorkerBuilder {
         self.delivery_limit = limit;
+        self
+    }
+
+    /// When a delivery is acked (default [`AckMode::Manual`]: once its outcome is settled, so
+    /// that nothing is lost). [`AckMode::Automatic`] acks it as a call takes it, before the
+    /// handler runs: at most once, the one exception to at-least-once.
+    pub fn ack_mode(mut self, mode: AckMode) -> RabbitMqWorkerBuilder {
+        self.ack_mode = mode;
         self
     }
 
@@ -389,6 +399,7 @@ impl RabbitMqWorkerBuilder {
                 shutdown_grace: policy.shutdown_grace,
                 confirm_timeout: self.confirm_timeout,
                 delivery_limit: self.delivery_limit,
+                ack_mode: self.ack_mode,
                 declare: self.declare,
                 dead_letters: self.dead_letters,
                 publisher: self.publisher,
@@ -442,6 +453,36 @@ pub struct RabbitMqWorker {
     shared: Arc<Shared>,
 }
 
+/// When the worker acks a delivery.
+///
+/// ```no_run
+/// # async fn example(connection: hexeract::rabbitmq::RabbitMqConnection) -> Result<(), hexeract::Error> {
+/// use hexeract::rabbitmq::{AckMode, RabbitMqWorkerBuilder};
+///
+/// // Price ticks: a newer one comes every second, and one lost in a crash does not matter.
+/// let worker = RabbitMqWorkerBuilder::new(connection)
+///     .from_registry()
+///     .ack_mode(AckMode::Automatic)
+///     .build()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AckMode {
+    /// Acked once its outcome is settled: after the handler succeeded, after its retry or
+    /// park was confirmed by the broker. A crash or a lost connection before that brings the
+    /// delivery back: at least once.
+    #[default]
+    Manual,
+    /// Acked as a call takes it, before the handler runs: at most once. A failure is still
+    /// retried through the wait queues and, in the end, parked with its `dead_letters` row;
+    /// but a crash, a lost connection, a shutdown that gives up on a running call, or a retry
+    /// that cannot be published loses the message (logged as lost). Prefetch still bounds
+    /// what the broker sends, and the worker runs at most `prefetch` calls of a queue at once.
+    Automatic,
+}
+
 struct Shared {
     connection: RabbitMqConnection,
     topology: Topology,
@@ -453,6 +494,7 @@ struct Shared {
     shutdown_grace: Duration,
     confirm_timeout: Duration,
     delivery_limit: u32,
+    ack_mode: AckMode,
     declare: bool,
     dead_letters: Option<Arc<dyn DeadLetterStore>>,
     publisher: Option<Arc<dyn Publish>>,
@@ -727,6 +769,7 @@ impl ConsumeLoop<'_> {
         let idle_flush = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(idle_flush);
         let mut flush_armed = false;
+        let automatic = shared.ack_mode == AckMode::Automatic;
         let lost = loop {
             if tracker.settled() >= batch {
                 acks.send(tracker.take(false));
@@ -742,14 +785,19 @@ impl ConsumeLoop<'_> {
                 biased;
                 () = stop.cancelled() => break None,
                 Some((tag, settled)) = running.next(), if !running.is_empty() => {
-                    if settle(&mut tracker, tag, settled) {
+                    if self.settle_after_call(&mut tracker, tag, settled) {
                         // A delivery to give back is sent at once: nothing else might flush it.
                         acks.send(tracker.take(false));
                     }
                 }
-                next = deliveries.next() => match next {
+                // Acked as taken, a delivery no longer holds its prefetch slot: the worker
+                // itself keeps to `prefetch` calls at once.
+                next = deliveries.next(), if !automatic || running.len() < usize::from(shared.prefetch) => match next {
                     Some(Ok(delivery)) => {
                         tracker.received(delivery.delivery_tag);
+                        if automatic {
+                            tracker.settle(delivery.delivery_tag);
+                        }
                         running.push(Box::pin(self.process(delivery)));
                     }
                     // The stream fails only when the channel or connection is gone.
@@ -795,7 +843,7 @@ impl ConsumeLoop<'_> {
             self.lost.store(true, Ordering::SeqCst);
         }
         while let Some((tag, settled)) = running.next().await {
-            settle(&mut tracker, tag, settled);
+            self.settle_after_call(&mut tracker, tag, settled);
             // Singles too: a delivery handed back uncharged has a copy in the queue already.
             acks.send(tracker.take(true));
         }
@@ -806,6 +854,25 @@ impl ConsumeLoop<'_> {
         }
         let _ = channel.close(200, "worker stopped".into()).await;
         Ok(())
+    }
+
+    /// Records how a call's delivery is settled; `true` when it is to be given back at once.
+    /// Under [`AckMode::Automatic`] the delivery was acked when it was taken: one that should
+    /// go back to its queue is lost instead, and said so.
+    fn settle_after_call(&self, tracker: &mut AckTracker, tag: u64, settled: Settled) -> bool {
+        if self.shared.ack_mode == AckMode::Manual {
+            return settle(tracker, tag, settled);
+        }
+        if !matches!(settled, Settled::Ack) {
+            tracing::error!(
+                queue = %self.consumer.queue,
+                delivery_tag = tag,
+                "a delivery acked when taken (AckMode::Automatic) could not be settled and is \
+                 lost: the worker stopped or lost its connection, or its retry or park could \
+                 not be published"
+            );
+        }
+        false
     }
 
     /// Handles one delivery to its end: called, then acked, retried or parked.
@@ -821,7 +888,18 @@ impl ConsumeLoop<'_> {
                 Ok(envelope) => {
                     let target = match self.consumer.route.runner(&envelope.message_type) {
                         Some(slot) => Target::Slot(slot),
-                        None => Target::NoHandlerForType(queue_handler),
+                        None => {
+                            let missing = BusError::MissingHandler {
+                                message_type: envelope.message_type.clone(),
+                            };
+                            tracing::warn!(
+                                error = %missing,
+                                message_id = %envelope.id,
+                                queue = %self.consumer.queue,
+                                "a delivery no handler of this worker takes"
+                            );
+                            Target::NoHandlerForType(queue_handler)
+                        }
                     };
                     let redeliveries = wire::redeliveries_of(&delivery);
                     let verdict = if redeliveries >= u64::from(shared.delivery_limit) {
