@@ -92,9 +92,9 @@ pub enum BusError {
     /// not help: delete the object, or declare it as the worker does (docs/rabbitmq.md), or
     /// give the worker other names.
     #[error(
-        "{object} exists on the broker with another {argument} than the worker declares it \
-         with; delete it, or declare it as docs/rabbitmq.md shows, or use other names \
-         (the broker said: {detail})"
+        "{object} exists on the broker with another {argument} than Hexeract declares it \
+         with; move or drain its messages, then delete it, or declare it as docs/rabbitmq.md \
+         shows, or use other names (the broker said: {detail})"
     )]
     Mismatch {
         /// The queue or exchange, with its name: `queue "orders.parked"`.

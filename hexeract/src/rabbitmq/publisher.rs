@@ -283,6 +283,14 @@ impl RabbitMqPublisher {
         properties: BasicProperties,
         mandatory: bool,
     ) -> Result<Pending, BusError> {
+        if self.confirms_lost.load(Ordering::SeqCst) {
+            return Err(BusError::NotConfirmed {
+                message_id: "(not sent)".to_owned(),
+                detail: "the channel was given up after a confirm did not come in time; \
+                         publish on a new connection"
+                    .to_owned(),
+            });
+        }
         self.unblocked().await?;
         let confirm = self
             .channel
@@ -316,6 +324,14 @@ impl RabbitMqPublisher {
                     timeout = ?self.confirm_timeout,
                     "a publisher confirm did not come in time; the channel is given up"
                 );
+                // Closed, the channel fails every confirm still awaited on it at once, instead
+                // of each waiting out its own timeout.
+                let channel = self.channel.clone();
+                tokio::spawn(async move {
+                    let _ = channel
+                        .close(200, "publisher confirms stopped coming".into())
+                        .await;
+                });
             }
             return Err(not_confirmed(format!(
                 "no confirm within {:?}; the channel is given up",

@@ -666,8 +666,8 @@ impl Shared {
             .find_map(Result::err)
             .unwrap_or_else(|| {
                 BusError::Connection(
-                    "the channel for retries and parking closed (a publish the broker refused, or \
-                     a lost connection)"
+                    "the channel for retries and parking closed (a publish the broker refused, a \
+                     lost connection, or publisher confirms that stopped coming)"
                         .to_owned(),
                 )
             });
@@ -690,14 +690,21 @@ impl Shared {
                             .to_owned(),
                     });
                 }
-                let mut queues: Vec<Queue> = self
+                let queues: Vec<Queue> = self
                     .topology
                     .queues()
                     .into_iter()
                     .filter(|queue| queue.message_ttl.is_some())
                     .collect();
                 if !queue_exists(&self.connection, &consumer.parking).await? {
-                    queues.push(Queue::classic(consumer.parking.clone()));
+                    let parking = Queue::classic(consumer.parking.clone());
+                    match ensure_topology(&self.connection, &[], &[parking], &[]).await {
+                        // Declared meanwhile, with arguments of its own (the application, or
+                        // another replica): it is theirs, and it is there.
+                        Err(BusError::Mismatch { .. })
+                            if queue_exists(&self.connection, &consumer.parking).await? => {}
+                        declared => declared?,
+                    }
                 }
                 let exchanges = self.topology.exchanges();
                 let bindings: Vec<_> = self
@@ -796,7 +803,9 @@ impl ConsumeLoop<'_> {
                     Some(Ok(delivery)) => {
                         tracker.received(delivery.delivery_tag);
                         if automatic {
+                            // Acked before the call starts: its frame is queued now.
                             tracker.settle(delivery.delivery_tag);
+                            acks.send(tracker.take(true));
                         }
                         running.push(Box::pin(self.process(delivery)));
                     }
@@ -868,8 +877,9 @@ impl ConsumeLoop<'_> {
                 queue = %self.consumer.queue,
                 delivery_tag = tag,
                 "a delivery acked when taken (AckMode::Automatic) could not be settled and is \
-                 lost: the worker stopped or lost its connection, or its retry or park could \
-                 not be published"
+                 lost (unless its ack never reached the broker, which then delivers it again): \
+                 the worker stopped or lost its connection, or its retry or park could not be \
+                 published"
             );
         }
         false
@@ -1056,7 +1066,10 @@ impl ConsumeLoop<'_> {
     async fn hand_back(&self, delivery: &Delivery) -> Settled {
         // Lost, the broker returns it anyway; blocked, each publish would wait for its
         // confirm timeout.
-        if self.lost.load(Ordering::SeqCst) || self.shared.connection.is_blocked() {
+        if self.lost.load(Ordering::SeqCst)
+            || self.shared.connection.is_blocked()
+            || !self.publisher.is_connected()
+        {
             return Settled::GiveBack;
         }
         // The copy goes through the default exchange: a type that only its routing key gave
