@@ -172,13 +172,17 @@ async fn operations() -> ExitCode {
 async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
     let pool = connect(&settings).await?;
-    let worker = worker(&settings, pool.clone())?;
+    // One port for everything: the API, and the worker's /health, /health/ready and /metrics
+    // (the worker binds no port of its own).
+    let worker = worker(&settings, pool.clone())?.listen(false);
+    let app = api::router(pool, api::ShopId(settings.shop_id.clone())).merge(worker.router());
 
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", settings.http_port))
         .await
         .map_err(|error| format!("cannot listen on HTTP_PORT {}: {error}", settings.http_port))?;
     tracing::info!(
-        "shop API on http://{}; try: curl -s localhost:{}/products",
+        "shop API on http://{}; try: curl -s localhost:{}/products (health: /health/ready, \
+         metrics: /metrics)",
         listener.local_addr()?,
         settings.http_port
     );
@@ -186,11 +190,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     // The worker stops on SIGTERM and Ctrl-C, lets running handlers finish (8 s), and
     // returns; the API stops with it.
     let cancel = CancellationToken::new();
-    let server = axum::serve(
-        listener,
-        api::router(pool, api::ShopId(settings.shop_id.clone())),
-    )
-    .with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
     let http = tokio::spawn({
         let cancel = cancel.clone();
         async move {

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::WorkerConfig;
 use crate::error::Error;
 use crate::registry::{HandlerSet, RegistryError};
-use crate::run::Application;
+use crate::run::{Application, Endpoints};
 use crate::schedule::jobs_from_inventory;
 
 /// The application builder: [`WorkerConfig`] (from the environment, from a file or from code)
@@ -60,6 +60,7 @@ use crate::schedule::jobs_from_inventory;
 pub struct Worker {
     config: WorkerConfig,
     handlers: HandlerSet,
+    endpoints: Endpoints,
 }
 
 impl Worker {
@@ -69,7 +70,47 @@ impl Worker {
         Worker {
             config,
             handlers: HandlerSet::program(),
+            endpoints: Endpoints::new(),
         }
+    }
+
+    /// This worker's `/health`, `/health/ready` and `/metrics` as an [`axum::Router`], to nest
+    /// in the application's own router and serve on its port (give
+    /// [`listen(false)`](Worker::listen) then, or the worker also serves them on
+    /// `WORKER_PORT`). The router reads this worker's loops: it answers `503` until they are
+    /// all started, and keeps answering for this worker after [`try_run`](Worker::try_run)
+    /// took it.
+    ///
+    /// ```no_run
+    /// use hexeract::{CancellationToken, Worker, WorkerConfig};
+    ///
+    /// #[tokio::main]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let worker = Worker::new(WorkerConfig::from_env()?).listen(false);
+    ///     let app = axum::Router::new()
+    ///         .route("/orders", axum::routing::get(|| async { "[]" }))
+    ///         .merge(worker.router()); // /health, /health/ready, /metrics
+    ///     let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    ///     let cancel = CancellationToken::new();
+    ///     let server = axum::serve(listener, app)
+    ///         .with_graceful_shutdown(cancel.clone().cancelled_owned());
+    ///     let http = tokio::spawn(async move { server.await });
+    ///     worker.try_run(cancel.clone()).await?;
+    ///     cancel.cancel();
+    ///     http.await??;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn router(&self) -> axum::Router {
+        crate::health::server::routes(self.endpoints.health.clone(), self.endpoints.store.clone())
+    }
+
+    /// Whether the worker serves its endpoints on a listener of its own, on `WORKER_ADDR` and
+    /// `WORKER_PORT` (default `true`). Give `false` when the application serves
+    /// [`router`](Worker::router) itself.
+    pub fn listen(mut self, on: bool) -> Worker {
+        self.endpoints.listen = on;
+        self
     }
 
     crate::registry::handler_registration!(Worker);
@@ -121,6 +162,7 @@ impl Worker {
                 registry,
                 states,
                 job_middleware,
+                endpoints: self.endpoints,
             },
         ))
     }

@@ -86,7 +86,7 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 /// | `AMQP_PREFETCH` | `policy.prefetch` |
 /// | `RELAY_POLL_INTERVAL_MS` | `relay_poll_interval` |
 /// | `SCHEDULER_*` | `scheduler` |
-/// | `WORKER_PORT` | `worker_port` |
+/// | `WORKER_PORT`, `WORKER_ADDR` | `worker_port`, `worker_addr` |
 /// | `INBOX_RETENTION_DAYS`, `DEAD_LETTER_RETENTION_DAYS` | `inbox_retention`, `dead_letter_retention` |
 /// | `AMQP_URL`, `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX` | `amqp` |
 /// | `KAFKA_BROKERS`, `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS` | `kafka` |
@@ -105,6 +105,9 @@ pub struct WorkerConfig {
     pub scheduler: SchedulerConfig,
     /// `WORKER_PORT`: the port of the health and metrics endpoints (8081; 0 picks a free one).
     pub worker_port: u16,
+    /// `WORKER_ADDR`: the address they listen on (`0.0.0.0`, every interface; `127.0.0.1` keeps
+    /// them on the machine).
+    pub worker_addr: std::net::IpAddr,
     /// `INBOX_RETENTION_DAYS` (7): inbox marks older than this are deleted; `None`: kept.
     #[serde(rename = "inbox_retention_days", with = "days")]
     pub inbox_retention: Option<Duration>,
@@ -199,6 +202,7 @@ impl Default for WorkerConfig {
             relay_poll_interval: Policy::process().poll_interval,
             scheduler: SchedulerConfig::default(),
             worker_port: DEFAULT_WORKER_PORT,
+            worker_addr: DEFAULT_WORKER_ADDR,
             inbox_retention: Some(days(DEFAULT_INBOX_RETENTION_DAYS)),
             dead_letter_retention: Some(days(DEFAULT_DEAD_LETTER_RETENTION_DAYS)),
             amqp: None,
@@ -259,6 +263,11 @@ pub(crate) fn executable_name() -> String {
 
 /// The port of the health and metrics endpoints unless `WORKER_PORT` says otherwise.
 pub(crate) const DEFAULT_WORKER_PORT: u16 = 8081;
+
+/// Where the health and metrics endpoints listen unless `WORKER_ADDR` says otherwise: every
+/// interface.
+pub(crate) const DEFAULT_WORKER_ADDR: std::net::IpAddr =
+    std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
 
 impl WorkerConfig {
     /// The settings of the environment's variables (`docs/configuration.md`); every invalid
@@ -345,6 +354,8 @@ impl WorkerConfig {
             },
             worker_port: read("WORKER_PORT", |v| whole_number(v, 0, 65_535))
                 .map_or(DEFAULT_WORKER_PORT, |port| port as u16),
+            // Read below, beside the transport: `read` takes numbers.
+            worker_addr: DEFAULT_WORKER_ADDR,
             inbox_retention: retention(
                 read("INBOX_RETENTION_DAYS", |v| whole_number(v, 0, 36_500)),
                 DEFAULT_INBOX_RETENTION_DAYS,
@@ -358,6 +369,18 @@ impl WorkerConfig {
         };
         // Its problems are pushed with the others' at the end (`read` holds `problems`).
         let mut transport_problems = Vec::new();
+        if let Some(address) = lookup("WORKER_ADDR") {
+            match address.trim().parse::<std::net::IpAddr>() {
+                Ok(parsed) => settings.worker_addr = parsed,
+                Err(_) => transport_problems.push(ConfigProblem {
+                    setting: "WORKER_ADDR".to_owned(),
+                    value: address,
+                    expected: "an IP address to listen on, such as 0.0.0.0 (every interface), \
+                               127.0.0.1 or ::"
+                        .to_owned(),
+                }),
+            }
+        }
         // `HEXERACT_TRANSPORT` chooses the transport by name (a broker's URL then has a
         // default); unset, `AMQP_URL` or `KAFKA_BROKERS` choose it.
         let (amqp_url, kafka_brokers) = match lookup("HEXERACT_TRANSPORT") {
@@ -897,6 +920,23 @@ mod tests {
     }
 
     #[test]
+    fn worker_addr_defaults_to_every_interface_and_a_bad_one_is_named() {
+        let every = WorkerConfig::from_lookup(lookup(&[])).unwrap().worker_addr;
+        assert_eq!(every.to_string(), "0.0.0.0", "every interface, as before");
+        let local = WorkerConfig::from_lookup(lookup(&[("WORKER_ADDR", "127.0.0.1")]))
+            .unwrap()
+            .worker_addr;
+        assert_eq!(local.to_string(), "127.0.0.1");
+        let error = WorkerConfig::from_lookup(lookup(&[("WORKER_ADDR", "localhost")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("WORKER_ADDR") && error.contains("an IP address"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn worker_port_defaults_to_8081_and_a_bad_one_is_named() {
         assert_eq!(
             WorkerConfig::from_lookup(lookup(&[])).unwrap().worker_port,
@@ -1230,6 +1270,7 @@ mod tests {
                 "KAFKA_BROKERS" => "broker:9093",
                 "HEXERACT_TRANSPORT" => "kafka",
                 "WORKER_PORT" => "9999",
+                "WORKER_ADDR" => "127.0.0.1",
                 _ => "11",
             };
             let base: Vec<(String, String)> = needs

@@ -34,8 +34,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-mod server;
-pub use server::serve;
+pub(crate) mod server;
+pub use server::{router, serve};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 

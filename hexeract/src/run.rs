@@ -20,6 +20,30 @@ pub(crate) struct Application {
     pub(crate) registry: Registry,
     pub(crate) states: crate::state::States,
     pub(crate) job_middleware: crate::middleware::Middlewares,
+    pub(crate) endpoints: Endpoints,
+}
+
+/// The health, readiness and metrics of one worker: what its router reads, and whether the
+/// worker serves them on a listener of its own.
+#[derive(Clone)]
+pub(crate) struct Endpoints {
+    pub(crate) health: crate::health::Health,
+    pub(crate) store: crate::health::server::StoreSlot,
+    pub(crate) listen: bool,
+}
+
+impl Endpoints {
+    pub(crate) fn new() -> Endpoints {
+        let health = crate::health::Health::new();
+        // Not ready until the worker runs and every loop has added its component: with no
+        // component at all, readiness would read as ready.
+        let _ = health.probe("startup");
+        Endpoints {
+            health,
+            store: Default::default(),
+            listen: true,
+        }
+    }
 }
 
 /// What [`Worker::try_run`](crate::Worker::try_run) runs, once its settings and handlers are
@@ -30,19 +54,27 @@ pub(crate) async fn start(
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let store = crate::store::process::store_for(&settings.database).await?;
-    // Served on WORKER_PORT; its changes (ready, not ready and why) are logged too.
-    let health = crate::health::Health::new();
+    // Served on WORKER_PORT, or by the application's router; its changes (ready, not ready
+    // and why) are logged too.
+    let endpoints = application.endpoints.clone();
+    let health = endpoints.health.clone();
+    let _ = endpoints.store.set(store.clone());
     // Not ready until every loop has added its component: served before they exist, an empty
     // list would read as ready.
     let startup = health.probe("startup");
     let stop = cancel.child_token();
-    let listener = bind_worker_port(settings.worker_port).await?;
-    let http = tokio::spawn(crate::health::serve(
-        listener,
-        health.clone(),
-        Some(store.clone()),
-        stop.clone(),
-    ));
+    let http = if endpoints.listen {
+        let listener = bind_worker_port(settings.worker_addr, settings.worker_port).await?;
+        let app = crate::health::server::routes(health.clone(), endpoints.store.clone());
+        let stopped = stop.clone();
+        Some(tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await
+        }))
+    } else {
+        None
+    };
     warn_about_unowned(&*store, &application.registry).await;
     let hygiene = tokio::spawn(retention(
         store.clone(),
@@ -54,11 +86,14 @@ pub(crate) async fn start(
     stop.cancel();
     let _ = hygiene.await;
     // A client holding a connection open would keep the server's graceful shutdown waiting.
-    let mut http = http;
-    match tokio::time::timeout(Duration::from_secs(2), &mut http).await {
-        Ok(Ok(Err(error))) => tracing::warn!(%error, "the health endpoint stopped with an error"),
-        Ok(_) => {}
-        Err(_) => http.abort(),
+    if let Some(mut http) = http {
+        match tokio::time::timeout(Duration::from_secs(2), &mut http).await {
+            Ok(Ok(Err(error))) => {
+                tracing::warn!(%error, "the health endpoint stopped with an error");
+            }
+            Ok(_) => {}
+            Err(_) => http.abort(),
+        }
     }
     result
 }
@@ -125,14 +160,17 @@ async fn retention(
 }
 
 /// Binds the health and metrics endpoints, or says which variable to change.
-async fn bind_worker_port(port: u16) -> Result<tokio::net::TcpListener, Error> {
-    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port))
+async fn bind_worker_port(
+    address: std::net::IpAddr,
+    port: u16,
+) -> Result<tokio::net::TcpListener, Error> {
+    let listener = tokio::net::TcpListener::bind((address, port))
         .await
         .map_err(|error| {
             Error::Config(crate::error::ConfigError {
                 problems: vec![crate::error::ConfigProblem {
-                    setting: "WORKER_PORT".to_owned(),
-                    value: port.to_string(),
+                    setting: "WORKER_ADDR and WORKER_PORT".to_owned(),
+                    value: std::net::SocketAddr::new(address, port).to_string(),
                     expected: format!(
                         "a port this process can listen on for /health and /metrics ({error})"
                     ),

@@ -86,6 +86,7 @@ impl Database {
 struct Shop {
     child: Child,
     http: u16,
+    /// WORKER_PORT, which the example leaves unbound (it serves health on `http`).
     worker: u16,
     env: Vec<(&'static str, String)>,
 }
@@ -100,6 +101,7 @@ impl Shop {
             ("HEXERACT_EXCHANGE", format!("{prefix}.x")),
             ("HEXERACT_QUEUE_PREFIX", prefix.to_owned()),
             ("HTTP_PORT", http.to_string()),
+            // Set, so that the test can check the example does not bind it.
             ("WORKER_PORT", worker.to_string()),
             ("CART_TTL_SECS", "3".to_owned()),
             ("RUST_LOG", "info,sqlx=warn".to_owned()),
@@ -206,7 +208,7 @@ impl Shop {
 
     /// `hexeract_messages_handled_total` of `handler` in `/metrics`.
     async fn handled(&self, handler: &str) -> u64 {
-        let (status, text) = hexeract_tests::http::get(self.worker, "/metrics")
+        let (status, text) = hexeract_tests::http::get(self.http, "/metrics")
             .await
             .expect("/metrics answers");
         assert_eq!(status, 200);
@@ -231,7 +233,13 @@ async fn the_orders_example_takes_orders_reserves_stock_confirms_and_expires_car
     let prefix = format!("t{}", Uuid::now_v7().simple());
     let mut shop = Shop::start(&database, &prefix);
     // Ready: the relay, both consumers and the scheduler have each finished a pass.
-    wait_for_status(shop.worker, "/health/ready", 200, Duration::from_secs(60)).await;
+    // Health, readiness and metrics are served on the API's port; WORKER_PORT is not bound.
+    wait_for_status(shop.http, "/health/ready", 200, Duration::from_secs(60)).await;
+    assert_eq!(
+        hexeract_tests::http::get(shop.worker, "/health").await,
+        None,
+        "the example serves one port"
+    );
     let stock_before = shop.stock().await;
     assert_eq!(
         stock_before,

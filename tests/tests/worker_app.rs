@@ -396,3 +396,66 @@ fn line_of(text: &str) -> usize {
         .expect("the line")
         + 1
 }
+
+/// `Worker::router()` serves the worker's health, readiness and metrics on the application's
+/// own port (here nested under `/ops` beside a route of the application's), and with
+/// `listen(false)` the worker binds no port of its own.
+#[tokio::test]
+async fn the_worker_s_endpoints_are_served_on_the_application_s_port() {
+    let file = File::new();
+    let own_port = hexeract_tests::http::free_port();
+    let mut config = file.config();
+    config.worker_port = own_port;
+    let worker = Worker::new(config)
+        .state(Journal::default())
+        .state(Warehouse("eu-west"))
+        .listen(false);
+    let app = axum::Router::new()
+        .route("/orders", axum::routing::get(|| async { "[]" }))
+        .nest("/ops", worker.router());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cancel = CancellationToken::new();
+    let serving =
+        axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let server = tokio::spawn(async move { serving.await });
+    // Before the worker runs, its router says it is not ready.
+    let (status, body) = hexeract_tests::http::get(port, "/ops/health/ready")
+        .await
+        .expect("the application's port answers");
+    assert_eq!(status, 503, "{body}");
+    let running = tokio::spawn(worker.try_run(cancel.clone()));
+    let ready = hexeract_tests::http::wait_for_status(
+        port,
+        "/ops/health/ready",
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(ready.contains("scheduler: ready"), "{ready}");
+    assert!(ready.contains("outbox worker"), "{ready}");
+    let (status, metrics) = hexeract_tests::http::get(port, "/ops/metrics")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("hexeract_component_ready{component=\"scheduler\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("hexeract_outbox_backlog"),
+        "the store's gauges: {metrics}"
+    );
+    assert_eq!(
+        hexeract_tests::http::get(port, "/orders").await,
+        Some((200, "[]".to_owned()))
+    );
+    assert_eq!(
+        hexeract_tests::http::get(own_port, "/health").await,
+        None,
+        "listen(false): nothing on WORKER_PORT"
+    );
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+    server.await.unwrap().unwrap();
+}

@@ -1,7 +1,7 @@
 //! The HTTP endpoints on `WORKER_PORT`: `/health`, `/health/ready`, `/metrics`.
 
 use std::fmt::Write;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -14,12 +14,54 @@ use crate::health::{Health, Status};
 use crate::metrics::{escape, Metrics};
 use crate::store::Store;
 
+/// The store whose backlog `/metrics` reports, set once it is open: a [`Worker`](crate::Worker)
+/// hands out its router before it opens its store.
+pub(crate) type StoreSlot = Arc<OnceLock<Arc<dyn Store>>>;
+
 /// What the endpoints read.
 #[derive(Clone)]
 struct Served {
     health: Health,
     metrics: Metrics,
-    store: Option<Arc<dyn Store>>,
+    store: StoreSlot,
+}
+
+/// The endpoints of [`serve`] as an [`axum::Router`], to nest in an application's own router
+/// and serve on its own port, behind its own authentication if it likes.
+///
+/// ```no_run
+/// # async fn example() -> std::io::Result<()> {
+/// use hexeract::health::{router, Health};
+///
+/// let health = Health::new();
+/// let app = axum::Router::new()
+///     .route("/orders", axum::routing::get(|| async { "[]" }))
+///     .nest("/ops", router(health.clone(), None)); // /ops/health/ready, /ops/metrics
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// axum::serve(listener, app).await
+/// # }
+/// ```
+///
+/// A [`Worker`](crate::Worker) gives its own with [`Worker::router`](crate::Worker::router).
+pub fn router(health: Health, store: Option<Arc<dyn Store>>) -> Router {
+    let slot = StoreSlot::default();
+    if let Some(store) = store {
+        let _ = slot.set(store);
+    }
+    routes(health, slot)
+}
+
+/// The endpoints, reading the store from `store` once it is set.
+pub(crate) fn routes(health: Health, store: StoreSlot) -> Router {
+    Router::new()
+        .route("/health", get(alive))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(Served {
+            health,
+            metrics: Metrics::global().clone(),
+            store,
+        })
 }
 
 /// Serves the health and metrics endpoints on `listener` until `cancel` fires:
@@ -51,17 +93,7 @@ pub async fn serve(
     store: Option<Arc<dyn Store>>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    let served = Served {
-        health,
-        metrics: Metrics::global().clone(),
-        store,
-    };
-    let app = Router::new()
-        .route("/health", get(alive))
-        .route("/health/ready", get(ready))
-        .route("/metrics", get(metrics))
-        .with_state(served);
-    axum::serve(listener, app)
+    axum::serve(listener, router(health, store))
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await
 }
@@ -107,7 +139,7 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
             escape(&component.name)
         );
     }
-    if let Some(store) = &served.store {
+    if let Some(store) = served.store.get() {
         // A store that cannot answer leaves the gauge out rather than failing the scrape.
         if let Ok(backlog) = store.backlog().await {
             let _ = writeln!(
