@@ -41,6 +41,8 @@ pub struct Context {
     publisher: Arc<dyn Publish>,
     /// Set by the scheduler alone: a message cannot pass for a job's run.
     scheduled_run: bool,
+    /// This call's W3C span id (never zero): the parent id of what it publishes.
+    span_id: u64,
 }
 
 impl Context {
@@ -57,7 +59,16 @@ impl Context {
             cancellation,
             publisher,
             scheduled_run: false,
+            span_id: crate::envelope::new_span_id(),
         }
+    }
+
+    /// This call's span id in the W3C Trace Context sense (16 hex digits): the handler's
+    /// `hexeract.handle` span records it as `span_id` when the message carries a trace, and a
+    /// follow-up published with [`publish`](Context::publish) carries it as the parent id of
+    /// its `traceparent`, so each hop of a trace points at the call that made it.
+    pub fn span_id(&self) -> String {
+        format!("{:016x}", self.span_id)
     }
 
     /// This context is a scheduled job's run (only the scheduler makes one).
@@ -151,7 +162,7 @@ impl Context {
     /// Publishes a follow-up message in this message's conversation: same correlation id, and
     /// this message's id as causation id. Returns the new message's id.
     pub async fn publish<M: Message>(&self, message: &M) -> Result<Uuid, PublishError> {
-        let envelope = Envelope::new(message)?.caused_by(&self.envelope);
+        let envelope = Envelope::new(message)?.caused_by_span(&self.envelope, self.span_id);
         self.publisher.publish_envelope(envelope).await
     }
 }

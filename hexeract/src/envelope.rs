@@ -102,12 +102,21 @@ impl Envelope {
     }
 
     /// Marks this envelope as published while handling `parent`: same conversation
-    /// (correlation id), caused by the parent's id.
-    pub fn caused_by(mut self, parent: &Envelope) -> Envelope {
+    /// (correlation id), caused by the parent's id, and the same W3C trace one hop further (a
+    /// new parent id under the parent's trace id). Inside a handler,
+    /// [`Context::publish`](crate::Context::publish) does this with the call's own span id as
+    /// the parent id.
+    pub fn caused_by(self, parent: &Envelope) -> Envelope {
+        self.caused_by_span(parent, new_span_id())
+    }
+
+    /// [`caused_by`](Envelope::caused_by), with `span_id` (not zero) as the parent id of the
+    /// new hop: the span of the call that publishes it.
+    pub(crate) fn caused_by_span(mut self, parent: &Envelope, span_id: u64) -> Envelope {
         self.correlation_id = Some(parent.correlation_id.unwrap_or(parent.id));
         self.causation_id = Some(parent.id);
-        // The same W3C trace, one hop further: a new parent id under the parent's trace id.
-        if let Some(child) = parent.header(TRACEPARENT).and_then(child_traceparent) {
+        if let Some((trace_id, _, flags)) = parent.header(TRACEPARENT).and_then(parse_traceparent) {
+            let child = format!("00-{trace_id}-{span_id:016x}-{flags}");
             self.headers.insert(TRACEPARENT.to_owned(), child);
         }
         self
@@ -209,17 +218,22 @@ fn parse_traceparent(value: &str) -> Option<(&str, &str, &str)> {
     valid.then_some((trace_id, parent_id, flags))
 }
 
-/// A `traceparent` for the next hop of `parent`'s trace: same trace id and flags, a new
-/// parent id.
-fn child_traceparent(parent: &str) -> Option<String> {
-    let (trace_id, _, flags) = parse_traceparent(parent)?;
-    let span_id = loop {
+/// A new W3C span id: random, never zero.
+pub(crate) fn new_span_id() -> u64 {
+    loop {
         let id = fastrand::u64(..);
         if id != 0 {
             break id;
         }
-    };
-    Some(format!("00-{trace_id}-{span_id:016x}-{flags}"))
+    }
+}
+
+/// A `traceparent` for the next hop of `parent`'s trace: same trace id and flags, a new
+/// parent id.
+#[cfg(test)]
+fn child_traceparent(parent: &str) -> Option<String> {
+    let (trace_id, _, flags) = parse_traceparent(parent)?;
+    Some(format!("00-{trace_id}-{:016x}-{flags}", new_span_id()))
 }
 
 #[cfg(test)]

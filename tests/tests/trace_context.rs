@@ -1,6 +1,7 @@
 //! W3C trace context through the outbox: a message published with a `traceparent` reaches its
 //! handler with it, the handler's span carries its trace id (so every log line of the call
-//! does), and a follow-up published from the handler continues the same trace with a new hop.
+//! does), and a follow-up published from the handler continues the same trace with a new hop
+//! whose parent id is the span id of the call that published it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -116,4 +117,20 @@ async fn a_traceparent_reaches_the_handlers_span_and_its_follow_up_continues_the
             "{line}"
         );
     }
+    // The follow-up's parent id is the span id of the call that published it, as that call's
+    // log lines give it: the hop points at a span that exists.
+    let ship_line = logs
+        .lines()
+        .find(|line| line.contains("handler=ship"))
+        .unwrap();
+    let span_id = ship_line
+        .split("span_id=")
+        .nth(1)
+        .and_then(|rest| rest.get(..16))
+        .unwrap_or_else(|| panic!("the call's span id is logged: {ship_line}"));
+    assert_eq!(
+        follow_up,
+        format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{span_id}-01"),
+        "{ship_line}"
+    );
 }

@@ -140,6 +140,7 @@ pub(crate) async fn invoke(
                 handler = %slot.name,
                 attempt = envelope.attempt,
                 trace_id = envelope.trace_id().map(tracing::field::display),
+                span_id = envelope.trace_id().map(|_| tracing::field::display(ctx.span_id())),
             );
             let handler = handler.clone();
             // The context carries the envelope: one copy per call.
