@@ -11,9 +11,7 @@
 use std::time::Duration;
 
 use hexeract::outbox::inbox::mark_processed;
-use hexeract::{
-    handler, scheduled, Context, Envelope, HandlerOutcome, Message, Middleware, Next, State,
-};
+use hexeract::{handler, scheduled, Context, HandlerOutcome, Message, Middleware, Next, State};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -147,8 +145,9 @@ async fn reserve_stock(
         email: order.email.clone(),
         total_cents: order.total_cents,
     };
-    // `caused_by` keeps the conversation: the same correlation id and trace.
-    let mut follow_up = Envelope::new(&reserved)?.caused_by(ctx.envelope());
+    // `follow_up` keeps the conversation: the same correlation id, and the trace one hop on
+    // from this call.
+    let mut follow_up = ctx.follow_up(&reserved)?;
     if let Some(shop) = ctx.header(SHOP_HEADER) {
         follow_up = follow_up.with_header(SHOP_HEADER, shop);
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::envelope::Envelope;
+use crate::envelope::{EncodeError, Envelope};
 use crate::message::Message;
 use crate::publish::{Publish, PublishError};
 
@@ -162,8 +162,30 @@ impl Context {
     /// Publishes a follow-up message in this message's conversation: same correlation id, and
     /// this message's id as causation id. Returns the new message's id.
     pub async fn publish<M: Message>(&self, message: &M) -> Result<Uuid, PublishError> {
-        let envelope = Envelope::new(message)?.caused_by_span(&self.envelope, self.span_id);
-        self.publisher.publish_envelope(envelope).await
+        self.publisher
+            .publish_envelope(self.follow_up(message)?)
+            .await
+    }
+
+    /// The envelope of a follow-up message, as [`publish`](Context::publish) makes it (same
+    /// correlation id, this message's id as causation id, the trace one hop further with this
+    /// call's [`span_id`](Context::span_id) as parent id), for a handler that writes it in a
+    /// transaction of its own with
+    /// [`outbox::enqueue_envelopes`](crate::outbox::enqueue_envelopes).
+    ///
+    /// ```
+    /// # use hexeract::{Context, Message};
+    /// # #[derive(serde::Serialize, serde::Deserialize, Message)]
+    /// # #[message(type = "StockReserved")]
+    /// # struct StockReserved { order_id: u64 }
+    /// # fn example(ctx: &Context) -> Result<(), hexeract::EncodeError> {
+    /// let follow_up = ctx.follow_up(&StockReserved { order_id: 7 })?;
+    /// assert_eq!(follow_up.causation_id, Some(ctx.message_id()));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn follow_up<M: Message>(&self, message: &M) -> Result<Envelope, EncodeError> {
+        Ok(Envelope::new(message)?.caused_by_span(&self.envelope, self.span_id))
     }
 }
 

@@ -39,6 +39,12 @@ impl Handler<Ordered> for Ship {
             .lock()
             .unwrap()
             .push(("ship", ctx.header("traceparent").map(str::to_owned)));
+        // What a handler writing its follow-up in a transaction of its own gets.
+        let envelope = ctx.follow_up(&Shipped {}).expect("encode");
+        self.0 .0.lock().unwrap().push((
+            "follow_up",
+            envelope.header("traceparent").map(str::to_owned),
+        ));
         ctx.publish(&Shipped {}).await?;
         Ok(())
     }
@@ -84,7 +90,7 @@ async fn a_traceparent_reaches_the_handlers_span_and_its_follow_up_continues_the
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while seen.0.lock().unwrap().len() < 2 {
+    while seen.0.lock().unwrap().len() < 3 {
         assert!(tokio::time::Instant::now() < deadline, "both handlers ran");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -97,10 +103,17 @@ async fn a_traceparent_reaches_the_handlers_span_and_its_follow_up_continues_the
         ("ship", Some(TRACEPARENT.to_owned())),
         "carried as published"
     );
-    let follow_up = seen[1]
+    assert_eq!(seen[1].0, "follow_up");
+    assert_eq!(seen[2].0, "notify");
+    let follow_up = seen[2]
         .1
         .clone()
         .expect("the follow-up carries a traceparent");
+    assert_eq!(
+        seen[1].1.as_deref(),
+        Some(follow_up.as_str()),
+        "ctx.follow_up makes the envelope ctx.publish sends"
+    );
     assert!(
         follow_up.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
         "same trace: {follow_up}"

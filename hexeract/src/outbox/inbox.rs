@@ -50,7 +50,7 @@
 //!   payment API) made before the commit runs again if the process dies between the call
 //!   and the commit: pass it `ctx.message_id()` as its idempotency key. Messages the handler
 //!   sends belong in the transaction too: [`enqueue_envelopes`](super::enqueue_envelopes)
-//!   with `Envelope::new(&message)?.caused_by(ctx.envelope())` keeps the conversation.
+//!   with [`ctx.follow_up(&message)`](crate::Context::follow_up) keeps the conversation.
 //! - On PostgreSQL, a second delivery running at the same time waits at `mark_processed`
 //!   until the first transaction ends: it then returns `false` if the first committed, `true`
 //!   if it rolled back. On SQLite the insert takes the write lock, so call `mark_processed`
