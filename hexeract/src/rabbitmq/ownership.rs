@@ -6,10 +6,8 @@
 //! it remembers that the current handlers do not declare are looked at with a passive declare:
 //! one that still exists is reported with its message count, one that is gone is forgotten.
 
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
-
-use crate::rabbitmq::{BusError, RabbitMqConnection, Topology};
+use crate::rabbitmq::topology::inspect_queue;
+use crate::rabbitmq::{RabbitMqConnection, Topology};
 use crate::store::{DeclaredQueue, DeclaredQueues};
 
 /// A queue declared for a handler this program does not have, still on the broker.
@@ -66,7 +64,7 @@ pub(crate) async fn find_unowned(
         if owned.contains(&declared.queue) || !declared.queue.starts_with(&ours) {
             continue;
         }
-        match inspect(connection, &declared.queue).await? {
+        match inspect_queue(connection, &declared.queue).await? {
             Some((messages, consumers)) => unowned.push(UnownedQueue {
                 declared,
                 messages,
@@ -93,42 +91,4 @@ pub(crate) fn warn(unowned: &[UnownedQueue]) {
              wait for nobody: move them to the new handler's queue, or delete the queue"
         );
     }
-}
-
-/// `(messages, consumers)` of `queue`, or `None` when the broker has no such queue. On a
-/// channel of its own: a passive declare of a missing queue closes its channel.
-async fn inspect(
-    connection: &RabbitMqConnection,
-    queue: &str,
-) -> Result<Option<(u32, u32)>, BusError> {
-    let channel = connection
-        .lapin()
-        .create_channel()
-        .await
-        .map_err(|error| BusError::transport("opening a channel", error))?;
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
-    match declared {
-        Ok(found) => {
-            let _ = channel.close(200, "done".into()).await;
-            Ok(Some((found.message_count(), found.consumer_count())))
-        }
-        Err(error) if is_not_found(&error) => Ok(None),
-        Err(error) => Err(BusError::transport(
-            format!("a passive declare of queue {queue}"),
-            error,
-        )),
-    }
-}
-
-fn is_not_found(error: &lapin::Error) -> bool {
-    matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404)
 }

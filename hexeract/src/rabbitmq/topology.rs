@@ -529,15 +529,15 @@ fn inequivalent_argument(detail: &str) -> Option<String> {
     Some(argument.to_owned())
 }
 
-/// Whether `queue` exists, asked passively (a declare that creates nothing and checks no
-/// argument), on a channel of its own: the broker closes the channel of a passive declare
-/// that finds nothing.
-pub(crate) async fn queue_exists(
+/// `(messages, consumers)` of `queue`, or `None` when the broker has no such queue: a passive
+/// declare, which creates nothing and checks no argument. On a channel of its own: a passive
+/// declare of a missing queue closes its channel.
+pub(crate) async fn inspect_queue(
     connection: &RabbitMqConnection,
     queue: &str,
-) -> Result<bool, BusError> {
+) -> Result<Option<(u32, u32)>, BusError> {
     let channel = connection.channel().await?;
-    let found = channel
+    let declared = channel
         .queue_declare(
             short(queue)?,
             QueueDeclareOptions {
@@ -547,17 +547,29 @@ pub(crate) async fn queue_exists(
             FieldTable::default(),
         )
         .await;
-    match found {
-        Ok(_) => {
-            let _ = channel.close(200, "checked".into()).await;
-            Ok(true)
+    match declared {
+        Ok(found) => {
+            let _ = channel.close(200, "done".into()).await;
+            Ok(Some((found.message_count(), found.consumer_count())))
         }
-        Err(error) if error.to_string().contains("NOT_FOUND") => Ok(false),
+        Err(error) if is_not_found(&error) => Ok(None),
         Err(error) => Err(BusError::transport(
-            format!("checking that queue {queue:?} exists"),
+            format!("a passive declare of queue {queue}"),
             error,
         )),
     }
+}
+
+/// Whether `queue` exists ([`inspect_queue`]).
+pub(crate) async fn queue_exists(
+    connection: &RabbitMqConnection,
+    queue: &str,
+) -> Result<bool, BusError> {
+    Ok(inspect_queue(connection, queue).await?.is_some())
+}
+
+fn is_not_found(error: &lapin::Error) -> bool {
+    matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404)
 }
 
 #[cfg(test)]
