@@ -66,7 +66,12 @@ pub struct Worker {
 impl Worker {
     /// A worker with these settings, every `#[handler]` and `#[scheduled]` job of the program,
     /// no state and no middleware yet.
+    ///
+    /// Installs the Prometheus recorder `/metrics` renders
+    /// ([`metrics::prometheus`](crate::metrics::prometheus)) unless the process installed a
+    /// recorder of its own before: install yours first and it gets every series.
     pub fn new(config: WorkerConfig) -> Worker {
+        let _ = crate::metrics::prometheus();
         Worker {
             config,
             handlers: HandlerSet::program(),

@@ -82,9 +82,11 @@ pub(crate) async fn start(
         settings.dead_letter_retention,
         stop.clone(),
     ));
+    let gauges = tokio::spawn(sample_gauges(health.clone(), store.clone(), stop.clone()));
     let result = run_loops(&settings, &application, store, &health, startup, &stop).await;
     stop.cancel();
     let _ = hygiene.await;
+    let _ = gauges.await;
     // A client holding a connection open would keep the server's graceful shutdown waiting.
     if let Some(mut http) = http {
         match tokio::time::timeout(Duration::from_secs(2), &mut http).await {
@@ -108,7 +110,8 @@ pub(crate) async fn unowned_deliveries(
         .pending_by_handler()
         .await?
         .into_iter()
-        .filter(|(handler, _)| registry.get(handler).is_none())
+        .filter(|pending| registry.get(&pending.handler).is_none())
+        .map(|pending| (pending.handler, pending.count))
         .collect())
 }
 
@@ -125,6 +128,22 @@ async fn warn_about_unowned(store: &dyn crate::store::Housekeeping, registry: &R
             }
         }
         Err(error) => tracing::warn!(%error, "could not look for deliveries no handler owns"),
+    }
+}
+
+/// Sets the gauges of [`metrics`](crate::metrics) every 10 s, so a recorder that pushes (OTLP,
+/// StatsD) sees them move without a scrape.
+async fn sample_gauges(
+    health: crate::health::Health,
+    store: Arc<dyn crate::store::Store>,
+    stop: CancellationToken,
+) {
+    loop {
+        crate::metrics::sample(&health, Some(&*store)).await;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(10)) => {}
+        }
     }
 }
 

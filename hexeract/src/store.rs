@@ -150,13 +150,25 @@ pub trait DeliveryStore: Send + Sync + 'static {
     }
 }
 
+/// The deliveries one handler still owes, as [`Housekeeping::pending_by_handler`] counts them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pending {
+    /// The handler's name (`""` for a message type no handler knew when it was expanded).
+    pub handler: String,
+    /// Deliveries not settled yet: due, running, or waiting for a retry.
+    pub count: u64,
+    /// When the oldest of them was published.
+    pub oldest: Option<DateTime<Utc>>,
+}
+
 /// What `run` reads of a store at startup and on a timer: who is still owed deliveries, how old
 /// the oldest message owed is, and the inbox's retention.
 pub trait Housekeeping: Send + Sync + 'static {
     /// Deliveries still owed, counted by handler name (`""` for a message type no handler
     /// knew when it was expanded): a name no registered handler has is a handler that was
     /// renamed or removed, and its deliveries wait for nobody.
-    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>>;
+    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>>;
 
     /// When the oldest message still owed (in the outbox, or with a delivery not settled) was
     /// published; `None` when nothing is owed. For the `hexeract_outbox_oldest_pending_seconds`

@@ -131,6 +131,7 @@ pub(crate) async fn invoke(
     };
     let call_cancelled = ctx.cancellation().clone();
     let started = Instant::now();
+    let _in_flight = slot.metrics.call_started();
     let call = match &slot.callee {
         Callee::Handler(handler) => {
             let span = tracing::info_span!(

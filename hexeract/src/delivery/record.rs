@@ -67,10 +67,7 @@ pub(crate) fn record(
             reason,
             detail,
         } => {
-            match took {
-                Some(took) => metrics.retried(took),
-                None => metrics.retried_without_call(),
-            }
+            metrics.retried(reason, took);
             tracing::warn!(
                 %message_id,
                 message_type,
@@ -88,7 +85,7 @@ pub(crate) fn record(
             detail,
             calls,
         } => {
-            metrics.dead_lettered(took);
+            metrics.dead_lettered(reason, took);
             tracing::error!(
                 %message_id,
                 message_type,

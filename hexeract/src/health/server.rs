@@ -1,6 +1,5 @@
 //! The HTTP endpoints on `WORKER_PORT`: `/health`, `/health/ready`, `/metrics`.
 
-use std::fmt::Write;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
@@ -10,9 +9,9 @@ use axum::routing::get;
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 
-use crate::health::{Health, Status};
-use crate::metrics::{escape, Metrics};
+use crate::health::Health;
 use crate::store::Store;
+use metrics_exporter_prometheus::PrometheusHandle;
 
 /// The store whose backlog `/metrics` reports, set once it is open: a [`Worker`](crate::Worker)
 /// hands out its router before it opens its store.
@@ -22,7 +21,8 @@ pub(crate) type StoreSlot = Arc<OnceLock<Arc<dyn Store>>>;
 #[derive(Clone)]
 struct Served {
     health: Health,
-    metrics: Metrics,
+    /// The recorder `/metrics` renders: `None` when the application installed its own.
+    prometheus: Option<&'static PrometheusHandle>,
     store: StoreSlot,
 }
 
@@ -59,7 +59,7 @@ pub(crate) fn routes(health: Health, store: StoreSlot) -> Router {
         .route("/metrics", get(metrics))
         .with_state(Served {
             health,
-            metrics: Metrics::global().clone(),
+            prometheus: crate::metrics::prometheus(),
             store,
         })
 }
@@ -70,9 +70,11 @@ pub(crate) fn routes(health: Health, store: StoreSlot) -> Router {
 /// - `GET /health/ready`: `200` when every component of `health` is ready, else `503`; the body
 ///   has one line per component (`bus worker: failing for 3s (2 in a row): …`), never a
 ///   connection string;
-/// - `GET /metrics`: the Prometheus text format: per-handler counters and latency histograms
-///   of [`Metrics::global`], each component's readiness, and the outbox backlog when a `store`
-///   is given.
+/// - `GET /metrics`: the Prometheus text format: every series of
+///   [`hexeract::metrics`](crate::metrics) from the recorder
+///   [`metrics::prometheus`](crate::metrics::prometheus) installed, with the gauges (each
+///   component's readiness; the backlog when a `store` is given) read just before; `404` when
+///   the application installed a recorder of its own.
 ///
 /// `hexeract::run` serves them on `WORKER_PORT` (8081). For a process of your own:
 ///
@@ -122,55 +124,22 @@ async fn ready(State(served): State<Served>) -> impl IntoResponse {
 }
 
 async fn metrics(State(served): State<Served>) -> impl IntoResponse {
-    let mut out = String::with_capacity(4096);
-    served.metrics.render_into(&mut out);
-    let readiness = served.health.readiness();
-    let _ = writeln!(
-        out,
-        "# HELP hexeract_component_ready 1 when the component's last pass worked (for the \
-         relay and the bus worker: connected to the broker), else 0.\n\
-         # TYPE hexeract_component_ready gauge"
-    );
-    for component in &readiness.components {
-        let ready = u8::from(component.status == Status::Ready);
-        let _ = writeln!(
-            out,
-            "hexeract_component_ready{{component=\"{}\"}} {ready}",
-            escape(&component.name)
+    let Some(prometheus) = served.prometheus else {
+        return (
+            StatusCode::NOT_FOUND,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "this process installed a metrics recorder of its own: Hexeract's series go to it\n"
+                .to_owned(),
         );
-    }
-    if let Some(store) = served.store.get() {
-        // A store that cannot answer leaves the gauge out rather than failing the scrape.
-        if let Ok(backlog) = store.backlog().await {
-            let _ = writeln!(
-                out,
-                "# HELP hexeract_outbox_backlog Messages and deliveries not settled yet.\n\
-                 # TYPE hexeract_outbox_backlog gauge\n\
-                 hexeract_outbox_backlog {backlog}"
-            );
-        }
-        if let Ok(oldest) = store.oldest_pending().await {
-            let age = oldest.map_or(0.0, |published| {
-                (chrono::Utc::now() - published)
-                    .to_std()
-                    .unwrap_or_default()
-                    .as_secs_f64()
-            });
-            let _ = writeln!(
-                out,
-                "# HELP hexeract_outbox_oldest_pending_seconds How long ago the oldest message \
-                 still owed was published (0 when none is).\n\
-                 # TYPE hexeract_outbox_oldest_pending_seconds gauge\n\
-                 hexeract_outbox_oldest_pending_seconds {age:.3}"
-            );
-        }
-    }
+    };
+    let store = served.store.get().cloned();
+    crate::metrics::sample(&served.health, store.as_deref()).await;
     (
         StatusCode::OK,
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        out,
+        prometheus.render(),
     )
 }

@@ -349,7 +349,9 @@ impl RelaySink for Sink {
                     envelope.aggregate.as_deref().is_some_and(|a| !a.is_empty())
                         && envelope.aggregate_key.is_some()
                 });
+            let started = std::time::Instant::now();
             let mut never = self.send_all(&good).await?;
+            crate::metrics::relay_published("kafka", good.len() - never.len(), started.elapsed());
             never.extend(bad.into_iter().map(|envelope| Unpublishable {
                 id: envelope.id,
                 detail: format!(

@@ -175,6 +175,8 @@ impl RelaySink for Sink {
                 envelopes.iter().partition(|envelope| {
                     !envelope.message_type.is_empty() && envelope.message_type.len() <= 255
                 });
+            let started = std::time::Instant::now();
+            let published = good.len();
             if bad.is_empty() {
                 self.0.publish_all(envelopes).await
             } else {
@@ -182,6 +184,7 @@ impl RelaySink for Sink {
                 self.0.publish_all(&good).await
             }
             .map_err(|error| error.to_string())?;
+            crate::metrics::relay_published("rabbitmq", published, started.elapsed());
             Ok(bad
                 .into_iter()
                 .map(|envelope| Unpublishable {

@@ -28,7 +28,7 @@ use crate::reason::Reason;
 use crate::store::dead_letters::{dead_letter_queries, DeadLetterSql};
 use crate::store::{
     millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, DeliveryStore, Housekeeping,
-    Identifier, Page, RelaySink, RelayStore, Routes, StoreError,
+    Identifier, Page, Pending, RelaySink, RelayStore, Routes, StoreError,
 };
 
 /// The schema Hexeract's tables live in unless another is given.
@@ -1042,17 +1042,22 @@ impl DeadLetterStore for PgStore {
 }
 
 impl Housekeeping for PgStore {
-    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
+    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>> {
         Box::pin(async move {
-            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
-                "SELECT handler, count(*) FROM {}.deliveries GROUP BY handler ORDER BY handler",
+            let rows: Vec<(String, i64, Option<DateTime<Utc>>)> = sqlx::query_as(&format!(
+                "SELECT handler, count(*), min(created_at) FROM {}.deliveries
+                 GROUP BY handler ORDER BY handler",
                 self.schema.quoted()
             ))
             .fetch_all(&self.pool)
             .await?;
             Ok(rows
                 .into_iter()
-                .map(|(handler, count)| (handler, u64::try_from(count).unwrap_or(0)))
+                .map(|(handler, count, oldest)| Pending {
+                    handler,
+                    count: u64::try_from(count).unwrap_or(0),
+                    oldest,
+                })
                 .collect())
         })
     }

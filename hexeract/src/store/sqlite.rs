@@ -37,7 +37,7 @@ use crate::reason::Reason;
 use crate::store::dead_letters::{dead_letter_queries, DeadLetterSql};
 use crate::store::{
     millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, DeliveryStore, Housekeeping,
-    Identifier, Page, RelaySink, RelayStore, Routes, StoreError,
+    Identifier, Page, Pending, RelaySink, RelayStore, Routes, StoreError,
 };
 
 mod queues;
@@ -1099,17 +1099,26 @@ impl DeadLetterStore for SqliteStore {
 }
 
 impl Housekeeping for SqliteStore {
-    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<(String, u64)>, StoreError>> {
+    fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>> {
         Box::pin(async move {
-            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
-                "SELECT handler, count(*) FROM \"{}_deliveries\" GROUP BY handler ORDER BY handler",
+            // With min(), SQLite takes the bare column created_at from the row holding the
+            // smallest message id: the oldest (ids are UUID v7, in publish order).
+            let rows: Vec<(String, i64, Option<DateTime<Utc>>)> = sqlx::query_as(&format!(
+                "SELECT handler, count, created_at FROM (
+                     SELECT handler, count(*) AS count, created_at, min(message_id)
+                     FROM \"{}_deliveries\" GROUP BY handler
+                 ) ORDER BY handler",
                 self.prefix
             ))
             .fetch_all(&self.pool)
             .await?;
             Ok(rows
                 .into_iter()
-                .map(|(handler, count)| (handler, u64::try_from(count).unwrap_or(0)))
+                .map(|(handler, count, oldest)| Pending {
+                    handler,
+                    count: u64::try_from(count).unwrap_or(0),
+                    oldest,
+                })
                 .collect())
         })
     }

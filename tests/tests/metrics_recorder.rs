@@ -1,0 +1,232 @@
+//! Hexeract's series go through the `metrics` facade: a recorder the application installed
+//! gets exactly what happened (handled, retried by reason, dead-lettered by reason), and with
+//! none installed, `/metrics` serves the same values as Prometheus text.
+//!
+//! Each test is a process of its own under nextest (a process has one global recorder), and
+//! runs a worker on an SQLite file of its own.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hexeract::config::Database;
+use hexeract::store::sqlite::SqliteStore;
+use hexeract::store::DeliveryStore;
+use hexeract::{handler, CancellationToken, Context, Envelope, Message, Worker, WorkerConfig};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "metered.Job")]
+struct Job {
+    n: u32,
+    fail_first: bool,
+}
+
+#[handler(message = "metered.Job", name = "metered.work")]
+async fn work(job: Job, ctx: &Context) -> Result<(), String> {
+    if job.fail_first && ctx.attempt() == 1 {
+        return Err(format!("job {} failed on its first call", job.n));
+    }
+    Ok(())
+}
+
+struct File(PathBuf);
+
+impl Drop for File {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+        }
+    }
+}
+
+/// A worker on a new SQLite file, with retries 20 ms apart.
+fn worker() -> (File, Worker) {
+    let file =
+        File(std::env::temp_dir().join(format!("hexeract-metrics-{}.db", uuid::Uuid::now_v7())));
+    let mut config = WorkerConfig {
+        database: Database::Sqlite(file.0.clone()),
+        worker_port: 0,
+        ..WorkerConfig::default()
+    };
+    config.policy.retry = config
+        .policy
+        .retry
+        .clone()
+        .initial_delay(Duration::from_millis(20))
+        .jitter(0.0);
+    config.policy.shutdown_grace = Duration::from_secs(2);
+    (file, Worker::new(config).listen(false))
+}
+
+/// Runs `worker` while one job is handled, one fails once and is handled on its retry, and one
+/// whose payload does not decode is dead-lettered; stops it once the store owes nothing.
+/// `during` runs before the stop, with the worker still running.
+async fn one_of_each<F: std::future::Future<Output = ()>>(
+    file: &File,
+    worker: Worker,
+    during: impl FnOnce() -> F,
+) {
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.try_run(cancel.clone()));
+    let store = SqliteStore::open(&file.0).await.expect("open the file");
+    store.migrate().await.unwrap();
+    let mut undecodable = Envelope::new(&Job {
+        n: 3,
+        fail_first: false,
+    })
+    .unwrap();
+    undecodable.payload = b"{\"n\": \"three\"}".to_vec().into();
+    store
+        .publish(vec![
+            Envelope::new(&Job {
+                n: 1,
+                fail_first: false,
+            })
+            .unwrap(),
+            Envelope::new(&Job {
+                n: 2,
+                fail_first: true,
+            })
+            .unwrap(),
+            undecodable,
+        ])
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        hexeract::store::wait_until_drained(&store, Duration::from_millis(20)),
+    )
+    .await
+    .expect("the three messages are settled within 30 s")
+    .unwrap();
+    during().await;
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+}
+
+/// The series of `name` as `labels → value`, labels written `k=v,k=v`.
+fn series(values: &[(String, String, f64)], name: &str) -> BTreeMap<String, f64> {
+    values
+        .iter()
+        .filter(|(series, _, _)| series == name)
+        .map(|(_, labels, value)| (labels.clone(), *value))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorder_of_the_application_gets_exactly_what_happened() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("no recorder installed yet in this process");
+    let (file, worker) = worker();
+    let router = worker.router();
+    one_of_each(&file, worker, || async {}).await;
+
+    let mut values = Vec::new();
+    let mut durations = 0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|label| format!("{}={}", label.key(), label.value()))
+            .collect();
+        let value = match value {
+            DebugValue::Counter(count) => count as f64,
+            DebugValue::Gauge(value) => value.into_inner(),
+            DebugValue::Histogram(samples) => {
+                if key.name() == hexeract::metrics::HANDLER_DURATION {
+                    durations += samples.len();
+                }
+                samples.len() as f64
+            }
+        };
+        values.push((key.name().to_owned(), labels.join(","), value));
+    }
+    assert_eq!(
+        series(&values, hexeract::metrics::HANDLED),
+        BTreeMap::from([("handler=metered.work".to_owned(), 2.0)]),
+        "job 1, and job 2 on its retry"
+    );
+    assert_eq!(
+        series(&values, hexeract::metrics::RETRIED),
+        BTreeMap::from([("handler=metered.work,reason=handler_failed".to_owned(), 1.0)])
+    );
+    let dead = series(&values, hexeract::metrics::DEAD_LETTERED);
+    assert_eq!(
+        dead.get("handler=metered.work,reason=payload_invalid"),
+        Some(&1.0),
+        "{dead:?}"
+    );
+    assert_eq!(
+        dead.values().sum::<f64>(),
+        1.0,
+        "one dead letter in all: {dead:?}"
+    );
+    assert!(
+        dead.keys().all(|labels| hexeract::Reason::ALL
+            .iter()
+            .any(|reason| labels.ends_with(&format!("reason={reason}")))
+            || labels.ends_with("reason=other")),
+        "every reason label is one of Reason::ALL or other: {dead:?}"
+    );
+    // Four calls were timed: job 1, job 2 twice, and the undecodable one, whose call ended at
+    // decoding.
+    assert_eq!(durations, 4, "{values:?}");
+    assert_eq!(
+        series(&values, hexeract::metrics::IN_FLIGHT),
+        BTreeMap::from([("handler=metered.work".to_owned(), 0.0)]),
+        "every call that started ended"
+    );
+    // The worker's own endpoint has nothing to render: the series went to this recorder.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let (status, body) = hexeract_tests::http::get(port, "/metrics").await.unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("recorder of its own"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_recorder_metrics_serves_the_same_values_as_prometheus_text() {
+    let (file, worker) = worker();
+    let router = worker.router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let scraped = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let into = scraped.clone();
+    one_of_each(&file, worker, || async move {
+        let (status, body) = hexeract_tests::http::get(port, "/metrics").await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        *into.lock().unwrap() = body;
+    })
+    .await;
+    let text = scraped.lock().unwrap().clone();
+    for line in [
+        "# TYPE hexeract_messages_handled_total counter",
+        "hexeract_messages_handled_total{handler=\"metered.work\"} 2",
+        "hexeract_messages_retried_total{handler=\"metered.work\",reason=\"handler_failed\"} 1",
+        "hexeract_messages_dead_lettered_total{handler=\"metered.work\",reason=\"payload_invalid\"} 1",
+        "hexeract_messages_dead_lettered_total{handler=\"metered.work\",reason=\"handler_timeout\"} 0",
+        "# TYPE hexeract_handler_duration_seconds histogram",
+        "hexeract_handler_duration_seconds_count{handler=\"metered.work\"} 4",
+        "hexeract_handler_in_flight{handler=\"metered.work\"} 0",
+        "hexeract_outbox_backlog 0",
+        "hexeract_outbox_oldest_pending_seconds 0",
+        "hexeract_component_ready{component=\"outbox worker\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|candidate| candidate == line),
+            "`{line}` missing from:\n{text}"
+        );
+    }
+    assert!(
+        text.contains(
+            "hexeract_handler_duration_seconds_bucket{handler=\"metered.work\",le=\"0.001\"}"
+        ),
+        "the histogram has the 1 ms bucket: {text}"
+    );
+}
