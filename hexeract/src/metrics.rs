@@ -20,7 +20,8 @@
 //! | [`IN_FLIGHT`] | gauge | `handler` |
 //! | [`HANDLER_PENDING`], [`HANDLER_OLDEST_PENDING`] | gauge | `handler` |
 //! | [`OUTBOX_BACKLOG`], [`OUTBOX_OLDEST_PENDING`] | gauge | |
-//! | [`CONSUMER_LAG`] | gauge | `handler`, `topic`, `partition` |
+//! | [`QUEUE_DEPTH`] | gauge | `queue` (RabbitMQ) |
+//! | [`CONSUMER_LAG`] | gauge | `handler`, `topic`, `partition` (Kafka) |
 //! | [`RELAY_PUBLISHED`] | counter | `transport` |
 //! | [`RELAY_PUBLISH_DURATION`] | histogram (seconds) | `transport` |
 //! | [`COMPONENT_READY`] | gauge | `component` |
@@ -76,6 +77,9 @@ pub const HANDLER_OLDEST_PENDING: &str = "hexeract_handler_oldest_pending_second
 pub const OUTBOX_BACKLOG: &str = "hexeract_outbox_backlog";
 /// How long ago the oldest message still owed was published, in seconds (0 when none is).
 pub const OUTBOX_OLDEST_PENDING: &str = "hexeract_outbox_oldest_pending_seconds";
+/// Messages ready in a RabbitMQ queue a worker consumes (not counting those delivered and not
+/// yet acked), read every 10 s with a passive declare. Labels: `queue`.
+pub const QUEUE_DEPTH: &str = "hexeract_queue_depth";
 /// Records of a partition not yet settled by the handler's consumer group (Kafka). Labels:
 /// `handler`, `topic`, `partition`.
 pub const CONSUMER_LAG: &str = "hexeract_consumer_lag";
@@ -222,6 +226,10 @@ pub fn describe() {
         OUTBOX_OLDEST_PENDING,
         Unit::Seconds,
         "How long ago the oldest message still owed was published (0 when none is)."
+    );
+    describe_gauge!(
+        QUEUE_DEPTH,
+        "Messages ready in a RabbitMQ queue a worker consumes (read every 10 s)."
     );
     describe_gauge!(
         CONSUMER_LAG,
@@ -459,6 +467,21 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// A relay of `transport` starts: its series exist from now on, at 0.
+pub(crate) fn relay_started(transport: &'static str) {
+    metrics::counter!(RELAY_PUBLISHED, "transport" => transport).increment(0);
+    let _ = metrics::histogram!(RELAY_PUBLISH_DURATION, "transport" => transport);
+}
+
+/// Every handler's [`HANDLER_PENDING`] and [`HANDLER_OLDEST_PENDING`] at 0 until a
+/// [`sample`] finds deliveries it owes: a dashboard then reads 0, not "no data".
+pub(crate) fn owing_nothing<'a>(handlers: impl IntoIterator<Item = &'a str>) {
+    for handler in handlers {
+        metrics::gauge!(HANDLER_PENDING, "handler" => handler.to_owned()).set(0.0);
+        metrics::gauge!(HANDLER_OLDEST_PENDING, "handler" => handler.to_owned()).set(0.0);
+    }
+}
+
 /// One relay publish of `rows` rows to `transport`, confirmed after `took`.
 pub(crate) fn relay_published(transport: &'static str, rows: usize, took: Duration) {
     metrics::counter!(RELAY_PUBLISHED, "transport" => transport).increment(rows as u64);
@@ -510,6 +533,38 @@ pub async fn sample(health: &crate::health::Health, store: Option<&dyn crate::st
             metrics::gauge!(HANDLER_OLDEST_PENDING, "handler" => handler).set(age(pending.oldest));
         }
         *owing = now_owing;
+    }
+}
+
+/// Sets [`QUEUE_DEPTH`] of each of `queues` every 10 s until `stop` fires, with a passive
+/// declare on a channel of its own each time. A queue it cannot read keeps its last value.
+#[cfg(feature = "rabbitmq")]
+pub(crate) async fn sample_queue_depths(
+    connection: crate::rabbitmq::RabbitMqConnection,
+    queues: Vec<String>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let gauges: Vec<(&str, Gauge)> = queues
+        .iter()
+        .map(|queue| {
+            (
+                queue.as_str(),
+                metrics::gauge!(QUEUE_DEPTH, "queue" => queue.clone()),
+            )
+        })
+        .collect();
+    loop {
+        for (queue, gauge) in &gauges {
+            match crate::rabbitmq::topology::inspect_queue(&connection, queue).await {
+                Ok(Some((messages, _))) => gauge.set(f64::from(messages)),
+                Ok(None) => {}
+                Err(error) => tracing::debug!(%error, queue, "could not read the queue's depth"),
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(10)) => {}
+        }
     }
 }
 

@@ -82,6 +82,7 @@ pub(crate) async fn start(
         settings.dead_letter_retention,
         stop.clone(),
     ));
+    crate::metrics::owing_nothing(application.registry.handlers().map(|info| &*info.name));
     let gauges = tokio::spawn(sample_gauges(health.clone(), store.clone(), stop.clone()));
     let result = run_loops(&settings, &application, store, &health, startup, &stop).await;
     stop.cancel();

@@ -115,6 +115,7 @@ impl KafkaRelay {
     /// finishes), then returns `Ok(())`. Store and broker errors are logged, reported to the
     /// probe and retried after the poll interval: librdkafka reconnects by itself.
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), KafkaError> {
+        crate::metrics::relay_started("kafka");
         let wake = store::wake_signal(&*self.store).await;
         let topics = Arc::new(Mutex::new(HashSet::new()));
         let mut passes =

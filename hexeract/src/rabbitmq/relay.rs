@@ -120,6 +120,7 @@ impl OutboxRelay {
                     .to_owned()
             })
         });
+        crate::metrics::relay_started("rabbitmq");
         let result = self.relay(cancel).await;
         if let Err(error) = &result {
             self.health.fail(error);

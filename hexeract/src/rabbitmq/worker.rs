@@ -638,6 +638,15 @@ impl Shared {
             connection = shared.connection.name(),
             "RabbitMQ worker started"
         );
+        let depths = tokio::spawn(crate::metrics::sample_queue_depths(
+            shared.connection.clone(),
+            shared
+                .consumers
+                .iter()
+                .map(|consumer| consumer.queue.clone())
+                .collect(),
+            stop.clone(),
+        ));
         let results = join_all(shared.consumers.iter().map(|consumer| {
             let consume = ConsumeLoop {
                 shared,
@@ -657,6 +666,7 @@ impl Shared {
             }
         }))
         .await;
+        depths.abort();
         if cancel.is_cancelled() {
             tracing::info!("RabbitMQ worker stopped");
             return Ok(());
