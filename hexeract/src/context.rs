@@ -185,7 +185,9 @@ impl Context {
     /// # }
     /// ```
     pub fn follow_up<M: Message>(&self, message: &M) -> Result<Envelope, EncodeError> {
-        Ok(Envelope::new(message)?.caused_by_span(&self.envelope, self.span_id))
+        let mut envelope = Envelope::new(message)?.caused_by_span(&self.envelope, self.span_id);
+        crate::trace::produce(&mut envelope);
+        Ok(envelope)
     }
 }
 

@@ -133,7 +133,9 @@ impl Engine {
             return verdict;
         }
         let (call, took) = match target {
-            Target::Slot(slot) => invoke::invoke(slot, envelope, stop, interrupt, publisher).await,
+            Target::Slot(slot) => {
+                invoke::invoke(slot, envelope, stop, interrupt, publisher, self.transport).await
+            }
             Target::NoHandlerForType(_) => (
                 Call::Finished(verdict::no_handler_for_type(&envelope.message_type)),
                 None,

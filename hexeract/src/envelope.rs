@@ -118,6 +118,10 @@ impl Envelope {
         if let Some((trace_id, _, flags)) = parent.header(TRACEPARENT).and_then(parse_traceparent) {
             let child = format!("00-{trace_id}-{span_id:016x}-{flags}");
             self.headers.insert(TRACEPARENT.to_owned(), child);
+            if let Some(state) = parent.header(crate::trace::TRACESTATE) {
+                self.headers
+                    .insert(crate::trace::TRACESTATE.to_owned(), state.to_owned());
+            }
         }
         self
     }
@@ -198,7 +202,7 @@ pub(crate) const TRACEPARENT: &str = "traceparent";
 pub(crate) const FIRE_TIME_HEADER: &str = "x-hexeract-fire-time";
 
 /// `(trace id, parent id, flags)` of a version-00 `traceparent`, or `None` when it is not one.
-fn parse_traceparent(value: &str) -> Option<(&str, &str, &str)> {
+pub(crate) fn parse_traceparent(value: &str) -> Option<(&str, &str, &str)> {
     let mut parts = value.split('-');
     let (version, trace_id, parent_id, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);

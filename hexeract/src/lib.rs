@@ -116,6 +116,7 @@ pub mod schedule;
 mod state;
 pub mod store;
 pub mod testing;
+mod trace;
 
 #[doc(hidden)]
 #[path = "private.rs"]

@@ -123,7 +123,9 @@ impl InMemoryStore {
 
     /// Publishes `message`, to be delivered to every handler of its type. Returns its id.
     pub async fn publish<M: Message>(&self, message: &M) -> Result<Uuid, PublishError> {
-        Ok(self.publish_envelope(Envelope::new(message)?))
+        let mut envelope = Envelope::new(message)?;
+        crate::trace::produce(&mut envelope);
+        Ok(self.publish_envelope(envelope))
     }
 
     /// Publishes an envelope as it is: bytes from another producer, or input to test the

@@ -128,7 +128,8 @@ pub async fn enqueue<T: OutboxTransaction, M: Message>(
     tx: &mut T,
     message: &M,
 ) -> Result<uuid::Uuid, EnqueueError> {
-    let envelope = Envelope::new(message)?;
+    let mut envelope = Envelope::new(message)?;
+    crate::trace::produce(&mut envelope);
     let id = envelope.id;
     enqueue_envelopes(tx, T::DEFAULT_NAMESPACE, &[envelope]).await?;
     Ok(id)
@@ -177,7 +178,8 @@ async fn schedule_in<T: OutboxTransaction, M: Message>(
     message: &M,
     due: Due,
 ) -> Result<uuid::Uuid, EnqueueError> {
-    let envelope = Envelope::new(message)?;
+    let mut envelope = Envelope::new(message)?;
+    crate::trace::produce(&mut envelope);
     let id = envelope.id;
     schedule_envelopes(
         tx,

@@ -407,7 +407,9 @@ pub fn jobs_from_inventory() -> Result<Vec<ScheduledJob>, crate::Error> {
 /// # }
 /// ```
 pub async fn schedule_at<M: Message>(at: DateTime<Utc>, message: &M) -> Result<Uuid, PublishError> {
-    schedule_envelope(Envelope::new(message)?, Due::At(at)).await
+    let mut envelope = Envelope::new(message)?;
+    crate::trace::produce(&mut envelope);
+    schedule_envelope(envelope, Due::At(at)).await
 }
 
 /// Sends `message` to its handlers `delay` from now (on the database's clock), through the
@@ -430,7 +432,9 @@ pub async fn schedule_after<M: Message>(
     delay: Duration,
     message: &M,
 ) -> Result<Uuid, PublishError> {
-    schedule_envelope(Envelope::new(message)?, Due::After(delay)).await
+    let mut envelope = Envelope::new(message)?;
+    crate::trace::produce(&mut envelope);
+    schedule_envelope(envelope, Due::After(delay)).await
 }
 
 async fn schedule_envelope(envelope: Envelope, due: Due) -> Result<Uuid, PublishError> {

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::context::Context;
+use crate::delivery::record::Transport;
 use crate::delivery::verdict::Call;
 use crate::envelope::Envelope;
 use crate::metrics::HandlerMetrics;
@@ -22,6 +23,7 @@ use crate::outcome::HandlerOutcome;
 use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::registry::RegisteredHandler;
+use crate::trace;
 
 /// What a slot calls.
 enum Callee {
@@ -39,6 +41,8 @@ pub(crate) struct Slot {
     permits: Option<Arc<Semaphore>>,
     timeout: Duration,
     metrics: Arc<HandlerMetrics>,
+    /// The Kafka consumer group of the handler, for its spans.
+    consumer_group: Option<Arc<str>>,
 }
 
 impl Slot {
@@ -60,7 +64,15 @@ impl Slot {
             timeout: info.timeout.unwrap_or(timeout),
             metrics: metrics.handler(&info.name),
             callee: Callee::Handler(handler.clone()),
+            consumer_group: None,
         }
+    }
+
+    /// The same slot, its calls' spans naming `group` as their consumer group.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub(crate) fn in_consumer_group(mut self, group: &str) -> Slot {
+        self.consumer_group = Some(Arc::from(group));
+        self
     }
 
     /// A slot for a scheduled job's runs (no concurrency limit: one run per occurrence), with
@@ -77,6 +89,7 @@ impl Slot {
             callee: Callee::Job(run, chain),
             permits: None,
             timeout,
+            consumer_group: None,
         }
     }
 
@@ -107,6 +120,7 @@ pub(crate) async fn invoke(
     stop: &CancellationToken,
     interrupt: &CancellationToken,
     publisher: &Arc<dyn Publish>,
+    transport: Transport,
 ) -> (Call, Option<Duration>) {
     let _permit = match &slot.permits {
         Some(permits) => tokio::select! {
@@ -142,14 +156,28 @@ pub(crate) async fn invoke(
                 attempt = envelope.attempt,
                 trace_id = envelope.trace_id().map(tracing::field::display),
                 span_id = envelope.trace_id().map(|_| tracing::field::display(ctx.span_id())),
+                otel.name = tracing::field::Empty,
+                otel.kind = tracing::field::Empty,
             );
+            trace::consume(
+                &span,
+                envelope,
+                transport,
+                &slot.name,
+                slot.consumer_group.as_deref(),
+            );
+            #[cfg(feature = "opentelemetry")]
+            let traced = span.clone();
             let handler = handler.clone();
             // The context carries the envelope: one copy per call.
             let call: BoxFuture<'static, HandlerOutcome> =
                 Box::pin(async move { handler.call(&ctx).await });
-            call_boxed(call, call_cancelled, slot.timeout, interrupt)
+            let call = call_boxed(call, call_cancelled, slot.timeout, interrupt)
                 .instrument(span)
-                .await
+                .await;
+            #[cfg(feature = "opentelemetry")]
+            ended(&traced, &call);
+            call
         }
         Callee::Job(run, chain) => {
             let span = tracing::info_span!(
@@ -168,6 +196,22 @@ pub(crate) async fn invoke(
         }
     };
     (call, Some(started.elapsed()))
+}
+
+/// Records on the call's span how it ended.
+#[cfg(feature = "opentelemetry")]
+fn ended(span: &tracing::Span, call: &Call) {
+    let (outcome, detail) = match call {
+        Call::Finished(HandlerOutcome::Ack) => (trace::Outcome::Handled, None),
+        Call::Finished(HandlerOutcome::Retry { detail, .. }) => {
+            (trace::Outcome::Failed, Some(detail.as_str()))
+        }
+        Call::Finished(HandlerOutcome::DeadLetter { detail, .. }) => {
+            (trace::Outcome::Rejected, Some(detail.as_str()))
+        }
+        Call::Interrupted | Call::NotStarted => (trace::Outcome::Interrupted, None),
+    };
+    trace::ended(span, outcome, detail);
 }
 
 /// Calls `handler` once, outside any world (the test harness): [`call_boxed`] with the

@@ -11,6 +11,7 @@ use rdkafka::error::KafkaError as ClientError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::delivery::Policy;
 use crate::envelope::Envelope;
@@ -351,7 +352,8 @@ impl RelaySink for Sink {
                         && envelope.aggregate_key.is_some()
                 });
             let started = std::time::Instant::now();
-            let mut never = self.send_all(&good).await?;
+            let span = crate::trace::relay("kafka", &good);
+            let mut never = self.send_all(&good).instrument(span).await?;
             crate::metrics::relay_published("kafka", good.len() - never.len(), started.elapsed());
             never.extend(bad.into_iter().map(|envelope| Unpublishable {
                 id: envelope.id,

@@ -167,18 +167,20 @@ impl KafkaWorkerBuilder {
                 }
                 .into());
             };
+            let group_id = self.config.group(&info.name);
             groups.push(Group {
                 name: Arc::from(&*info.name),
                 message_type: info.message_type,
                 aggregate,
                 topic: self.config.topic(aggregate),
-                group_id: self.config.group(&info.name),
                 slot: HandlerSlot::handler(
                     &handler,
                     policy.handler_timeout,
                     policy.concurrency_limit(),
                     Metrics::global(),
-                ),
+                )
+                .in_consumer_group(&group_id),
+                group_id,
                 probe: health.probe(format!("kafka consumer {}", info.name)),
             });
         }

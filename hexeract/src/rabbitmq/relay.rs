@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::delivery::Policy;
 use crate::envelope::Envelope;
@@ -178,11 +179,12 @@ impl RelaySink for Sink {
                 });
             let started = std::time::Instant::now();
             let published = good.len();
+            let span = crate::trace::relay("rabbitmq", &good);
             if bad.is_empty() {
-                self.0.publish_all(envelopes).await
+                self.0.publish_all(envelopes).instrument(span).await
             } else {
                 let good: Vec<Envelope> = good.into_iter().cloned().collect();
-                self.0.publish_all(&good).await
+                self.0.publish_all(&good).instrument(span).await
             }
             .map_err(|error| error.to_string())?;
             crate::metrics::relay_published("rabbitmq", published, started.elapsed());

@@ -148,7 +148,8 @@ pub async fn wait_until_drained(
 /// # }
 /// ```
 pub async fn publish<M: Message>(message: &M) -> Result<Uuid, PublishError> {
-    let envelope = Envelope::new(message)?;
+    let mut envelope = Envelope::new(message)?;
+    crate::trace::produce(&mut envelope);
     let id = envelope.id;
     let store = default_store()
         .await

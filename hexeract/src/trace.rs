@@ -1,0 +1,256 @@
+//! The trace a message carries from hop to hop: W3C `traceparent` and `tracestate` headers.
+//!
+//! Without the `opentelemetry` feature, a follow-up published by a handler carries its
+//! message's trace one hop further, with the call's span id as parent id
+//! ([`Context::span_id`](crate::Context::span_id)), and the `hexeract.handle` span logs the
+//! trace id: logs of one conversation can be joined.
+//!
+//! With the feature, and a [`tracing_opentelemetry`] layer in the application's subscriber:
+//!
+//! - publishing ([`hexeract::publish`](crate::publish), [`outbox::enqueue`](crate::outbox::enqueue),
+//!   the delayed publishes, [`Context::publish`](crate::Context::publish) and
+//!   [`Context::follow_up`](crate::Context::follow_up)) opens a `create <type>` span (kind
+//!   producer) as a child of the caller's current span, and writes its context into the
+//!   envelope: an enqueue inside an HTTP request's span is that request's child;
+//! - every call of a handler is a `process <type>` span (kind consumer) whose parent is the
+//!   context its message carries, through the outbox, RabbitMQ and Kafka alike; a retry is a
+//!   new span under the same parent, so all attempts are in one trace;
+//! - the spans carry OpenTelemetry's messaging attributes (`messaging.system`,
+//!   `messaging.operation.type`, `messaging.destination.name`, `messaging.message.id`,
+//!   `messaging.message.conversation_id`, `messaging.consumer.group.name` on Kafka) and
+//!   Hexeract's (`hexeract.handler`, `hexeract.attempt`, `hexeract.outcome`).
+//!
+//! With no subscriber, or a span filtered out, none of this runs.
+
+use crate::envelope::Envelope;
+
+/// The header of a message's W3C trace context.
+pub(crate) const TRACESTATE: &str = "tracestate";
+
+/// Opens the producer span of `envelope`, a new message published where the caller is, and
+/// writes its context into the envelope's headers. Without the feature, or with no
+/// OpenTelemetry layer, the envelope is left as it is.
+#[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+pub(crate) fn produce(envelope: &mut Envelope) {
+    #[cfg(feature = "opentelemetry")]
+    otel::produce(envelope);
+}
+
+/// The span of one relay publish of `envelopes` to `transport`: `send` (kind producer), linked
+/// to each message's own context (a batch has no single parent). `Span::none()` without the
+/// feature.
+#[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+pub(crate) fn relay(transport: &'static str, envelopes: &[&Envelope]) -> tracing::Span {
+    #[cfg(feature = "opentelemetry")]
+    return otel::relay(transport, envelopes);
+    #[cfg(not(feature = "opentelemetry"))]
+    tracing::Span::none()
+}
+
+/// What a consumer span records once the call ended: its outcome, and an error status when it
+/// did not succeed.
+#[cfg(feature = "opentelemetry")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Handled,
+    Failed,
+    Rejected,
+    Interrupted,
+}
+
+#[cfg(feature = "opentelemetry")]
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Handled => "handled",
+            Outcome::Failed => "failed",
+            Outcome::Rejected => "rejected",
+            Outcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Makes `span` (a `hexeract.handle` span not entered yet) the consumer span of `envelope`:
+/// its parent is the context the envelope carries, its name `process <type>`, with the
+/// messaging attributes.
+#[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+pub(crate) fn consume(
+    span: &tracing::Span,
+    envelope: &Envelope,
+    transport: &'static str,
+    handler: &str,
+    consumer_group: Option<&str>,
+) {
+    #[cfg(feature = "opentelemetry")]
+    otel::consume(span, envelope, transport, handler, consumer_group);
+}
+
+/// Records how the call of `span` ended.
+#[cfg(feature = "opentelemetry")]
+pub(crate) fn ended(span: &tracing::Span, outcome: Outcome, detail: Option<&str>) {
+    otel::ended(span, outcome, detail);
+}
+
+#[cfg(feature = "opentelemetry")]
+mod otel {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    };
+    use opentelemetry::KeyValue;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    use super::{Outcome, TRACESTATE};
+    use crate::envelope::{parse_traceparent, Envelope, TRACEPARENT};
+
+    /// The remote context `envelope` carries, when it has a valid `traceparent`.
+    pub(super) fn extract(envelope: &Envelope) -> Option<opentelemetry::Context> {
+        let (trace_id, parent_id, flags) = parse_traceparent(envelope.header(TRACEPARENT)?)?;
+        let state = envelope
+            .header(TRACESTATE)
+            .and_then(|state| state.parse::<TraceState>().ok())
+            .unwrap_or_default();
+        let parent = SpanContext::new(
+            TraceId::from_hex(trace_id).ok()?,
+            SpanId::from_hex(parent_id).ok()?,
+            TraceFlags::new(u8::from_str_radix(flags, 16).ok()?),
+            true,
+            state,
+        );
+        Some(opentelemetry::Context::new().with_remote_span_context(parent))
+    }
+
+    fn inject(envelope: &mut Envelope, span: &SpanContext) {
+        envelope.headers.insert(
+            TRACEPARENT.to_owned(),
+            format!(
+                "00-{}-{}-{:02x}",
+                span.trace_id(),
+                span.span_id(),
+                span.trace_flags().to_u8()
+            ),
+        );
+        let state = span.trace_state().header();
+        if state.is_empty() {
+            envelope.headers.remove(TRACESTATE);
+        } else {
+            envelope.headers.insert(TRACESTATE.to_owned(), state);
+        }
+    }
+
+    pub(super) fn produce(envelope: &mut Envelope) {
+        let span = tracing::info_span!(
+            "hexeract.publish",
+            otel.name = tracing::field::Empty,
+            otel.kind = "producer",
+            message_type = %envelope.message_type,
+        );
+        if span.is_disabled() {
+            return;
+        }
+        span.record(
+            "otel.name",
+            tracing::field::display(format_args!("create {}", envelope.message_type)),
+        );
+        for attribute in [
+            KeyValue::new("messaging.operation.type", "create"),
+            KeyValue::new("messaging.operation.name", "create"),
+            KeyValue::new(
+                "messaging.destination.name",
+                envelope.message_type.to_string(),
+            ),
+            KeyValue::new("messaging.message.id", envelope.id.to_string()),
+        ] {
+            span.set_attribute(attribute.key, attribute.value);
+        }
+        if let Some(conversation) = envelope.correlation_id {
+            span.set_attribute(
+                "messaging.message.conversation_id",
+                conversation.to_string(),
+            );
+        }
+        let context = span.context();
+        let produced = context.span().span_context().clone();
+        if produced.is_valid() {
+            inject(envelope, &produced);
+        }
+    }
+
+    pub(super) fn relay(transport: &'static str, envelopes: &[&Envelope]) -> tracing::Span {
+        let span = tracing::info_span!(
+            "hexeract.relay",
+            otel.name = "send",
+            otel.kind = "producer",
+            rows = envelopes.len(),
+        );
+        if span.is_disabled() {
+            return span;
+        }
+        span.set_attribute("messaging.system", transport);
+        span.set_attribute("messaging.operation.type", "send");
+        span.set_attribute("messaging.operation.name", "send");
+        span.set_attribute(
+            "messaging.batch.message_count",
+            i64::try_from(envelopes.len()).unwrap_or(i64::MAX),
+        );
+        for envelope in envelopes {
+            if let Some(context) = extract(envelope) {
+                span.add_link(context.span().span_context().clone());
+            }
+        }
+        span
+    }
+
+    pub(super) fn consume(
+        span: &tracing::Span,
+        envelope: &Envelope,
+        transport: &'static str,
+        handler: &str,
+        consumer_group: Option<&str>,
+    ) {
+        if span.is_disabled() {
+            return;
+        }
+        span.record(
+            "otel.name",
+            tracing::field::display(format_args!("process {}", envelope.message_type)),
+        );
+        span.record("otel.kind", "consumer");
+        if let Some(parent) = extract(envelope) {
+            // Fails only without an OpenTelemetry layer: then there is no span to parent.
+            let _ = span.set_parent(parent);
+        }
+        for attribute in [
+            KeyValue::new("messaging.system", transport),
+            KeyValue::new("messaging.operation.type", "process"),
+            KeyValue::new("messaging.operation.name", "process"),
+            KeyValue::new(
+                "messaging.destination.name",
+                envelope.message_type.to_string(),
+            ),
+            KeyValue::new("messaging.message.id", envelope.id.to_string()),
+            KeyValue::new("hexeract.handler", handler.to_owned()),
+            KeyValue::new("hexeract.attempt", i64::from(envelope.attempt)),
+        ] {
+            span.set_attribute(attribute.key, attribute.value);
+        }
+        if let Some(conversation) = envelope.correlation_id {
+            span.set_attribute(
+                "messaging.message.conversation_id",
+                conversation.to_string(),
+            );
+        }
+        if let Some(group) = consumer_group {
+            span.set_attribute("messaging.consumer.group.name", group.to_owned());
+        }
+    }
+
+    pub(super) fn ended(span: &tracing::Span, outcome: Outcome, detail: Option<&str>) {
+        if span.is_disabled() {
+            return;
+        }
+        span.set_attribute("hexeract.outcome", outcome.as_str());
+        if outcome != Outcome::Handled {
+            span.set_status(Status::error(detail.unwrap_or(outcome.as_str()).to_owned()));
+        }
+    }
+}
