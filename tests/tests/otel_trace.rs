@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use hexeract::config::{Amqp, Database, Kafka};
 use hexeract::store::sqlite::SqliteStore;
-use hexeract::store::DeliveryStore;
+use hexeract::store::{DeadLetterStore, DeliveryStore};
 use hexeract::{handler, CancellationToken, Context, Message, Worker, WorkerConfig};
 use opentelemetry::trace::{SpanId, SpanKind, Status, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
@@ -53,6 +53,25 @@ async fn reserve(order: OrderPlaced, ctx: &Context) -> Result<(), String> {
 #[handler(message = "traced.StockReserved", name = "traced.notify")]
 async fn notify(_reserved: StockReserved, _ctx: &Context) -> Result<(), String> {
     RESERVED.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "traced.Refund")]
+struct Refund {
+    order_id: u64,
+}
+
+/// Set once the dead letter was replayed: the refund then succeeds.
+static REPLAYED: AtomicBool = AtomicBool::new(false);
+static REFUNDED: AtomicBool = AtomicBool::new(false);
+
+#[handler(message = "traced.Refund", name = "traced.refund")]
+async fn refund(_refund: Refund, _ctx: &Context) -> Result<(), String> {
+    if !REPLAYED.load(Ordering::SeqCst) {
+        return Err("the payment provider refused".to_owned());
+    }
+    REFUNDED.store(true, Ordering::SeqCst);
     Ok(())
 }
 
@@ -352,4 +371,91 @@ async fn one_trace_through_the_relay_and_kafka() {
         .unwrap();
     let group = attribute(call, "messaging.consumer.group.name").expect("a consumer group");
     assert!(group.contains("traced.reserve"), "{group}");
+}
+
+/// A message replayed from the dead letters is handled in the trace it was published in: the
+/// replayed call is a second `process` span under the same `create` span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_dead_letter_is_handled_in_its_trace() {
+    let dir = dir();
+    let (exporter, provider) = install();
+    let store = SqliteStore::open(dir.0.join("outbox.db")).await.unwrap();
+    store.migrate().await.unwrap();
+    let mut config = config(&dir);
+    config.policy.retry = config
+        .policy
+        .retry
+        .clone()
+        .max_deliveries(std::num::NonZeroU32::new(1).unwrap());
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(Worker::new(config).listen(false).try_run(cancel.clone()));
+    let request = tracing::info_span!("http.request", otel.kind = "server");
+    async {
+        let mut tx = store.pool().begin().await.unwrap();
+        hexeract::outbox::enqueue(&mut tx, &Refund { order_id: 9 })
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    .instrument(request)
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let letter = loop {
+        if let Some(letter) = store.dead_letters(10).await.unwrap().into_iter().next() {
+            break letter;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no dead letter within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    REPLAYED.store(true, Ordering::SeqCst);
+    assert!(store.replay_dead_letter(letter.id).await.unwrap());
+    while !REFUNDED.load(Ordering::SeqCst) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replay was not handled within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+    provider.force_flush().unwrap();
+    let spans = exporter.get_finished_spans().unwrap();
+    let created = only(&spans, "create traced.Refund");
+    let calls: Vec<&SpanData> = spans
+        .iter()
+        .filter(|span| span.name == "process traced.Refund")
+        .collect();
+    assert_eq!(
+        calls.len(),
+        2,
+        "the call and the replayed call: {}",
+        tree(&spans)
+    );
+    for call in &calls {
+        assert_eq!(
+            call.parent_span_id,
+            created.span_context.span_id(),
+            "{}",
+            tree(&spans)
+        );
+        assert_eq!(
+            call.span_context.trace_id(),
+            created.span_context.trace_id()
+        );
+    }
+    let outcomes: Vec<Option<String>> = calls
+        .iter()
+        .map(|call| attribute(call, "hexeract.outcome"))
+        .collect();
+    assert!(
+        outcomes.contains(&Some("failed".to_owned())),
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.contains(&Some("handled".to_owned())),
+        "{outcomes:?}"
+    );
 }
