@@ -33,11 +33,11 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-/// The worker's default prefetch, given to the raw consumers too.
-const PREFETCH: u16 = 16;
-/// The coalescing baseline acks with `multiple` every this many deliveries: half the window,
-/// as the worker does.
-const ACK_EVERY: u64 = PREFETCH as u64 / 2;
+/// The worker's default prefetch (`AMQP_PREFETCH`): `rabbitmq_consume` runs at it, and at
+/// [`RAISED_PREFETCHES`].
+pub(crate) const PREFETCH: u16 = 16;
+/// Prefetches a user raising `AMQP_PREFETCH` would set: `rabbitmq_consume_prefetch<N>`.
+pub(crate) const RAISED_PREFETCHES: [u16; 2] = [128, 512];
 /// Publishes waiting for their confirms at once, on both sides.
 const CONFIRM_WINDOW: usize = 128;
 /// Envelopes per `publish_all` call.
@@ -370,7 +370,7 @@ pub(crate) fn report(
 enum Drain {
     /// The worker with the no-op handler.
     Hexeract,
-    /// Raw lapin, acks coalesced with `multiple` every `ACK_EVERY` deliveries.
+    /// Raw lapin, acks coalesced with `multiple` every half window of deliveries.
     Coalesced,
     /// Raw lapin, every ack awaited on its own.
     Awaited,
@@ -382,6 +382,7 @@ fn consume_worker(
     connection: &RabbitMqConnection,
     prefix: &str,
     expected: u64,
+    prefetch: u16,
 ) -> (RabbitMqWorker, Arc<Notify>) {
     let count = Count::new(expected);
     let done = count.done.clone();
@@ -390,7 +391,7 @@ fn consume_worker(
         .register_handler_with::<StockReserved, _>(count, HandlerOptions::new().name(HANDLER))
         .exchange(prefix)
         .prefix(prefix)
-        .prefetch(u32::from(PREFETCH))
+        .prefetch(u32::from(prefetch))
         // Declared before the clock starts, to fill the queue.
         .skip_declare()
         .build()
@@ -411,19 +412,21 @@ async fn run_worker(worker: RabbitMqWorker, done: Arc<Notify>) -> Duration {
     elapsed
 }
 
-/// A raw consumer on a queue of the same shape: prefetch 16, manual acks, each payload decoded.
-/// With `coalesce`, acks with `multiple` every `ACK_EVERY` deliveries (and at the end);
-/// without, awaits every ack on its own.
+/// A raw consumer on a queue of the same shape: the worker's prefetch, manual acks, each payload
+/// decoded. With `coalesce`, acks with `multiple` every half window of deliveries (as the
+/// worker does) and at the end; without, awaits every ack on its own.
 async fn consume_raw(
     connection: &Connection,
     queue: &str,
     expected: u64,
     coalesce: bool,
+    prefetch: u16,
 ) -> Duration {
+    let ack_every = u64::from(prefetch / 2).max(1);
     let started = Instant::now();
     let channel = connection.create_channel().await.expect("channel");
     channel
-        .basic_qos(PREFETCH, BasicQosOptions { global: false })
+        .basic_qos(prefetch, BasicQosOptions { global: false })
         .await
         .expect("basic.qos");
     let mut deliveries = channel
@@ -450,7 +453,7 @@ async fn consume_raw(
                 .basic_ack(delivery.delivery_tag, BasicAckOptions { multiple: false })
                 .await
                 .expect("ack");
-        } else if seen.is_multiple_of(ACK_EVERY) || seen == expected {
+        } else if seen.is_multiple_of(ack_every) || seen == expected {
             channel
                 .basic_ack(delivery.delivery_tag, BasicAckOptions { multiple: true })
                 .await
@@ -463,18 +466,34 @@ async fn consume_raw(
 }
 
 /// Prints the `rabbitmq_consume` lines (against coalesced acks) and the
-/// `rabbitmq_consume_vs_awaited_acks` lines.
+/// `rabbitmq_consume_vs_awaited_acks` lines at the worker's default prefetch, then
+/// `rabbitmq_consume_prefetch<N>` (against coalesced acks) at each raised prefetch.
 ///
-/// Each round fills three fresh queues at once (the worker's whole topology, and one quorum
-/// queue of the same shape per raw consumer), then drains them one after the other, starting
-/// with a different side each round.
+/// Each round fills fresh queues at once (the worker's whole topology, and one quorum queue of
+/// the same shape per raw consumer), then drains them one after the other, starting with a
+/// different side each round.
 pub(crate) async fn consume(messages: u64) {
     // On a runtime worker, as the worker's and the relay's tasks are, not on the thread blocked
     // in `block_on`: both sides then wake and are woken the same way.
-    tokio::spawn(run_consume(messages)).await.expect("join");
+    tokio::spawn(run_consume(
+        messages,
+        PREFETCH,
+        &[Drain::Hexeract, Drain::Coalesced, Drain::Awaited],
+    ))
+    .await
+    .expect("join");
+    for prefetch in RAISED_PREFETCHES {
+        tokio::spawn(run_consume(
+            messages,
+            prefetch,
+            &[Drain::Hexeract, Drain::Coalesced],
+        ))
+        .await
+        .expect("join");
+    }
 }
 
-async fn run_consume(messages: u64) {
+async fn run_consume(messages: u64, prefetch: u16, sides: &'static [Drain]) {
     let setup = connect("setup").await;
     let connection = connect("consume-hexeract").await;
     let raw = connect_raw("consume-baseline").await;
@@ -482,9 +501,13 @@ async fn run_consume(messages: u64) {
     let mut hexeract = Vec::new();
     let mut coalesced = Vec::new();
     let mut awaited = Vec::new();
-    let sides = [Drain::Hexeract, Drain::Coalesced, Drain::Awaited];
     for round in 0..CONSUME_ROUNDS {
-        let mut worker = Some(consume_worker(&connection, &fresh_prefix(), messages));
+        let mut worker = Some(consume_worker(
+            &connection,
+            &fresh_prefix(),
+            messages,
+            prefetch,
+        ));
         let places: Vec<Place> = sides
             .iter()
             .map(|side| match side {
@@ -515,13 +538,13 @@ async fn run_consume(messages: u64) {
                 Drain::Coalesced => {
                     coalesced.push(rate(
                         messages,
-                        consume_raw(&raw, queue, messages, true).await,
+                        consume_raw(&raw, queue, messages, true, prefetch).await,
                     ));
                 }
                 Drain::Awaited => {
                     awaited.push(rate(
                         messages,
-                        consume_raw(&raw, queue, messages, false).await,
+                        consume_raw(&raw, queue, messages, false, prefetch).await,
                     ));
                 }
             }
@@ -530,15 +553,20 @@ async fn run_consume(messages: u64) {
             place.delete(&setup).await;
         }
     }
-    let extra = format!(" prefetch={PREFETCH}");
-    report("rabbitmq_consume", &hexeract, &coalesced, messages, &extra);
-    report(
-        "rabbitmq_consume_vs_awaited_acks",
-        &hexeract,
-        &awaited,
-        messages,
-        &extra,
-    );
+    let extra = format!(" prefetch={prefetch}");
+    if prefetch == PREFETCH {
+        report("rabbitmq_consume", &hexeract, &coalesced, messages, &extra);
+        report(
+            "rabbitmq_consume_vs_awaited_acks",
+            &hexeract,
+            &awaited,
+            messages,
+            &extra,
+        );
+    } else {
+        let scenario = format!("rabbitmq_consume_prefetch{prefetch}");
+        report(&scenario, &hexeract, &coalesced, messages, &extra);
+    }
     let _ = raw.close(200, "bench done".into()).await;
     let _ = connection.close().await;
     let _ = setup.close().await;
