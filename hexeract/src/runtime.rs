@@ -353,10 +353,13 @@ impl Runtime {
         for info in self.shared.registry.handlers() {
             tracing::debug!(handler = %info.name, message_type = info.message_type, "handler registered");
         }
+        // One wait for the stop across the loop: a new one per message would register and
+        // unregister a waiter on the token, a lock each way.
+        let mut stopped = std::pin::pin!(stop.cancelled());
         loop {
             tokio::select! {
                 biased;
-                () = stop.cancelled() => break,
+                () = &mut stopped => break,
                 pending = consumer.next() => {
                     self.shared.accept(pending, &tracker, &stop, &abort).await;
                 }

@@ -787,6 +787,9 @@ impl ConsumeLoop<'_> {
         tokio::pin!(idle_flush);
         let mut flush_armed = false;
         let automatic = shared.ack_mode == AckMode::Automatic;
+        // One wait for the stop across the loop: a new one per delivery would register and
+        // unregister a waiter on the token, a lock each way.
+        let mut stopped = std::pin::pin!(stop.cancelled());
         let lost = loop {
             if tracker.settled() >= batch {
                 acks.send(tracker.take(false));
@@ -800,7 +803,7 @@ impl ConsumeLoop<'_> {
             }
             tokio::select! {
                 biased;
-                () = stop.cancelled() => break None,
+                () = &mut stopped => break None,
                 Some((tag, settled)) = running.next(), if !running.is_empty() => {
                     if self.settle_after_call(&mut tracker, tag, settled) {
                         // A delivery to give back is sent at once: nothing else might flush it.
