@@ -96,7 +96,6 @@ mod otel {
     use opentelemetry::trace::{
         SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
     };
-    use opentelemetry::KeyValue;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
     use super::{Outcome, TRACESTATE};
@@ -137,6 +136,27 @@ mod otel {
         }
     }
 
+    /// `messaging.operation.type` and `.name`: `create`, `send` or `process`.
+    fn operation(span: &tracing::Span, operation: &'static str) {
+        span.set_attribute("messaging.operation.type", operation);
+        span.set_attribute("messaging.operation.name", operation);
+    }
+
+    /// The attributes of the one message a `create` or `process` span is about.
+    fn message(span: &tracing::Span, envelope: &Envelope) {
+        span.set_attribute(
+            "messaging.destination.name",
+            envelope.message_type.to_string(),
+        );
+        span.set_attribute("messaging.message.id", envelope.id.to_string());
+        if let Some(conversation) = envelope.correlation_id {
+            span.set_attribute(
+                "messaging.message.conversation_id",
+                conversation.to_string(),
+            );
+        }
+    }
+
     pub(super) fn produce(envelope: &mut Envelope) {
         let span = tracing::info_span!(
             "hexeract.publish",
@@ -151,23 +171,8 @@ mod otel {
             "otel.name",
             tracing::field::display(format_args!("create {}", envelope.message_type)),
         );
-        for attribute in [
-            KeyValue::new("messaging.operation.type", "create"),
-            KeyValue::new("messaging.operation.name", "create"),
-            KeyValue::new(
-                "messaging.destination.name",
-                envelope.message_type.to_string(),
-            ),
-            KeyValue::new("messaging.message.id", envelope.id.to_string()),
-        ] {
-            span.set_attribute(attribute.key, attribute.value);
-        }
-        if let Some(conversation) = envelope.correlation_id {
-            span.set_attribute(
-                "messaging.message.conversation_id",
-                conversation.to_string(),
-            );
-        }
+        operation(&span, "create");
+        message(&span, envelope);
         let context = span.context();
         let produced = context.span().span_context().clone();
         if produced.is_valid() {
@@ -186,8 +191,7 @@ mod otel {
             return span;
         }
         span.set_attribute("messaging.system", transport);
-        span.set_attribute("messaging.operation.type", "send");
-        span.set_attribute("messaging.operation.name", "send");
+        operation(&span, "send");
         span.set_attribute(
             "messaging.batch.message_count",
             i64::try_from(envelopes.len()).unwrap_or(i64::MAX),
@@ -219,26 +223,11 @@ mod otel {
             // Fails only without an OpenTelemetry layer: then there is no span to parent.
             let _ = span.set_parent(parent);
         }
-        for attribute in [
-            KeyValue::new("messaging.system", transport),
-            KeyValue::new("messaging.operation.type", "process"),
-            KeyValue::new("messaging.operation.name", "process"),
-            KeyValue::new(
-                "messaging.destination.name",
-                envelope.message_type.to_string(),
-            ),
-            KeyValue::new("messaging.message.id", envelope.id.to_string()),
-            KeyValue::new("hexeract.handler", handler.to_owned()),
-            KeyValue::new("hexeract.attempt", i64::from(envelope.attempt)),
-        ] {
-            span.set_attribute(attribute.key, attribute.value);
-        }
-        if let Some(conversation) = envelope.correlation_id {
-            span.set_attribute(
-                "messaging.message.conversation_id",
-                conversation.to_string(),
-            );
-        }
+        span.set_attribute("messaging.system", transport);
+        operation(span, "process");
+        message(span, envelope);
+        span.set_attribute("hexeract.handler", handler.to_owned());
+        span.set_attribute("hexeract.attempt", i64::from(envelope.attempt));
         if let Some(group) = consumer_group {
             span.set_attribute("messaging.consumer.group.name", group.to_owned());
         }

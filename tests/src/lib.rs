@@ -7,4 +7,5 @@ pub mod ledger;
 pub mod logs;
 pub mod pg;
 pub mod proxy;
+pub mod temp;
 pub mod tls;

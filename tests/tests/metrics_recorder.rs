@@ -6,13 +6,13 @@
 //! runs a worker on an SQLite file of its own.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use hexeract::config::Database;
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
 use hexeract::{handler, CancellationToken, Context, Envelope, Message, Worker, WorkerConfig};
+use hexeract_tests::temp::TempDir;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -30,22 +30,11 @@ async fn work(job: Job, ctx: &Context) -> Result<(), String> {
     Ok(())
 }
 
-struct File(PathBuf);
-
-impl Drop for File {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
-        }
-    }
-}
-
 /// A worker on a new SQLite file, with retries 20 ms apart.
-fn worker() -> (File, Worker) {
-    let file =
-        File(std::env::temp_dir().join(format!("hexeract-metrics-{}.db", uuid::Uuid::now_v7())));
+fn worker() -> (TempDir, Worker) {
+    let dir = TempDir::new("hexeract-metrics");
     let mut config = WorkerConfig {
-        database: Database::Sqlite(file.0.clone()),
+        database: Database::Sqlite(dir.join("outbox.db")),
         worker_port: 0,
         ..WorkerConfig::default()
     };
@@ -56,20 +45,22 @@ fn worker() -> (File, Worker) {
         .initial_delay(Duration::from_millis(20))
         .jitter(0.0);
     config.policy.shutdown_grace = Duration::from_secs(2);
-    (file, Worker::new(config).listen(false))
+    (dir, Worker::new(config).listen(false))
 }
 
 /// Runs `worker` while one job is handled, one fails once and is handled on its retry, and one
 /// whose payload does not decode is dead-lettered; stops it once the store owes nothing.
 /// `during` runs before the stop, with the worker still running.
 async fn one_of_each<F: std::future::Future<Output = ()>>(
-    file: &File,
+    dir: &TempDir,
     worker: Worker,
     during: impl FnOnce() -> F,
 ) {
     let cancel = CancellationToken::new();
     let running = tokio::spawn(worker.try_run(cancel.clone()));
-    let store = SqliteStore::open(&file.0).await.expect("open the file");
+    let store = SqliteStore::open(dir.join("outbox.db"))
+        .await
+        .expect("open the file");
     store.migrate().await.unwrap();
     let mut undecodable = Envelope::new(&Job {
         n: 3,
@@ -121,9 +112,9 @@ async fn a_recorder_of_the_application_gets_exactly_what_happened() {
     recorder
         .install()
         .expect("no recorder installed yet in this process");
-    let (file, worker) = worker();
+    let (dir, worker) = worker();
     let router = worker.router();
-    one_of_each(&file, worker, || async {}).await;
+    one_of_each(&dir, worker, || async {}).await;
 
     let mut values = Vec::new();
     let mut durations = 0;
@@ -191,14 +182,14 @@ async fn a_recorder_of_the_application_gets_exactly_what_happened() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_recorder_metrics_serves_the_same_values_as_prometheus_text() {
-    let (file, worker) = worker();
+    let (dir, worker) = worker();
     let router = worker.router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move { axum::serve(listener, router).await });
     let scraped = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let into = scraped.clone();
-    one_of_each(&file, worker, || async move {
+    one_of_each(&dir, worker, || async move {
         let (status, body) = hexeract_tests::http::get(port, "/metrics").await.unwrap();
         assert_eq!(status, 200, "{body}");
         *into.lock().unwrap() = body;

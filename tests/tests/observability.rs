@@ -17,6 +17,7 @@ use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
 use hexeract::{handler, CancellationToken, Context, Envelope, Message, Worker, WorkerConfig};
 use hexeract_tests::amqp::TestBroker;
+use hexeract_tests::temp::TempDir;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -260,8 +261,7 @@ fn promtool_checks_the_rules_and_their_unit_tests_pass() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_query_and_rule_reads_series_a_scraped_worker_serves() {
     let broker = TestBroker::new().await;
-    let dir = std::env::temp_dir().join(format!("hexeract-observed-{}", broker.prefix));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("hexeract-observed");
     let file = dir.join("outbox.db");
     let port = hexeract_tests::http::free_port();
     let mut config = WorkerConfig {
@@ -417,5 +417,4 @@ async fn every_panel_query_and_rule_reads_series_a_scraped_worker_serves() {
     cancel.cancel();
     running.await.unwrap().unwrap();
     hexeract_tests::amqp::delete_queues_with_prefix(&broker.prefix).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,7 +7,6 @@
 //! each test in a process of its own).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -15,6 +14,7 @@ use hexeract::config::{Amqp, Database, Kafka};
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::{DeadLetterStore, DeliveryStore};
 use hexeract::{handler, CancellationToken, Context, Message, Worker, WorkerConfig};
+use hexeract_tests::temp::TempDir;
 use opentelemetry::trace::{SpanId, SpanKind, Status, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tracing::Instrument;
@@ -90,17 +90,9 @@ fn install() -> (InMemorySpanExporter, SdkTracerProvider) {
     (exporter, provider)
 }
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn config(dir: &Dir) -> WorkerConfig {
+fn config(dir: &TempDir) -> WorkerConfig {
     let mut config = WorkerConfig {
-        database: Database::Sqlite(dir.0.join("outbox.db")),
+        database: Database::Sqlite(dir.join("outbox.db")),
         worker_port: 0,
         relay_poll_interval: Duration::from_millis(50),
         ..WorkerConfig::default()
@@ -117,9 +109,9 @@ fn config(dir: &Dir) -> WorkerConfig {
 
 /// Runs `config`'s worker, enqueues one order inside an `http.request` span, waits for the
 /// follow-up to be handled and returns every span ended meanwhile.
-async fn one_order(dir: &Dir, config: WorkerConfig, system: &str) -> Vec<SpanData> {
+async fn one_order(dir: &TempDir, config: WorkerConfig, system: &str) -> Vec<SpanData> {
     let (exporter, provider) = install();
-    let store = SqliteStore::open(dir.0.join("outbox.db")).await.unwrap();
+    let store = SqliteStore::open(dir.join("outbox.db")).await.unwrap();
     store.migrate().await.unwrap();
     let mut config = config;
     let port = hexeract_tests::http::free_port();
@@ -349,10 +341,8 @@ fn assert_relayed(spans: &[SpanData], system: &str) {
     );
 }
 
-fn dir() -> Dir {
-    let dir = std::env::temp_dir().join(format!("hexeract-otel-{}", uuid::Uuid::now_v7()));
-    std::fs::create_dir_all(&dir).unwrap();
-    Dir(dir)
+fn dir() -> TempDir {
+    TempDir::new("hexeract-otel")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,7 +395,7 @@ async fn one_trace_through_the_relay_and_kafka() {
 async fn a_replayed_dead_letter_is_handled_in_its_trace() {
     let dir = dir();
     let (exporter, provider) = install();
-    let store = SqliteStore::open(dir.0.join("outbox.db")).await.unwrap();
+    let store = SqliteStore::open(dir.join("outbox.db")).await.unwrap();
     store.migrate().await.unwrap();
     let mut config = config(&dir);
     config.policy.retry = config
