@@ -20,7 +20,7 @@ mod record;
 pub(crate) mod verdict;
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -86,6 +86,8 @@ pub(crate) struct Engine {
     max_payload_bytes: usize,
     transport: Transport,
     metrics: Metrics,
+    /// What messages of a type no handler knows record through, taken on the first one.
+    unknown: OnceLock<Arc<HandlerMetrics>>,
 }
 
 impl Engine {
@@ -99,6 +101,7 @@ impl Engine {
             max_payload_bytes,
             transport,
             metrics: Metrics::global().clone(),
+            unknown: OnceLock::new(),
         }
     }
 
@@ -177,11 +180,16 @@ impl Engine {
         let delivered = Delivered::of(envelope, target.handler_name(), self.transport);
         match target {
             Target::Slot(slot) => record::record(&delivered, verdict, took, slot.metrics()),
-            _ => {
-                let metrics: Arc<HandlerMetrics> = self
-                    .metrics
-                    .handler(target.handler_name().unwrap_or(crate::metrics::UNKNOWN));
-                record::record(&delivered, verdict, took, &metrics);
+            // A handler renamed or removed, or the handler whose queue an unknown type arrived
+            // in (RabbitMQ): rare, and its name is the label.
+            Target::NoSuchHandler(name) | Target::NoHandlerForType(Some(name)) => {
+                record::record(&delivered, verdict, took, &self.metrics.handler(name));
+            }
+            Target::NoHandlerForType(None) => {
+                let metrics = self
+                    .unknown
+                    .get_or_init(|| self.metrics.handler(crate::metrics::UNKNOWN));
+                record::record(&delivered, verdict, took, metrics);
             }
         }
     }

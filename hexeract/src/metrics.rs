@@ -118,7 +118,8 @@ pub fn reason_label(reason: &Reason) -> &'static str {
     Reason::ALL
         .iter()
         .position(|known| known == reason)
-        .map_or(OTHER_REASON, |index| KNOWN_REASONS[index])
+        .and_then(|index| KNOWN_REASONS.get(index).copied())
+        .unwrap_or(OTHER_REASON)
 }
 
 /// The labels of [`Reason::ALL`], in its order.
@@ -160,7 +161,12 @@ fn retry_label(reason: &Reason) -> &'static str {
 ///
 /// ```
 /// let handle = hexeract::metrics::prometheus().expect("no other recorder in this process");
-/// assert!(handle.render().contains("hexeract_component_ready"));
+/// hexeract::metrics::Metrics::new()
+///     .handler("shop.confirm")
+///     .handled(std::time::Duration::from_millis(2));
+/// assert!(handle
+///     .render()
+///     .contains("hexeract_messages_handled_total{handler=\"shop.confirm\"} 1"));
 /// ```
 pub fn prometheus() -> Option<&'static PrometheusHandle> {
     static INSTALLED: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -185,8 +191,6 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
                     std::thread::sleep(Duration::from_secs(5));
                     upkeep.run_upkeep();
                 });
-            // Present from the start, so that a dashboard reads 0 rather than no data.
-            metrics::gauge!(COMPONENT_READY, "component" => "startup").set(0.0);
             Some(handle)
         })
         .as_ref()
@@ -411,17 +415,18 @@ impl HandlerMetrics {
         let index = Reason::ALL
             .iter()
             .position(|known| known == reason)
-            .unwrap_or(KNOWN_REASONS.len());
+            .map_or(KNOWN_REASONS.len(), |index| index.min(KNOWN_REASONS.len()));
         self.dead_lettered[index].increment(1);
         if let Some(took) = took {
             self.duration.record(took.as_secs_f64());
         }
     }
 
-    /// A call starts; the returned guard counts it in [`IN_FLIGHT`] until it is dropped.
-    pub(crate) fn call_started(&self) -> InFlight<'_> {
+    /// A call starts; the returned guard counts it in [`IN_FLIGHT`] until it is dropped. It
+    /// owns its handle, so that the call's future can keep it wherever it runs.
+    pub(crate) fn call_started(&self) -> InFlight {
         self.in_flight.increment(1.0);
-        InFlight(&self.in_flight)
+        InFlight(self.in_flight.clone())
     }
 
     /// Calls that succeeded so far.
@@ -459,9 +464,9 @@ const RETRY_LABELS: [&str; 5] = [
 ];
 
 /// A call counted in [`IN_FLIGHT`] until dropped.
-pub(crate) struct InFlight<'a>(&'a Gauge);
+pub(crate) struct InFlight(Gauge);
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.decrement(1.0);
     }
@@ -506,13 +511,13 @@ pub async fn sample(health: &crate::health::Health, store: Option<&dyn crate::st
             (now - published).to_std().unwrap_or_default().as_secs_f64()
         })
     };
-    if let Ok(oldest) = store.oldest_pending().await {
+    if let Some(oldest) = bounded(store.oldest_pending()).await {
         metrics::gauge!(OUTBOX_OLDEST_PENDING).set(age(oldest));
     }
-    if let Ok(backlog) = store.backlog().await {
+    if let Some(backlog) = bounded(store.backlog()).await {
         metrics::gauge!(OUTBOX_BACKLOG).set(backlog as f64);
     }
-    if let Ok(owed) = store.pending_by_handler().await {
+    if let Some(owed) = bounded(store.pending_by_handler()).await {
         // A handler that owed deliveries at the last sample and owes none now reads 0.
         static OWING: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
         let mut owing = OWING
@@ -568,6 +573,18 @@ pub(crate) async fn sample_queue_depths(
     }
 }
 
+/// How long [`sample`] waits for each of the store's answers.
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The store's answer to `query`, or `None` when it failed or took longer than
+/// [`SAMPLE_TIMEOUT`]: a store that stalls gives up its gauges for this sample, not the scrape
+/// or the shutdown.
+async fn bounded<T>(
+    query: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
+) -> Option<T> {
+    tokio::time::timeout(SAMPLE_TIMEOUT, query).await.ok()?.ok()
+}
+
 /// The `handler` label of deliveries of a handler named `handler` in the store (`""`: no
 /// handler knew the message type).
 fn label_of(handler: &str) -> &str {
@@ -584,6 +601,11 @@ mod tests {
 
     #[test]
     fn every_framework_reason_is_its_own_label_and_the_rest_are_other() {
+        assert_eq!(
+            KNOWN_REASONS.len(),
+            Reason::ALL.len(),
+            "a label for each reason"
+        );
         for (reason, label) in Reason::ALL.iter().zip(KNOWN_REASONS) {
             assert_eq!(reason.as_str(), label);
             assert_eq!(reason_label(reason), label);

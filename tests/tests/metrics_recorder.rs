@@ -96,11 +96,12 @@ async fn one_of_each<F: std::future::Future<Output = ()>>(
     running.await.unwrap().unwrap();
 }
 
-/// The series of `name` as `labels → value`, labels written `k=v,k=v`.
+/// The series of `name` of the handler `metered.work` as `labels → value`, labels written
+/// `k=v,k=v` (the binary's other handler, `metered.slow`, is in the worker too).
 fn series(values: &[(String, String, f64)], name: &str) -> BTreeMap<String, f64> {
     values
         .iter()
-        .filter(|(series, _, _)| series == name)
+        .filter(|(series, labels, _)| series == name && labels.starts_with("handler=metered.work"))
         .map(|(_, labels, value)| (labels.clone(), *value))
         .collect()
 }
@@ -220,4 +221,84 @@ async fn without_a_recorder_metrics_serves_the_same_values_as_prometheus_text() 
         ),
         "the histogram has the 1 ms bucket: {text}"
     );
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "metered.Slow")]
+struct Slow {
+    n: u32,
+}
+
+/// Set when the slow handler's sleep is over.
+static SLOW_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[handler(message = "metered.Slow", name = "metered.slow")]
+async fn slow(_slow: Slow, _ctx: &Context) -> Result<(), String> {
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    SLOW_DONE.store(true, std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}
+
+/// A call past its timeout is abandoned, not dropped: it runs on, and counts as in flight
+/// until it really ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_call_counts_in_flight_until_it_ends() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("no recorder installed yet in this process");
+    let in_flight = || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, ..)| {
+                key.key().name() == hexeract::metrics::IN_FLIGHT
+                    && key
+                        .key()
+                        .labels()
+                        .any(|label| label.value() == "metered.slow")
+            })
+            .map(|(_, _, _, value)| match value {
+                DebugValue::Gauge(value) => value.into_inner(),
+                other => panic!("not a gauge: {other:?}"),
+            })
+    };
+    let store = hexeract::InMemoryStore::new();
+    let runtime = hexeract::Runtime::builder()
+        .store(store.clone())
+        .handlers_where(|info| info.name == "metered.slow")
+        .handler_timeout(Duration::from_millis(100))
+        .max_deliveries(1)
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(runtime.run(cancel.clone()));
+    store.publish(&Slow { n: 1 }).await.unwrap();
+    // Dead-lettered as handler_timeout after 100 ms, while the call sleeps on.
+    tokio::time::timeout(Duration::from_secs(10), store.wait_idle())
+        .await
+        .expect("settled");
+    assert_eq!(store.dead_letters().len(), 1);
+    assert!(!SLOW_DONE.load(std::sync::atomic::Ordering::SeqCst));
+    // The debugging recorder's snapshot takes a gauge's value and sets it back to 0: each read
+    // is the change since the one before.
+    assert_eq!(in_flight(), Some(1.0), "the abandoned call still runs");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !SLOW_DONE.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        in_flight(),
+        Some(-1.0),
+        "the call ended: one less than at the last read"
+    );
+    cancel.cancel();
+    running.await.unwrap().unwrap();
 }

@@ -145,7 +145,9 @@ pub(crate) async fn invoke(
     };
     let call_cancelled = ctx.cancellation().clone();
     let started = Instant::now();
-    let _in_flight = slot.metrics.call_started();
+    // Counted until the call's future ends: an abandoned call runs on in its task, and still
+    // counts there.
+    let in_flight = slot.metrics.call_started();
     let call = match &slot.callee {
         Callee::Handler(handler) => {
             let span = tracing::info_span!(
@@ -170,8 +172,10 @@ pub(crate) async fn invoke(
             let traced = span.clone();
             let handler = handler.clone();
             // The context carries the envelope: one copy per call.
-            let call: BoxFuture<'static, HandlerOutcome> =
-                Box::pin(async move { handler.call(&ctx).await });
+            let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
+                let _in_flight = in_flight;
+                handler.call(&ctx).await
+            });
             let call = call_boxed(call, call_cancelled, slot.timeout, interrupt)
                 .instrument(span)
                 .await;
@@ -188,8 +192,10 @@ pub(crate) async fn invoke(
             );
             let run = run.clone();
             let chain = chain.clone();
-            let call: BoxFuture<'static, HandlerOutcome> =
-                Box::pin(async move { Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await });
+            let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
+                let _in_flight = in_flight;
+                Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await
+            });
             call_boxed(call, call_cancelled, slot.timeout, interrupt)
                 .instrument(span)
                 .await
