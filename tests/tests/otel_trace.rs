@@ -136,17 +136,7 @@ async fn one_order(dir: &TempDir, config: WorkerConfig, system: &str) -> Vec<Spa
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let request = tracing::info_span!("http.request", otel.kind = "server");
-    async {
-        let mut tx = store.pool().begin().await.unwrap();
-        hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: 7 })
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-    }
-    .instrument(request.clone())
-    .await;
-    drop(request);
+    enqueue_in_a_request(&store, &OrderPlaced { order_id: 7 }).await;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     while !RESERVED.load(Ordering::SeqCst) {
@@ -165,6 +155,19 @@ async fn one_order(dir: &TempDir, config: WorkerConfig, system: &str) -> Vec<Spa
     let spans = exporter.get_finished_spans().unwrap();
     println!("the trace on {system}:\n{}", tree(&spans));
     spans
+}
+
+/// Enqueues `message` in a transaction of its own, inside an `http.request` span (kind server):
+/// the root of the trace, as a web request would be.
+async fn enqueue_in_a_request<M: Message>(store: &SqliteStore, message: &M) {
+    let request = tracing::info_span!("http.request", otel.kind = "server");
+    async {
+        let mut tx = store.pool().begin().await.unwrap();
+        hexeract::outbox::enqueue(&mut tx, message).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    .instrument(request)
+    .await;
 }
 
 /// The spans of one trace as an indented tree, each with its kind and Hexeract's attributes.
@@ -405,16 +408,7 @@ async fn a_replayed_dead_letter_is_handled_in_its_trace() {
         .max_deliveries(std::num::NonZeroU32::new(1).unwrap());
     let cancel = CancellationToken::new();
     let running = tokio::spawn(Worker::new(config).listen(false).try_run(cancel.clone()));
-    let request = tracing::info_span!("http.request", otel.kind = "server");
-    async {
-        let mut tx = store.pool().begin().await.unwrap();
-        hexeract::outbox::enqueue(&mut tx, &Refund { order_id: 9 })
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-    }
-    .instrument(request)
-    .await;
+    enqueue_in_a_request(&store, &Refund { order_id: 9 }).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let letter = loop {
         if let Some(letter) = store.dead_letters(10).await.unwrap().into_iter().next() {
