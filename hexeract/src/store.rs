@@ -66,6 +66,14 @@ pub struct Routes {
 }
 
 impl Routes {
+    /// The message types and the handlers, as two columns of the same length.
+    pub(crate) fn columns(&self) -> (Vec<&str>, Vec<&str>) {
+        self.pairs
+            .iter()
+            .map(|(message_type, handler)| (message_type.as_str(), handler.as_str()))
+            .unzip()
+    }
+
     /// The routes of every handler in `registry`.
     pub fn from_registry(registry: &crate::Registry) -> Routes {
         Routes {
@@ -126,6 +134,25 @@ pub trait DeliveryStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'_, Result<Vec<Claimed>, StoreError>>;
 
+    /// What a worker's cycle starts with: claims up to `limit` due deliveries under `token`
+    /// and, when fewer were due, expands as many new outbox rows as are left of `limit` and
+    /// claims their deliveries too (a type with several handlers may leave some of its
+    /// deliveries due but unclaimed). [`expand`](DeliveryStore::expand) then
+    /// [`claim`](DeliveryStore::claim) unless the store does both in one statement, as
+    /// PostgreSQL does: a delivery written already claimed is one write instead of two.
+    fn take<'a>(
+        &'a self,
+        routes: &'a Routes,
+        token: Uuid,
+        limit: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
+        Box::pin(async move {
+            self.expand(routes, limit).await?;
+            self.claim(token, limit, lease).await
+        })
+    }
+
     /// The claimed deliveries, to settle: ack, retry, dead-letter or release them under their
     /// claim's token.
     fn deliveries(&self) -> &dyn Claims<i64>;
@@ -147,6 +174,13 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// (`postgresql`, `sqlite`).
     fn kind(&self) -> &'static str {
         "store"
+    }
+
+    /// `true` when two writes on two connections proceed at once (PostgreSQL), so that a
+    /// worker may delete one batch's acked deliveries while it takes the next; `false` (the
+    /// default) when one would wait for the other's lock (SQLite).
+    fn concurrent_writes(&self) -> bool {
+        false
     }
 }
 

@@ -547,3 +547,143 @@ async fn dropping_the_last_store_clone_gives_the_listen_connection_back() {
     drop(connection);
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn take_claims_what_is_due_then_expands_as_many_rows_as_are_left() {
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
+    let first = Envelope::new(&OrderPlaced { order_id: 1 }).unwrap();
+    let second = Envelope::new(&OrderPlaced { order_id: 2 }).unwrap();
+    let unknown = Envelope::from_raw("test.Nobody", &b"{}"[..]);
+    store
+        .publish(vec![first.clone(), second.clone(), unknown.clone()])
+        .await
+        .unwrap();
+    let two_handlers = routes(&[("test.OrderPlaced", "a"), ("test.OrderPlaced", "b")]);
+
+    // Nothing due yet: three rows expand into five deliveries, of which three are claimed,
+    // oldest message first; the other two stay due.
+    let token = Uuid::now_v7();
+    let taken = store
+        .take(&two_handlers, token, 3, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut seen: Vec<(Uuid, String, u32, bool)> = taken
+        .iter()
+        .map(|c| {
+            (
+                c.envelope.id,
+                c.handler.clone(),
+                c.envelope.attempt,
+                c.recovered,
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            (first.id, "a".to_owned(), 1, false),
+            (first.id, "b".to_owned(), 1, false),
+            (second.id, "a".to_owned(), 1, false),
+        ]
+    );
+    assert_eq!(taken[0].envelope.payload, first.payload);
+    assert_eq!(
+        db.count("outbox").await,
+        0,
+        "every row taken left the outbox"
+    );
+    assert_eq!(db.count("deliveries").await, 5);
+
+    // The next take claims the two due deliveries, with their first attempt.
+    let next = store
+        .take(&two_handlers, Uuid::now_v7(), 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut rest: Vec<(Uuid, String, u32)> = next
+        .iter()
+        .map(|c| (c.envelope.id, c.handler.clone(), c.envelope.attempt))
+        .collect();
+    rest.sort();
+    let mut expected = vec![
+        (second.id, "b".to_owned(), 1),
+        (unknown.id, NO_HANDLER.to_owned(), 1),
+    ];
+    expected.sort();
+    assert_eq!(rest, expected);
+    assert!(store
+        .take(&two_handlers, Uuid::now_v7(), 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Settled under the first token: acks land only for the claim that holds them.
+    let ids: Vec<i64> = taken.iter().map(|c| c.id).collect();
+    assert_eq!(
+        store.deliveries().ack(Uuid::now_v7(), &ids).await.unwrap(),
+        0
+    );
+    assert_eq!(store.deliveries().ack(token, &ids).await.unwrap(), 3);
+    assert_eq!(db.count("deliveries").await, 2);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_taken_delivery_never_settled_comes_back_recovered_with_its_attempt_counted() {
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
+    let envelope = Envelope::new(&OrderPlaced { order_id: 7 }).unwrap();
+    store.publish(vec![envelope.clone()]).await.unwrap();
+    let one = routes(&[("test.OrderPlaced", "h")]);
+
+    let taken = store
+        .take(&one, Uuid::now_v7(), 10, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert!(
+        store
+            .take(&one, Uuid::now_v7(), 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "leased: hidden from other takes"
+    );
+    // The worker that took it dies: the lease ends.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = store
+        .take(&one, Uuid::now_v7(), 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].id, taken[0].id);
+    assert_eq!(again[0].envelope.attempt, 2);
+    assert!(again[0].recovered, "its first claim was never settled");
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_message_published_again_after_it_was_taken_is_not_delivered_twice() {
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
+    let envelope = Envelope::new(&OrderPlaced { order_id: 3 }).unwrap();
+    let one = routes(&[("test.OrderPlaced", "h")]);
+    store.publish(vec![envelope.clone()]).await.unwrap();
+    let taken = store
+        .take(&one, Uuid::now_v7(), 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+
+    // The same message id again (a producer retrying its publish): its delivery exists.
+    store.publish(vec![envelope]).await.unwrap();
+    assert!(store
+        .take(&one, Uuid::now_v7(), 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(db.count("outbox").await, 0);
+    assert_eq!(db.count("deliveries").await, 1);
+    db.drop_schema().await;
+}

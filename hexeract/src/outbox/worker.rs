@@ -289,8 +289,10 @@ impl OutboxWorker {
             wake: wake.clone(),
         });
         tracing::info!(handlers = self.handlers.len(), "outbox worker started");
+        // The acks of the last cycle, written while the next one takes its batch.
+        let mut owed = None;
         while !cancel.is_cancelled() {
-            let cycle = self.cycle(&cancel, &interrupt, &publisher).await;
+            let cycle = self.cycle(&mut owed, &cancel, &interrupt, &publisher).await;
             match &cycle {
                 Ok(_) => self.health.pass(),
                 Err(error) => self.health.fail(format!("an outbox cycle failed: {error}")),
@@ -304,7 +306,28 @@ impl OutboxWorker {
                 }
             }
         }
+        if let Some(acks) = owed {
+            if let Err(error) = self.ack(acks).await {
+                tracing::warn!(%error, "the last acks failed; those deliveries will run again when their lease ends");
+            }
+        }
         tracing::info!("outbox worker stopped");
+        Ok(())
+    }
+
+    /// Deletes the acked deliveries of one claim.
+    async fn ack(&self, acks: Acks) -> Result<(), crate::store::StoreError> {
+        let deliveries = self.store.deliveries();
+        let acked = self
+            .timed("ack", deliveries.ack(acks.token, &acks.ids))
+            .await?;
+        if acked != acks.ids.len() as u64 {
+            tracing::warn!(
+                acked,
+                expected = acks.ids.len(),
+                "some acked deliveries were no longer ours (their lease ended): they will run again"
+            );
+        }
         Ok(())
     }
 
@@ -317,22 +340,56 @@ impl OutboxWorker {
         crate::store::within(what, self.store_timeout, statement).await
     }
 
-    /// One expand-claim-call-settle pass; returns how many deliveries it handled.
+    /// One take-call-settle pass; returns how many deliveries it handled. The acks of the
+    /// last pass (`owed`) are written at the same time as this pass takes its batch, on
+    /// another connection, where the store takes concurrent writes: a pass then costs one
+    /// round trip of waiting, not two. This pass's acks
+    /// are left in `owed` for the next (or for the end of [`run`](OutboxWorker::run)); the
+    /// retries, dead letters and releases are written before it returns.
     async fn cycle(
         &self,
+        owed: &mut Option<Acks>,
         cancel: &CancellationToken,
         interrupt: &CancellationToken,
         publisher: &Arc<dyn Publish>,
     ) -> Result<usize, crate::store::StoreError> {
-        self.timed("expand", self.store.expand(&self.routes, self.batch_size))
-            .await?;
         let token = Uuid::now_v7();
-        let mut claimed = self
-            .timed(
-                "claim",
-                self.store.claim(token, self.batch_size, self.lease),
-            )
+        let take = self.timed(
+            "take",
+            self.store
+                .take(&self.routes, token, self.batch_size, self.lease),
+        );
+        let (acked, taken) = match owed.take() {
+            Some(acks) if self.store.concurrent_writes() => {
+                futures_util::join!(self.ack(acks), take)
+            }
+            // One writer at a time (SQLite): the ack would only wait for the take's lock.
+            Some(acks) => {
+                let acked = self.ack(acks).await;
+                (acked, take.await)
+            }
+            None => (Ok(()), take.await),
+        };
+        // A failed ack loses nothing (those deliveries run again when their lease ends), but
+        // the pass reports it once the batch it took is settled.
+        let handled = self
+            .run_claimed(taken?, token, owed, cancel, interrupt, publisher)
             .await?;
+        acked?;
+        Ok(handled)
+    }
+
+    /// Calls the handlers of one claimed batch and settles it: acks into `owed`, the rest
+    /// written at once.
+    async fn run_claimed(
+        &self,
+        mut claimed: Vec<crate::store::Claimed>,
+        token: Uuid,
+        owed: &mut Option<Acks>,
+        cancel: &CancellationToken,
+        interrupt: &CancellationToken,
+        publisher: &Arc<dyn Publish>,
+    ) -> Result<usize, crate::store::StoreError> {
         if let Some(suspect) = claimed.iter().position(|delivery| delivery.recovered) {
             // A claim of this batch was never settled: one of these messages may crash the
             // process. Run one suspect alone and give the rest back, so a crash costs no other
@@ -369,15 +426,10 @@ impl OutboxWorker {
             .filter(|(_, verdict)| *verdict == Verdict::Ack)
             .map(|(id, _)| *id)
             .collect();
-        let deliveries = self.store.deliveries();
-        let acked = self.timed("ack", deliveries.ack(token, &acks)).await?;
-        if acked != acks.len() as u64 {
-            tracing::warn!(
-                acked,
-                expected = acks.len(),
-                "some acked deliveries were no longer ours (their lease ended): they will run again"
-            );
+        if !acks.is_empty() {
+            *owed = Some(Acks { token, ids: acks });
         }
+        let deliveries = self.store.deliveries();
         let world = ClaimedRows {
             claims: deliveries,
             token,
@@ -400,6 +452,12 @@ impl OutboxWorker {
             None => Target::NoSuchHandler(handler),
         }
     }
+}
+
+/// Deliveries a pass acked, not yet deleted: the claim's token and the rows.
+struct Acks {
+    token: Uuid,
+    ids: Vec<i64>,
 }
 
 /// What `ctx.publish` writes to in a worker: the store's outbox, in a transaction of its own,

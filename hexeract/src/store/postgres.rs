@@ -160,11 +160,11 @@ impl PgStore {
         Ok(done.rows_affected())
     }
 
-    /// The expand, claim and ack statements, so that a benchmark's raw-sqlx baseline runs
-    /// exactly the SQL the worker runs. Not a stable interface.
+    /// The take and ack statements, so that a benchmark's raw-sqlx baseline runs exactly the
+    /// SQL the worker runs. Not a stable interface.
     #[doc(hidden)]
-    pub fn statements_for_benchmarks(&self) -> [&str; 3] {
-        [&self.sql.expand, &self.sql.claim, &self.deliveries.ack]
+    pub fn statements_for_benchmarks(&self) -> [&str; 2] {
+        [&self.sql.take, &self.deliveries.ack]
     }
 }
 
@@ -419,6 +419,71 @@ pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
     )
 }
 
+/// [`DeliveryStore::take`] in one statement, binding the routes (`$1` types, `$2` handlers), the
+/// limit `$3`, the token `$4` and the lease `$5` in milliseconds. The due deliveries are
+/// claimed first; as many outbox rows as are left of the limit are then moved into
+/// deliveries, written already claimed (attempt 1, leased to the token) up to the limit and
+/// due but unclaimed past it. Every part reads the statement's one snapshot, so the claim of
+/// due rows never sees the rows the same statement inserts. What a crash leaves is what
+/// expand-then-claim leaves: a leased delivery that comes back when its lease ends, marked
+/// `recovered` by the claim that takes it.
+fn take(s: &str) -> String {
+    let m = MESSAGE_COLUMNS;
+    let claimed = format!("id, message_id, handler, attempts, recovered, {m}");
+    let lease = "now() + $5::bigint * interval '1 millisecond'";
+    format!(
+        "WITH due AS (
+             UPDATE {s}.deliveries
+             SET attempts = attempts + 1,
+                 recovered = recovered OR lease_owner IS NOT NULL,
+                 lease_owner = $4,
+                 available_at = {lease}
+             WHERE id = ANY(ARRAY(
+                 SELECT id FROM {s}.deliveries
+                 WHERE available_at <= now()
+                 ORDER BY available_at
+                 LIMIT $3
+                 FOR UPDATE SKIP LOCKED))
+             RETURNING {claimed}
+         ), room AS (
+             SELECT greatest($3 - (SELECT count(*) FROM due), 0) AS left_over
+         ), fresh AS (
+             DELETE FROM {s}.outbox
+             WHERE id = ANY(ARRAY(
+                 SELECT id FROM {s}.outbox
+                 ORDER BY id
+                 LIMIT (SELECT left_over FROM room)
+                 FOR UPDATE SKIP LOCKED))
+             RETURNING *
+         ), routed AS (
+             SELECT f.*, r.handler
+             FROM fresh f
+             JOIN UNNEST($1::text[], $2::text[]) AS r(message_type, handler)
+               ON r.message_type = f.message_type
+             UNION ALL
+             SELECT f.*, '' FROM fresh f WHERE f.message_type <> ALL($1::text[])
+         ), numbered AS (
+             SELECT routed.*,
+                    row_number() OVER (ORDER BY id, handler)
+                        <= (SELECT left_over FROM room) AS mine
+             FROM routed
+         ), inserted AS (
+             INSERT INTO {s}.deliveries (message_id, handler, attempts, lease_owner, available_at, {m})
+             SELECT id, handler,
+                    CASE WHEN mine THEN 1 ELSE 0 END,
+                    CASE WHEN mine THEN $4 END,
+                    CASE WHEN mine THEN {lease} ELSE now() END,
+                    {m}
+             FROM numbered
+             ON CONFLICT (message_id, handler) DO NOTHING
+             RETURNING lease_owner, {claimed}
+         )
+         SELECT {claimed} FROM due
+         UNION ALL
+         SELECT {claimed} FROM inserted WHERE lease_owner IS NOT NULL"
+    )
+}
+
 /// The id of a claimed row: `bigint` (deliveries) or `uuid` (occurrences).
 pub(super) trait ClaimId:
     for<'q> sqlx::Encode<'q, Postgres>
@@ -446,6 +511,7 @@ impl<I> ClaimId for I where
 struct Statements {
     expand: String,
     claim: String,
+    take: String,
     dead_letter: String,
     insert_dead_letter: String,
     relay_take: String,
@@ -494,6 +560,7 @@ impl Statements {
                 "",
                 &format!("id, message_id, handler, attempts, recovered, {m}"),
             ),
+            take: take(&s),
             dead_letter: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
                  FROM {s}.dead_letters WHERE id = $1"
@@ -741,6 +808,16 @@ fn envelope_from_row(row: &PgRow, attempts: i32) -> Result<Envelope, StoreError>
     Ok(envelope)
 }
 
+/// A claimed `deliveries` row: its id, handler, attempts, `recovered` and message.
+fn claimed_from_row(row: &PgRow) -> Result<Claimed, StoreError> {
+    Ok(Claimed {
+        id: row.try_get("id")?,
+        handler: row.try_get("handler")?,
+        envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+        recovered: row.try_get("recovered")?,
+    })
+}
+
 /// The `insert_dead_letter` statement with `letter` bound.
 fn insert_dead_letter<'q>(
     sql: &'q str,
@@ -830,11 +907,7 @@ impl DeliveryStore for PgStore {
         limit_rows: u32,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            let (types, handlers): (Vec<&str>, Vec<&str>) = routes
-                .pairs
-                .iter()
-                .map(|(message_type, handler)| (message_type.as_str(), handler.as_str()))
-                .unzip();
+            let (types, handlers) = routes.columns();
             let moved: i64 = sqlx::query_scalar(&self.sql.expand)
                 .bind(types)
                 .bind(handlers)
@@ -858,16 +931,28 @@ impl DeliveryStore for PgStore {
                 .bind(limit(limit_rows))
                 .fetch_all(&self.pool)
                 .await?;
-            rows.iter()
-                .map(|row| {
-                    Ok(Claimed {
-                        id: row.try_get("id")?,
-                        handler: row.try_get("handler")?,
-                        envelope: envelope_from_row(row, row.try_get("attempts")?)?,
-                        recovered: row.try_get("recovered")?,
-                    })
-                })
-                .collect()
+            rows.iter().map(claimed_from_row).collect()
+        })
+    }
+
+    fn take<'a>(
+        &'a self,
+        routes: &'a Routes,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
+        Box::pin(async move {
+            let (types, handlers) = routes.columns();
+            let rows = sqlx::query(&self.sql.take)
+                .bind(types)
+                .bind(handlers)
+                .bind(limit(limit_rows))
+                .bind(token)
+                .bind(millis(lease))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter().map(claimed_from_row).collect()
         })
     }
 
@@ -901,6 +986,10 @@ impl DeliveryStore for PgStore {
                 .await?;
             Ok(Some(self.wake.signal.clone()))
         })
+    }
+
+    fn concurrent_writes(&self) -> bool {
+        true
     }
 
     fn kind(&self) -> &'static str {

@@ -188,6 +188,56 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// [`DeliveryStore::expand`] on `conn`, inside its transaction.
+    async fn expand_in(
+        &self,
+        conn: &mut SqliteConnection,
+        routes: &Routes,
+        limit_rows: u32,
+    ) -> Result<u64, StoreError> {
+        sqlx::query(&self.sql.expand_to_deliveries)
+            .bind(Json(&routes.pairs))
+            .bind(now_millis())
+            .bind(limit(limit_rows))
+            .execute(&mut *conn)
+            .await?;
+        let moved = sqlx::query(&self.sql.expand_from_outbox)
+            .bind(limit(limit_rows))
+            .execute(&mut *conn)
+            .await?;
+        Ok(moved.rows_affected())
+    }
+
+    /// [`DeliveryStore::claim`] on `conn`.
+    async fn claim_in(
+        &self,
+        conn: &mut SqliteConnection,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let now = now_millis();
+        let rows = sqlx::query(&self.sql.claim)
+            .bind(token.hyphenated())
+            .bind(now)
+            .bind(now.saturating_add(millis(lease)))
+            .bind(limit(limit_rows))
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Claimed {
+                    id: row.try_get("id")?,
+                    handler: row.try_get("handler")?,
+                    envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+                    recovered: row.try_get::<i64, _>("recovered")? != 0,
+                })
+            })
+            .collect()
+    }
+}
+
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
@@ -905,20 +955,10 @@ impl DeliveryStore for SqliteStore {
         limit_rows: u32,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            let routes = Json(&routes.pairs);
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            sqlx::query(&self.sql.expand_to_deliveries)
-                .bind(routes)
-                .bind(now_millis())
-                .bind(limit(limit_rows))
-                .execute(&mut *tx)
-                .await?;
-            let moved = sqlx::query(&self.sql.expand_from_outbox)
-                .bind(limit(limit_rows))
-                .execute(&mut *tx)
-                .await?;
+            let moved = self.expand_in(&mut tx, routes, limit_rows).await?;
             tx.commit().await?;
-            Ok(moved.rows_affected())
+            Ok(moved)
         })
     }
 
@@ -929,24 +969,25 @@ impl DeliveryStore for SqliteStore {
         lease: Duration,
     ) -> BoxFuture<'_, Result<Vec<Claimed>, StoreError>> {
         Box::pin(async move {
-            let now = now_millis();
-            let rows = sqlx::query(&self.sql.claim)
-                .bind(token.hyphenated())
-                .bind(now)
-                .bind(now.saturating_add(millis(lease)))
-                .bind(limit(limit_rows))
-                .fetch_all(&self.pool)
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    Ok(Claimed {
-                        id: row.try_get("id")?,
-                        handler: row.try_get("handler")?,
-                        envelope: envelope_from_row(row, row.try_get("attempts")?)?,
-                        recovered: row.try_get::<i64, _>("recovered")? != 0,
-                    })
-                })
-                .collect()
+            let mut conn = self.pool.acquire().await?;
+            self.claim_in(&mut conn, token, limit_rows, lease).await
+        })
+    }
+
+    // Both in one write transaction: one lock taken and one commit per cycle, not two.
+    fn take<'a>(
+        &'a self,
+        routes: &'a Routes,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
+        Box::pin(async move {
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
+            self.expand_in(&mut tx, routes, limit_rows).await?;
+            let claimed = self.claim_in(&mut tx, token, limit_rows, lease).await?;
+            tx.commit().await?;
+            Ok(claimed)
         })
     }
 
