@@ -153,6 +153,26 @@ pub trait DeliveryStore: Send + Sync + 'static {
         })
     }
 
+    /// Acks `acked` (deliveries of an earlier claim, under that claim's token), then
+    /// [`take`](DeliveryStore::take)s; returns how many of the acks landed and what it took.
+    /// One after the other unless the store does both at once, as SQLite does in one write
+    /// transaction: a worker's cycle then takes the write lock once, not twice.
+    fn ack_and_take<'a>(
+        &'a self,
+        acked: (Uuid, &'a [i64]),
+        routes: &'a Routes,
+        token: Uuid,
+        limit: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(u64, Vec<Claimed>), StoreError>> {
+        Box::pin(async move {
+            let (acked_token, ids) = acked;
+            let landed = self.deliveries().ack(acked_token, ids).await?;
+            let claimed = self.take(routes, token, limit, lease).await?;
+            Ok((landed, claimed))
+        })
+    }
+
     /// The claimed deliveries, to settle: ack, retry, dead-letter or release them under their
     /// claim's token.
     fn deliveries(&self) -> &dyn Claims<i64>;

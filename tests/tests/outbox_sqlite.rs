@@ -790,3 +790,57 @@ async fn stores_opening_one_new_file_at_once_all_open() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+#[tokio::test]
+async fn ack_and_take_deletes_only_its_claims_acks_and_takes_the_next_batch_at_once() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let envelopes: Vec<Envelope> = (0..4)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    store.publish(envelopes.clone()).await.unwrap();
+    let routes = routes(&[("test.OrderPlaced", "h")]);
+
+    let first = Uuid::now_v7();
+    let taken = store
+        .take(&routes, first, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut ids: Vec<Uuid> = taken.iter().map(|c| c.envelope.id).collect();
+    ids.sort();
+    assert_eq!(ids, [envelopes[0].id, envelopes[1].id], "oldest first");
+    let acked: Vec<i64> = taken.iter().map(|c| c.id).collect();
+
+    // Under another token the acks land nowhere, and the take still happens.
+    let (landed, next) = store
+        .ack_and_take(
+            (Uuid::now_v7(), &acked),
+            &routes,
+            Uuid::now_v7(),
+            1,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(landed, 0, "not that claim's token");
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].envelope.id, envelopes[2].id);
+
+    let (landed, last) = store
+        .ack_and_take(
+            (first, &acked),
+            &routes,
+            Uuid::now_v7(),
+            10,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(landed, 2);
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].envelope.id, envelopes[3].id);
+    assert_eq!(last[0].envelope.attempt, 1);
+    assert_eq!(db.count("outbox").await, 0);
+    assert_eq!(db.count("deliveries").await, 2, "the two still claimed");
+    db.finish().await;
+}

@@ -318,16 +318,10 @@ impl OutboxWorker {
     /// Deletes the acked deliveries of one claim.
     async fn ack(&self, acks: Acks) -> Result<(), crate::store::StoreError> {
         let deliveries = self.store.deliveries();
-        let acked = self
+        let landed = self
             .timed("ack", deliveries.ack(acks.token, &acks.ids))
             .await?;
-        if acked != acks.ids.len() as u64 {
-            tracing::warn!(
-                acked,
-                expected = acks.ids.len(),
-                "some acked deliveries were no longer ours (their lease ended): they will run again"
-            );
-        }
+        warn_unless_all_acked(landed, acks.ids.len());
         Ok(())
     }
 
@@ -363,10 +357,22 @@ impl OutboxWorker {
             Some(acks) if self.store.concurrent_writes() => {
                 futures_util::join!(self.ack(acks), take)
             }
-            // One writer at a time (SQLite): the ack would only wait for the take's lock.
+            // One writer at a time (SQLite): the acks go in the take's write transaction.
             Some(acks) => {
-                let acked = self.ack(acks).await;
-                (acked, take.await)
+                let both = self.store.ack_and_take(
+                    (acks.token, &acks.ids),
+                    &self.routes,
+                    token,
+                    self.batch_size,
+                    self.lease,
+                );
+                match self.timed("ack and take", both).await {
+                    Ok((landed, claimed)) => {
+                        warn_unless_all_acked(landed, acks.ids.len());
+                        (Ok(()), Ok(claimed))
+                    }
+                    Err(error) => (Ok(()), Err(error)),
+                }
             }
             None => (Ok(()), take.await),
         };
@@ -451,6 +457,17 @@ impl OutboxWorker {
             None if handler == NO_HANDLER => Target::NoHandlerForType(None),
             None => Target::NoSuchHandler(handler),
         }
+    }
+}
+
+/// Says when fewer acks landed than were written.
+fn warn_unless_all_acked(landed: u64, expected: usize) {
+    if landed != expected as u64 {
+        tracing::warn!(
+            acked = landed,
+            expected,
+            "some acked deliveries were no longer ours (their lease ended): they will run again"
+        );
     }
 }
 

@@ -974,6 +974,34 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
+    fn ack_and_take<'a>(
+        &'a self,
+        acked: (Uuid, &'a [i64]),
+        routes: &'a Routes,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(u64, Vec<Claimed>), StoreError>> {
+        Box::pin(async move {
+            let (acked_token, ids) = acked;
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
+            let landed = if ids.is_empty() {
+                0
+            } else {
+                sqlx::query(&self.deliveries.ack)
+                    .bind(Json(ids))
+                    .bind(acked_token.hyphenated())
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+            };
+            self.expand_in(&mut tx, routes, limit_rows).await?;
+            let claimed = self.claim_in(&mut tx, token, limit_rows, lease).await?;
+            tx.commit().await?;
+            Ok((landed, claimed))
+        })
+    }
+
     // Both in one write transaction: one lock taken and one commit per cycle, not two.
     fn take<'a>(
         &'a self,
