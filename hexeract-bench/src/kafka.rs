@@ -46,19 +46,19 @@ struct AccountCredited {
 /// Where a run's records go: the broker at `KAFKA_BROKERS` (default `127.0.0.1:9092`), or a
 /// librdkafka mock cluster in this process.
 #[derive(Clone)]
-struct Brokers {
-    servers: String,
+pub(crate) struct Brokers {
+    pub(crate) servers: String,
     /// Records per produce batch, on both sides: 1 on tansu (unless `KAFKA_IS_KAFKA` is set),
     /// which answers a fetch at an offset inside a batch with the batches after it, so that a
     /// fetch response cut inside a batch would lose the rest of it (`docs/kafka.md`);
     /// librdkafka's default (10 000) on Kafka and on the mock cluster.
-    batch: &'static str,
+    pub(crate) batch: &'static str,
     /// Creates a topic on the mock cluster, which has no CreateTopics.
     mock: Option<std::sync::mpsc::Sender<(String, std::sync::mpsc::Sender<()>)>>,
 }
 
 impl Brokers {
-    fn configured() -> Brokers {
+    pub(crate) fn configured() -> Brokers {
         let kafka = std::env::var("KAFKA_IS_KAFKA").is_ok_and(|value| !value.is_empty());
         Brokers {
             servers: std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned()),
@@ -68,7 +68,7 @@ impl Brokers {
     }
 
     /// A mock cluster of 3 brokers, kept on a thread of its own for the life of the process.
-    fn mock() -> Brokers {
+    pub(crate) fn mock() -> Brokers {
         let (servers_to, servers) = std::sync::mpsc::channel();
         let (requests_to, requests) =
             std::sync::mpsc::channel::<(String, std::sync::mpsc::Sender<()>)>();
@@ -87,13 +87,13 @@ impl Brokers {
         }
     }
 
-    fn config(&self, prefix: &str) -> KafkaConfig {
+    pub(crate) fn config(&self, prefix: &str) -> KafkaConfig {
         KafkaConfig::new(self.servers.clone(), prefix)
             .partitions(PARTITIONS)
             .client_option("batch.num.messages", self.batch)
     }
 
-    async fn create_topic(&self, prefix: &str) {
+    pub(crate) async fn create_topic(&self, prefix: &str) {
         match &self.mock {
             Some(requests) => {
                 let (done_to, done) = std::sync::mpsc::channel();

@@ -25,8 +25,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 
+mod e2e;
 mod kafka;
 mod outbox;
+mod peers;
 mod rabbitmq;
 mod scheduler;
 mod soak;
@@ -153,8 +155,28 @@ fn main() -> ExitCode {
     if wanted("kafka_relay_consume_mock") {
         multi.block_on(kafka::relay_consume_mock(20_000 * scale));
     }
+    // The sweeps are for docs/performance.md: not in `--quick`, and only when asked for.
+    if !quick && only.is_some_and(|only| only == "sweeps") {
+        multi.block_on(outbox::sweep(10_000));
+    }
+    if wanted("e2e_pg_rabbitmq") {
+        multi.block_on(e2e::pg_rabbitmq(2_000 * scale, quick));
+    }
+    if wanted("e2e_pg_kafka") {
+        multi.block_on(e2e::pg_kafka(2_000 * scale, quick, true));
+    }
+    if wanted("e2e_pg_kafka_tansu") {
+        multi.block_on(e2e::pg_kafka(2_000 * scale, quick, false));
+    }
+    if wanted("e2e_sqlite") {
+        multi.block_on(e2e::sqlite(2_000 * scale, quick));
+    }
     if wanted("scheduler_dispatch") {
         multi.block_on(scheduler::dispatch(if quick { 20_000 } else { 50_000 }));
+    }
+    // Hexeract against other libraries (`peers.rs`).
+    if only.is_none_or(|only| only.starts_with("peer_")) {
+        multi.block_on(peers::run(quick, only.map(String::as_str)));
     }
     ExitCode::SUCCESS
 }

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-const BATCH: u32 = 100;
+pub(crate) const BATCH: u32 = 100;
 const PAIRS: usize = 7;
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -26,6 +26,24 @@ struct ItemShipped {
     order_id: u64,
     sku: String,
     quantity: u32,
+    /// Padding, in the payload-size sweep only.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    note: String,
+}
+
+/// An event whose JSON is `payload` bytes long (0: the bare event, 60 bytes).
+fn item(order_id: u64, payload: usize) -> ItemShipped {
+    let mut item = ItemShipped {
+        order_id,
+        sku: "SKU-0042".into(),
+        quantity: 3,
+        note: String::new(),
+    };
+    if payload > 0 {
+        let bare = serde_json::to_vec(&item).expect("encode").len() + r#","note":"""#.len();
+        item.note = "x".repeat(payload.saturating_sub(bare).max(1));
+    }
+    item
 }
 
 /// The no-op handler: counts, and says when the last expected message arrived.
@@ -65,21 +83,19 @@ pub(crate) async fn connect() -> PgPool {
 }
 
 /// A migrated schema of its own holding `events` outbox rows.
-async fn filled(pool: &PgPool, events: u64) -> PgStore {
+pub(crate) async fn filled(pool: &PgPool, events: u64) -> PgStore {
+    filled_with(pool, events, 0).await
+}
+
+/// [`filled`] with payloads of `payload` bytes (0: the bare event, 60 bytes).
+async fn filled_with(pool: &PgPool, events: u64, payload: usize) -> PgStore {
     let schema = format!("bench_{}", Uuid::now_v7().simple());
     let store = PgStore::new(pool.clone(), &schema).expect("schema name");
     store.migrate().await.expect("migrate");
     let mut next = 0;
     while next < events {
         let batch: Vec<Envelope> = (next..events.min(next + 1_000))
-            .map(|order_id| {
-                Envelope::new(&ItemShipped {
-                    order_id,
-                    sku: "SKU-0042".into(),
-                    quantity: 3,
-                })
-                .expect("encode")
-            })
+            .map(|order_id| Envelope::new(&item(order_id, payload)).expect("encode"))
             .collect();
         next += batch.len() as u64;
         store.publish(batch).await.expect("fill");
@@ -99,22 +115,36 @@ pub(crate) async fn drop_schema(pool: &PgPool, store: &PgStore) {
         .expect("drop schema");
 }
 
-async fn run_worker(store: PgStore, events: u64) -> Duration {
+pub(crate) async fn run_worker(store: PgStore, events: u64) -> Duration {
+    run_worker_with(store, events, 1).await
+}
+
+/// The handler names of the handlers-per-type sweep: `bench.count`, then `bench.count.1`….
+fn handler_names(handlers: usize) -> Vec<String> {
+    (0..handlers)
+        .map(|n| match n {
+            0 => "bench.count".to_owned(),
+            n => format!("bench.count.{n}"),
+        })
+        .collect()
+}
+
+/// [`run_worker`] with `handlers` handlers of the type: until every one saw every event.
+async fn run_worker_with(store: PgStore, events: u64, handlers: usize) -> Duration {
     let seen = Arc::new(AtomicU64::new(0));
     let done = Arc::new(Notify::new());
-    let worker = OutboxWorker::builder(store)
-        .registry(Registry::new())
-        .register_handler_with::<ItemShipped, _>(
+    let mut builder = OutboxWorker::builder(store).registry(Registry::new());
+    for name in handler_names(handlers) {
+        builder = builder.register_handler_with::<ItemShipped, _>(
             Count {
                 seen: seen.clone(),
-                expected: events,
+                expected: events * handlers as u64,
                 done: done.clone(),
             },
-            HandlerOptions::new().name("bench.count"),
-        )
-        .batch_size(BATCH)
-        .build()
-        .expect("worker");
+            HandlerOptions::new().name(name),
+        );
+    }
+    let worker = builder.batch_size(BATCH).build().expect("worker");
     let cancel = CancellationToken::new();
     let started = Instant::now();
     let running = tokio::spawn(worker.run(cancel.clone()));
@@ -125,28 +155,26 @@ async fn run_worker(store: PgStore, events: u64) -> Duration {
     elapsed
 }
 
-/// The worker's cycle by hand: expand, claim, decode and call, ack: same statements, same batch.
-async fn run_baseline(pool: &PgPool, store: &PgStore, events: u64) -> Duration {
-    let [expand, claim, ack] = store.statements_for_benchmarks();
-    let (types, handlers) = (vec!["bench.ItemShipped"], vec!["bench.count"]);
+/// The worker's cycle by hand: take (expand and claim in one statement), decode and call, ack:
+/// same statements, same batch.
+async fn run_baseline(pool: &PgPool, store: &PgStore, events: u64, handlers: usize) -> Duration {
+    let [take, ack] = store.statements_for_benchmarks();
+    let handlers = handler_names(handlers);
+    let types = vec!["bench.ItemShipped"; handlers.len()];
+    let deliveries = events * handlers.len() as u64;
     let mut handled = 0u64;
     let started = Instant::now();
-    while handled < events {
-        sqlx::query(expand)
+    while handled < deliveries {
+        let token = Uuid::now_v7();
+        let rows = sqlx::query(take)
             .bind(&types)
             .bind(&handlers)
             .bind(i64::from(BATCH))
-            .execute(pool)
-            .await
-            .expect("expand");
-        let token = Uuid::now_v7();
-        let rows = sqlx::query(claim)
             .bind(token)
             .bind(30_000_i64)
-            .bind(i64::from(BATCH))
             .fetch_all(pool)
             .await
-            .expect("claim");
+            .expect("take");
         let mut ids = Vec::with_capacity(rows.len());
         for row in rows {
             let payload: Vec<u8> = row.get("payload");
@@ -205,7 +233,7 @@ pub(crate) async fn drain(events: u64) {
         drop_schema(&pool, &store).await;
 
         let store = filled(&pool, events).await;
-        baseline.push(rate(events, run_baseline(&pool, &store, events).await));
+        baseline.push(rate(events, run_baseline(&pool, &store, events, 1).await));
         drop_schema(&pool, &store).await;
     }
     let store = filled(&pool, events).await;
@@ -229,6 +257,48 @@ pub(crate) async fn drain(events: u64) {
         ratios[0],
         ratios[ratios.len() - 1],
     );
+}
+
+/// Pairs per point of a sweep.
+const SWEEP_PAIRS: usize = 3;
+
+/// Prints `outbox_drain_handlers<N>` (N = 1, 4, 16 handlers of the one type; rates in handler
+/// calls per second) and `outbox_drain_payload<B>` (B = 200, 2 048 and 65 536 bytes of JSON,
+/// one handler) lines: the worker against the raw take-and-ack loop, as `outbox_drain`.
+pub(crate) async fn sweep(events: u64) {
+    let pool = connect().await;
+    let points = [(1, 200), (4, 200), (16, 200), (1, 2_048), (1, 65_536)];
+    for (at, (handlers, payload)) in points.into_iter().enumerate() {
+        // Fewer events where each is heavier, so that every point takes about as long.
+        let events = (events / handlers as u64 / (payload as u64 / 2_048).max(1)).max(200);
+        let mut hexeract = Vec::new();
+        let mut baseline = Vec::new();
+        for _ in 0..SWEEP_PAIRS {
+            let store = filled_with(&pool, events, payload).await;
+            let elapsed = run_worker_with(store.clone(), events, handlers).await;
+            hexeract.push(rate(events * handlers as u64, elapsed));
+            drop_schema(&pool, &store).await;
+
+            let store = filled_with(&pool, events, payload).await;
+            let elapsed = run_baseline(&pool, &store, events, handlers).await;
+            baseline.push(rate(events * handlers as u64, elapsed));
+            drop_schema(&pool, &store).await;
+        }
+        let scenario = if at < 3 {
+            format!("outbox_drain_handlers{handlers}")
+        } else {
+            format!("outbox_drain_payload{payload}")
+        };
+        crate::rabbitmq::report(
+            &scenario,
+            &hexeract,
+            &baseline,
+            events,
+            &format!(
+                " handlers={handlers} payload_bytes={payload} batch={BATCH} unit=handler_calls"
+            ),
+        );
+    }
 }
 
 /// Commit-to-handler latency of single events enqueued in a transaction of their own on a

@@ -39,9 +39,9 @@ pub(crate) const PREFETCH: u16 = 16;
 /// Prefetches a user raising `AMQP_PREFETCH` would set: `rabbitmq_consume_prefetch<N>`.
 pub(crate) const RAISED_PREFETCHES: [u16; 2] = [128, 512];
 /// Publishes waiting for their confirms at once, on both sides.
-const CONFIRM_WINDOW: usize = 128;
+pub(crate) const CONFIRM_WINDOW: usize = 128;
 /// Envelopes per `publish_all` call.
-const PUBLISH_BATCH: usize = 1_000;
+pub(crate) const PUBLISH_BATCH: usize = 1_000;
 /// Outbox rows per relay pass.
 const RELAY_BATCH: u32 = 100;
 /// (hexeract, baseline) pairs of the publish and relay scenarios.
@@ -49,7 +49,7 @@ const PAIRS: usize = 7;
 /// Rounds of the consume scenario, each draining three queues (hexeract and both baselines).
 const CONSUME_ROUNDS: usize = 3;
 /// A pause after filling queues, for the broker's background work on them to end.
-const SETTLE: Duration = Duration::from_millis(300);
+pub(crate) const SETTLE: Duration = Duration::from_millis(300);
 pub(crate) const HANDLER: &str = "bench.count";
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -60,7 +60,7 @@ struct StockReserved {
     quantity: u32,
 }
 
-fn envelopes(messages: u64) -> Vec<Envelope> {
+pub(crate) fn envelopes(messages: u64) -> Vec<Envelope> {
     (0..messages)
         .map(|order_id| {
             Envelope::new(&StockReserved {
@@ -101,7 +101,7 @@ impl Handler<StockReserved> for Count {
     }
 }
 
-fn url() -> String {
+pub(crate) fn url() -> String {
     std::env::var("BENCH_AMQP_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
 }
 
@@ -121,7 +121,7 @@ pub(crate) async fn connect(name: &str) -> RabbitMqConnection {
 }
 
 /// A plain lapin connection named `hexeract-bench-<name>`, for the baselines.
-async fn connect_raw(name: &str) -> Connection {
+pub(crate) async fn connect_raw(name: &str) -> Connection {
     let url = url();
     let properties = ConnectionProperties::default()
         .with_connection_name(format!("hexeract-bench-{name}").into());
@@ -131,7 +131,7 @@ async fn connect_raw(name: &str) -> Connection {
 }
 
 /// The topology of the one no-op handler under `prefix`, with `prefix` as the exchange too.
-fn topology(prefix: &str) -> Topology {
+pub(crate) fn topology(prefix: &str) -> Topology {
     let mut registry = Registry::new();
     registry
         .register::<StockReserved, _>(Count::new(0), HandlerOptions::new().name(HANDLER))
@@ -141,7 +141,7 @@ fn topology(prefix: &str) -> Topology {
         .prefix(prefix)
 }
 
-fn fresh_prefix() -> String {
+pub(crate) fn fresh_prefix() -> String {
     format!("bench.{}", Uuid::now_v7().simple())
 }
 
@@ -151,9 +151,9 @@ pub(crate) struct Place {
     queues: Vec<Queue>,
     bindings: Vec<Binding>,
     /// The message exchange.
-    exchange: String,
+    pub(crate) exchange: String,
     /// The handler's queue.
-    queue: String,
+    pub(crate) queue: String,
 }
 
 impl Place {
@@ -170,9 +170,14 @@ impl Place {
 
     /// The message exchange and the handler's queue (a quorum queue, as the worker declares
     /// it) bound to it by message type, and nothing else.
-    fn handler_queue(topology: &Topology) -> Place {
+    pub(crate) fn handler_queue(topology: &Topology) -> Place {
+        Place::handler_queue_of(topology, HANDLER)
+    }
+
+    /// [`handler_queue`](Place::handler_queue) of `handler`.
+    pub(crate) fn handler_queue_of(topology: &Topology, handler: &str) -> Place {
         let exchange = topology.exchange_name().to_owned();
-        let queue = topology.queue_for(HANDLER);
+        let queue = topology.queue_for(handler);
         Place {
             exchanges: topology
                 .exchanges()
@@ -227,7 +232,7 @@ fn text(value: &str) -> AMQPValue {
 
 /// What Hexeract puts on the wire for an envelope (`docs/wire-format.md`), written out by
 /// hand, so that the raw publishers send properties of the same size.
-fn properties(
+pub(crate) fn properties(
     id: &str,
     message_type: &str,
     created_at: DateTime<Utc>,
@@ -261,20 +266,20 @@ fn envelope_properties(envelope: &Envelope) -> BasicProperties {
 
 /// Raw confirmed publishing with at most `CONFIRM_WINDOW` confirms outstanding: when the
 /// window is full, waits for the oldest.
-struct Window<'a> {
+pub(crate) struct Window<'a> {
     channel: &'a Channel,
     pending: VecDeque<PublisherConfirm>,
 }
 
 impl<'a> Window<'a> {
-    fn new(channel: &'a Channel) -> Window<'a> {
+    pub(crate) fn new(channel: &'a Channel) -> Window<'a> {
         Window {
             channel,
             pending: VecDeque::with_capacity(CONFIRM_WINDOW),
         }
     }
 
-    async fn publish(
+    pub(crate) async fn publish(
         &mut self,
         exchange: &str,
         routing_key: &str,
@@ -300,14 +305,14 @@ impl<'a> Window<'a> {
     }
 
     /// Waits for every outstanding confirm.
-    async fn settle(&mut self) {
+    pub(crate) async fn settle(&mut self) {
         while let Some(confirm) = self.pending.pop_front() {
             assert!(confirm.await.expect("confirm").is_ack(), "nacked");
         }
     }
 }
 
-async fn confirm_channel(connection: &Connection) -> Channel {
+pub(crate) async fn confirm_channel(connection: &Connection) -> Channel {
     let channel = connection.create_channel().await.expect("channel");
     channel
         .confirm_select(ConfirmSelectOptions::default())
@@ -317,7 +322,7 @@ async fn confirm_channel(connection: &Connection) -> Channel {
 }
 
 /// Fills `queue` through the default exchange, confirmed, before a run's clock starts.
-async fn preload(setup: &RabbitMqConnection, queue: &str, messages: &[Envelope]) {
+pub(crate) async fn preload(setup: &RabbitMqConnection, queue: &str, messages: &[Envelope]) {
     let channel = confirm_channel(setup.lapin()).await;
     let mut window = Window::new(&channel);
     for envelope in messages {
@@ -378,7 +383,7 @@ enum Drain {
 
 /// A worker with the no-op handler on its handler queue under `prefix`, and the signal that the
 /// handler saw `expected` messages.
-fn consume_worker(
+pub(crate) fn consume_worker(
     connection: &RabbitMqConnection,
     prefix: &str,
     expected: u64,
@@ -401,7 +406,7 @@ fn consume_worker(
 
 /// The worker draining its preloaded handler queue: from its start until the handler saw every
 /// message.
-async fn run_worker(worker: RabbitMqWorker, done: Arc<Notify>) -> Duration {
+pub(crate) async fn run_worker(worker: RabbitMqWorker, done: Arc<Notify>) -> Duration {
     let cancel = CancellationToken::new();
     let started = Instant::now();
     let running = tokio::spawn(worker.run(cancel.clone()));
@@ -577,10 +582,20 @@ async fn run_consume(messages: u64, prefetch: u16, sides: &'static [Drain]) {
 // ---------------------------------------------------------------------------------------------
 // rabbitmq_publish
 
-async fn publish_hexeract(
+pub(crate) async fn publish_hexeract(
     setup: &RabbitMqConnection,
     connection: &RabbitMqConnection,
     messages: &[Envelope],
+) -> Duration {
+    publish_hexeract_within(setup, connection, messages, CONFIRM_WINDOW).await
+}
+
+/// [`publish_hexeract`] with at most `window` confirms outstanding.
+pub(crate) async fn publish_hexeract_within(
+    setup: &RabbitMqConnection,
+    connection: &RabbitMqConnection,
+    messages: &[Envelope],
+    window: usize,
 ) -> Duration {
     let place = Place::handler_queue(&topology(&fresh_prefix()));
     place.declare(setup).await;
@@ -588,7 +603,7 @@ async fn publish_hexeract(
         .await
         .expect("publisher")
         .exchange(place.exchange.clone())
-        .confirm_window(CONFIRM_WINDOW);
+        .confirm_window(window);
     let started = Instant::now();
     for batch in messages.chunks(PUBLISH_BATCH) {
         publisher.publish_all(batch).await.expect("publish_all");
