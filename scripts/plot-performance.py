@@ -10,7 +10,8 @@ Reads the `scenario=<name> key=value … [# comment]` lines the bench prints (`-
   scale), the ratio written over each pair;
 - peers.png: Hexeract beside each peer framework or client, on the work both do;
 - latency.png: commit→handler latency (p50, p99, max) of each end-to-end pipeline at half and
-  nine tenths of its raw pipeline's throughput, Hexeract beside the raw pipeline;
+  nine tenths of its raw pipeline's throughput (a row per pipeline, a panel per load), Hexeract
+  beside the raw pipeline;
 - sweeps.png: outbox drain as handlers per type grow (1, 4, 16) and as payloads grow (200 B,
   2 KiB, 64 KiB), Hexeract beside the raw loop running the same statements.
 
@@ -76,6 +77,7 @@ def bars(rows, title, baseline_label, out):
     ax.set_yticks(list(positions))
     ax.set_yticklabels([r[0] for r in rows], fontsize=8)
     ax.set_xscale("log")
+    ax.set_xlim(right=max(max(r[1], r[2]) for r in rows) * 3)
     ax.set_xlabel("messages per second (log scale); ratio Hexeract / other at the right")
     ax.set_title(title)
     ax.invert_yaxis()
@@ -85,29 +87,37 @@ def bars(rows, title, baseline_label, out):
     plt.close(fig)
 
 
-def latency(scenarios, out):
-    rows = [
-        (name, fields)
-        for name, fields in scenarios.items()
-        if name.endswith("_latency") and "load" in fields and "hexeract_p50_ms" in fields
-    ]
-    if not rows:
+def latency(lines, out):
+    """One row per pipeline, one panel per offered load: p50, p99 and max of each side."""
+    pipelines = sorted({key.split("@")[0] for key in lines})
+    loads = sorted({key.split("@")[1] for key in lines})
+    if not pipelines:
         return
-    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 4), squeeze=False)
-    for ax, (name, fields) in zip(axes[0], rows):
-        quantiles = ["p50", "p99", "max"]
-        positions = range(len(quantiles))
-        hexeract = [number(fields.get(f"hexeract_{q}_ms")) or 0 for q in quantiles]
-        baseline = [number(fields.get(f"baseline_{q}_ms")) or 0 for q in quantiles]
-        ax.bar([p - 0.2 for p in positions], hexeract, 0.4, color=HEX, label="Hexeract")
-        ax.bar([p + 0.2 for p in positions], baseline, 0.4, color=BASE, label="raw pipeline")
-        ax.set_xticks(list(positions))
-        ax.set_xticklabels(quantiles)
-        ax.set_yscale("log")
-        ax.set_ylabel("commit → handler, ms (log scale)")
-        title = name.replace("_latency", "")
-        ax.set_title(f"{title}\nload {fields.get('load')} ({fields.get('offered')} msg/s)", fontsize=9)
-        ax.legend(fontsize=7)
+    fig, axes = plt.subplots(
+        len(pipelines), len(loads), figsize=(4.5 * len(loads), 2.8 * len(pipelines)), squeeze=False
+    )
+    quantiles = ["p50", "p99", "max"]
+    positions = range(len(quantiles))
+    for row, pipeline in enumerate(pipelines):
+        for col, load in enumerate(loads):
+            ax = axes[row][col]
+            fields = lines.get(f"{pipeline}@{load}")
+            if not fields:
+                ax.set_visible(False)
+                continue
+            hexeract = [number(fields.get(f"hexeract_{q}_ms")) or 0 for q in quantiles]
+            baseline = [number(fields.get(f"baseline_{q}_ms")) or 0 for q in quantiles]
+            ax.bar([p - 0.2 for p in positions], hexeract, 0.4, color=HEX, label="Hexeract")
+            ax.bar([p + 0.2 for p in positions], baseline, 0.4, color=BASE, label="raw pipeline")
+            for p, value in zip(positions, hexeract):
+                ax.text(p - 0.2, value, f"{value:.1f}", ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(list(positions))
+            ax.set_xticklabels(quantiles)
+            ax.set_ylabel("ms")
+            name = pipeline.replace("_latency", "")
+            ax.set_title(f"{name}, load {load} ({fields.get('offered')} msg/s)", fontsize=9)
+            ax.legend(fontsize=7)
+    fig.suptitle("commit → handler latency at fixed offered loads")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -126,11 +136,13 @@ def sweeps(scenarios, out):
         (right, payloads, "payload bytes"),
     ):
         points = [(x, f) for x, f in points if f]
-        xs = [str(x) for x, _ in points]
+        xs = list(range(len(points)))
         ax.plot(xs, [number(f["hexeract"]) for _, f in points], "o-", color=HEX, label="Hexeract")
         ax.plot(xs, [number(f["baseline"]) for _, f in points], "s--", color="#777", label="raw take + ack")
-        for x, f in points:
+        for x, (_, f) in zip(xs, points):
             ax.annotate(f"{number(f['ratio']):.2f}×", (x, number(f["hexeract"])), textcoords="offset points", xytext=(0, 8), fontsize=8, ha="center")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x, _ in points])
         ax.set_xlabel(label)
         ax.set_ylabel("handler calls per second")
         ax.set_ylim(bottom=0)
@@ -169,12 +181,7 @@ def main():
     bars(own, "Hexeract against a raw baseline doing the same work, same run", "raw baseline", out / "throughput.png")
     peers = throughput_pairs(scenarios, lambda name: name.startswith("peer_"))
     bars(peers, "Hexeract against peer libraries on the work both do, same run", "peer", out / "peers.png")
-    lines = latency_from_lines(inputs)
-    renamed = {}
-    for key, fields in lines.items():
-        name, load = key.split("@")
-        renamed[f"{name.replace('_latency', '')} @{load}_latency"] = fields
-    latency(renamed, out / "latency.png")
+    latency(latency_from_lines(inputs), out / "latency.png")
     sweeps(scenarios, out / "sweeps.png")
     for png in sorted(out.glob("*.png")):
         print(png)

@@ -1,5 +1,6 @@
-//! [`OutboxWorker`]: the poll loop that expands outbox rows into deliveries, claims due
-//! deliveries under a lease, calls their handlers outside any transaction and settles them.
+//! [`OutboxWorker`]: the poll loop that takes a batch (due deliveries claimed under a lease, new
+//! outbox rows expanded into deliveries already claimed), calls their handlers outside any
+//! transaction and settles them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -73,7 +74,7 @@ impl OutboxWorkerBuilder {
         self
     }
 
-    /// How long one statement of the worker's own (expand, claim, settle) may take before the
+    /// How long one statement of the worker's own (take, ack, settle) may take before the
     /// cycle gives up on it (default 30 s): the cycle fails, `/health/ready` says so, and the
     /// next one starts on another connection. PostgreSQL has no heartbeat: without this, a
     /// connection whose network path went silent mid-statement would hold the worker until the
@@ -233,7 +234,8 @@ impl fmt::Debug for OutboxWorkerBuilder {
     }
 }
 
-/// Delivers the outbox to handlers: expand, claim, call, settle, in a loop, until cancelled.
+/// Delivers the outbox to handlers: take (expand and claim), call, settle, in a loop, until
+/// cancelled.
 ///
 /// Several workers (tasks or processes) may share one store: claims skip each other's rows.
 /// Each cycle's handlers run outside any transaction; the database is only touched by short
