@@ -8,6 +8,14 @@
 //!   `outbox::enqueue_envelopes` → [`OutboxRelay`] → [`RabbitMqWorker`](hexeract::rabbitmq::RabbitMqWorker);
 //!   the raw side is sqlx and lapin: its own outbox table, `LISTEN`, a confirm window of 128,
 //!   acks coalesced with `multiple` whenever no further delivery is ready.
+//! - `e2e_pg_kafka` (librdkafka's mock cluster in the process) and `e2e_pg_kafka_tansu` (the
+//!   broker of `KAFKA_BROKERS`; not in `--quick`): the same producers and outbox, relayed to an
+//!   aggregate's topic (3 partitions, idempotent producer, `acks=all`, rows deleted once
+//!   acknowledged); Hexeract's [`KafkaRelay`](hexeract::kafka::KafkaRelay) and
+//!   [`KafkaWorker`](hexeract::kafka::KafkaWorker) against rdkafka by hand: a relay of the same
+//!   shape and a consumer group that decodes each record, calls the handler and stores its
+//!   offset. A consumer group joins in about 3 s, so these runs give their pipeline 4 s to
+//!   start; their latency is mostly the consumers' fetch wait, the same on both sides.
 //! - `e2e_sqlite`: the embedded default: producers `publish` one event per transaction into a
 //!   SQLite file (WAL, `synchronous=NORMAL`); Hexeract's outbox worker calls the handler and
 //!   settles each delivery; the raw side reads the oldest rows, calls the handler, deletes them
@@ -842,7 +850,8 @@ impl Handler<AccountCredited> for Record {
 }
 
 /// Prints the `e2e_pg_kafka` lines: on librdkafka's mock cluster in this process with
-/// `mock`, else on the broker of `KAFKA_BROKERS` (`e2e_pg_kafka_tansu` under `.ci/run`).
+/// `mock`, else on the broker of `KAFKA_BROKERS` (`e2e_pg_kafka_tansu`: tansu, where `.ci/run` has
+/// started it; not in `--quick`).
 pub(crate) async fn pg_kafka(messages: u64, quick: bool, mock: bool) {
     tokio::spawn(async move {
         let (scenario, brokers) = if mock {
