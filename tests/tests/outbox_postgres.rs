@@ -687,3 +687,63 @@ async fn a_message_published_again_after_it_was_taken_is_not_delivered_twice() {
     assert_eq!(db.count("deliveries").await, 1);
     db.drop_schema().await;
 }
+
+/// Stops the worker from inside its handler once it has seen `after` messages.
+struct StopAfter {
+    seen: Arc<AtomicU32>,
+    after: u32,
+    cancel: CancellationToken,
+}
+
+impl Handler<OrderPlaced> for StopAfter {
+    type Error = std::convert::Infallible;
+    async fn handle(&self, _order: OrderPlaced, _ctx: &Context) -> Result<(), Self::Error> {
+        if self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.after {
+            self.cancel.cancel();
+        }
+        Ok(())
+    }
+}
+
+/// A batch's acks are written while the next batch is taken, or when the worker stops: a worker
+/// stopped while its last batch runs deletes that batch's deliveries before `run` returns.
+#[tokio::test]
+async fn a_worker_stopped_during_its_last_batch_acks_it_before_it_returns() {
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
+    let batch: Vec<Envelope> = (0..30)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    store.publish(batch).await.unwrap();
+    let cancel = CancellationToken::new();
+    let seen = Arc::new(AtomicU32::new(0));
+    let worker = OutboxWorker::builder(store.clone())
+        .registry(Registry::new())
+        .register_handler_with::<OrderPlaced, _>(
+            StopAfter {
+                seen: seen.clone(),
+                after: 30,
+                cancel: cancel.clone(),
+            },
+            HandlerOptions::new().name("stop_after"),
+        )
+        .batch_size(50)
+        .build()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), worker.run(cancel))
+        .await
+        .expect("run returns once cancelled")
+        .unwrap();
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        30,
+        "one batch, every message once"
+    );
+    assert_eq!(db.count("outbox").await, 0);
+    assert_eq!(
+        db.count("deliveries").await,
+        0,
+        "the last batch's acks were written before run returned"
+    );
+    db.drop_schema().await;
+}
