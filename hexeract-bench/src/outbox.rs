@@ -167,11 +167,11 @@ async fn run_baseline(pool: &PgPool, store: &PgStore, events: u64, handlers: usi
     while handled < deliveries {
         let token = Uuid::now_v7();
         let rows = sqlx::query(take)
-            .bind(&types)
-            .bind(&handlers)
-            .bind(i64::from(BATCH))
             .bind(token)
             .bind(30_000_i64)
+            .bind(i64::from(BATCH))
+            .bind(&types)
+            .bind(&handlers)
             .fetch_all(pool)
             .await
             .expect("take");

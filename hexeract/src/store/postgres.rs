@@ -419,32 +419,21 @@ pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
     )
 }
 
-/// [`DeliveryStore::take`] in one statement, binding the routes (`$1` types, `$2` handlers), the
-/// limit `$3`, the token `$4` and the lease `$5` in milliseconds. The due deliveries are
-/// claimed first; as many outbox rows as are left of the limit are then moved into
-/// deliveries, written already claimed (attempt 1, leased to the token) up to the limit and
+/// [`DeliveryStore::take`] in one statement: `claim` (the deliveries' claim, binding the token
+/// `$1`, the lease `$2` in milliseconds and the limit `$3`) for the due deliveries, then as
+/// many outbox rows as are left of the limit moved into deliveries by the routes (`$4` types,
+/// `$5` handlers), written already claimed (attempt 1, leased to the token) up to the limit and
 /// due but unclaimed past it. Every part reads the statement's one snapshot, so the claim of
 /// due rows never sees the rows the same statement inserts. What a crash leaves is what
 /// expand-then-claim leaves: a leased delivery that comes back when its lease ends, marked
 /// `recovered` by the claim that takes it.
-fn take(s: &str) -> String {
+fn take(s: &str, claim: &str) -> String {
     let m = MESSAGE_COLUMNS;
     let claimed = format!("id, message_id, handler, attempts, recovered, {m}");
-    let lease = "now() + $5::bigint * interval '1 millisecond'";
+    let lease = "now() + $2::bigint * interval '1 millisecond'";
     format!(
         "WITH due AS (
-             UPDATE {s}.deliveries
-             SET attempts = attempts + 1,
-                 recovered = recovered OR lease_owner IS NOT NULL,
-                 lease_owner = $4,
-                 available_at = {lease}
-             WHERE id = ANY(ARRAY(
-                 SELECT id FROM {s}.deliveries
-                 WHERE available_at <= now()
-                 ORDER BY available_at
-                 LIMIT $3
-                 FOR UPDATE SKIP LOCKED))
-             RETURNING {claimed}
+             {claim}
          ), room AS (
              SELECT greatest($3 - (SELECT count(*) FROM due), 0) AS left_over
          ), fresh AS (
@@ -458,10 +447,10 @@ fn take(s: &str) -> String {
          ), routed AS (
              SELECT f.*, r.handler
              FROM fresh f
-             JOIN UNNEST($1::text[], $2::text[]) AS r(message_type, handler)
+             JOIN UNNEST($4::text[], $5::text[]) AS r(message_type, handler)
                ON r.message_type = f.message_type
              UNION ALL
-             SELECT f.*, '' FROM fresh f WHERE f.message_type <> ALL($1::text[])
+             SELECT f.*, '' FROM fresh f WHERE f.message_type <> ALL($4::text[])
          ), numbered AS (
              SELECT routed.*,
                     row_number() OVER (ORDER BY id, handler)
@@ -471,7 +460,7 @@ fn take(s: &str) -> String {
              INSERT INTO {s}.deliveries (message_id, handler, attempts, lease_owner, available_at, {m})
              SELECT id, handler,
                     CASE WHEN mine THEN 1 ELSE 0 END,
-                    CASE WHEN mine THEN $4 END,
+                    CASE WHEN mine THEN $1 END,
                     CASE WHEN mine THEN {lease} ELSE now() END,
                     {m}
              FROM numbered
@@ -534,7 +523,14 @@ impl Statements {
     fn new(schema: &Identifier) -> Statements {
         let s = schema.quoted();
         let m = MESSAGE_COLUMNS;
+        let claim = claim(
+            &format!("{s}.deliveries"),
+            "",
+            &format!("id, message_id, handler, attempts, recovered, {m}"),
+        );
         Statements {
+            take: take(&s, &claim),
+            claim,
             expand: format!(
                 "WITH fresh AS (
                      DELETE FROM {s}.outbox
@@ -555,12 +551,6 @@ impl Statements {
                  )
                  SELECT count(*) FROM fresh"
             ),
-            claim: claim(
-                &format!("{s}.deliveries"),
-                "",
-                &format!("id, message_id, handler, attempts, recovered, {m}"),
-            ),
-            take: take(&s),
             dead_letter: format!(
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
                  FROM {s}.dead_letters WHERE id = $1"
@@ -945,11 +935,11 @@ impl DeliveryStore for PgStore {
         Box::pin(async move {
             let (types, handlers) = routes.columns();
             let rows = sqlx::query(&self.sql.take)
-                .bind(types)
-                .bind(handlers)
-                .bind(limit(limit_rows))
                 .bind(token)
                 .bind(millis(lease))
+                .bind(limit(limit_rows))
+                .bind(types)
+                .bind(handlers)
                 .fetch_all(&self.pool)
                 .await?;
             rows.iter().map(claimed_from_row).collect()
