@@ -51,7 +51,7 @@ use hexeract::store::DeliveryStore;
 use hexeract::{CancellationToken, Context, Envelope, Handler, HandlerOptions, Message, Registry};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPoolOptions, PgRow};
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{ConnectOptions, PgPool, Row};
@@ -351,6 +351,214 @@ async fn measure<F, P>(
 }
 
 // ---------------------------------------------------------------------------------------------
+// The PostgreSQL sides
+
+/// The producers' commit on Hexeract's side: `event(seq)` enqueued in a transaction of its own
+/// into the outbox of `schema` (which notifies the relay at commit).
+fn enqueue_commit(producers: PgPool, schema: String, event: fn(u64) -> Envelope) -> Commit {
+    Arc::new(move |seq| {
+        let (producers, schema) = (producers.clone(), schema.clone());
+        Box::pin(async move {
+            let mut tx = producers.begin().await.expect("begin");
+            hexeract::outbox::enqueue_envelopes(&mut tx, &schema, &[event(seq)])
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+        })
+    })
+}
+
+/// A raw relay's broker side.
+trait RawPublish: Send {
+    /// Publishes `rows`, returning once the broker has every one.
+    fn publish(&mut self, rows: &[PgRow]) -> impl Future<Output = ()> + Send;
+}
+
+/// Persistent and confirmed, at most 128 confirms outstanding, as the relay publishes.
+struct ToRabbitMq {
+    channel: lapin::Channel,
+    exchange: String,
+}
+
+impl RawPublish for ToRabbitMq {
+    async fn publish(&mut self, rows: &[PgRow]) {
+        let empty = std::collections::BTreeMap::new();
+        let mut window = Window::new(&self.channel);
+        for row in rows {
+            let message_id: Uuid = row.get("message_id");
+            let message_type: String = row.get("message_type");
+            let payload: Vec<u8> = row.get("payload");
+            let properties = rabbitmq::properties(
+                &message_id.to_string(),
+                &message_type,
+                row.get("created_at"),
+                &empty,
+            );
+            window
+                .publish(&self.exchange, &message_type, &payload, properties)
+                .await;
+        }
+        window.settle().await;
+    }
+}
+
+/// Idempotent, `acks=all`, every acknowledgement awaited, with the headers Hexeract writes.
+struct ToKafka {
+    producer: rdkafka::producer::FutureProducer,
+    topic: String,
+}
+
+impl RawPublish for ToKafka {
+    async fn publish(&mut self, rows: &[PgRow]) {
+        let mut pending = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id = row.get::<Uuid, _>("message_id").to_string();
+            let message_type: String = row.get("message_type");
+            let key: String = row.get("key");
+            let payload: Vec<u8> = row.get("payload");
+            let created_at: chrono::DateTime<chrono::Utc> = row.get("created_at");
+            let time = created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            let record = rdkafka::producer::FutureRecord::to(&self.topic)
+                .key(&key)
+                .payload(&payload)
+                .headers(crate::kafka::cloudevent_headers(&id, &message_type, &time));
+            pending.push(
+                self.producer
+                    .send_result(record)
+                    .map_err(|(error, _)| error)
+                    .expect("send"),
+            );
+        }
+        for delivery in pending {
+            delivery.await.expect("delivery").expect("acknowledged");
+        }
+    }
+}
+
+/// What a raw producer writes: a row of the raw outbox.
+struct RawEvent {
+    message_type: &'static str,
+    payload: Vec<u8>,
+    /// The record key, on the Kafka pipeline.
+    key: Option<String>,
+}
+
+/// A raw pipeline's outbox: a schema of its own with one table, and the `NOTIFY` channel its
+/// producers signal at commit.
+struct RawOutbox {
+    pool: PgPool,
+    schema: String,
+    channel: String,
+}
+
+impl RawOutbox {
+    /// Creates the table; `key` adds a `key` column (Kafka's record key).
+    async fn create(key: bool) -> RawOutbox {
+        let pool = crate::outbox::connect().await;
+        let schema = format!("bench_e2e_raw_{}", Uuid::now_v7().simple());
+        let key = if key { "key text NOT NULL," } else { "" };
+        sqlx::raw_sql(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.outbox (
+                 id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                 message_id uuid NOT NULL,
+                 message_type text NOT NULL,
+                 {key}
+                 payload bytea NOT NULL,
+                 created_at timestamptz NOT NULL DEFAULT now()
+             );"
+        ))
+        .execute(&pool)
+        .await
+        .expect("raw outbox");
+        RawOutbox {
+            pool,
+            schema,
+            channel: format!("bench_e2e_{}", Uuid::now_v7().simple()),
+        }
+    }
+
+    /// The producers' commit: `event(seq)` written in a transaction of its own, the channel
+    /// notified in the same statement (PostgreSQL delivers it at commit).
+    fn commit(&self, producers: PgPool, event: fn(u64) -> RawEvent) -> Commit {
+        let insert = format!(
+            "WITH inserted AS (
+                 INSERT INTO {}.outbox (message_id, message_type, payload{})
+                 VALUES ($1, $2, $3{})
+             )
+             SELECT pg_notify($4, '')",
+            self.schema,
+            if event(0).key.is_some() { ", key" } else { "" },
+            if event(0).key.is_some() { ", $5" } else { "" },
+        );
+        let channel = self.channel.clone();
+        Arc::new(move |seq| {
+            let (producers, insert, channel) = (producers.clone(), insert.clone(), channel.clone());
+            Box::pin(async move {
+                let event = event(seq);
+                let mut tx = producers.begin().await.expect("begin");
+                let mut query = sqlx::query(&insert)
+                    .bind(Uuid::now_v7())
+                    .bind(event.message_type)
+                    .bind(event.payload)
+                    .bind(&channel);
+                if let Some(key) = event.key {
+                    query = query.bind(key);
+                }
+                query.execute(&mut *tx).await.expect("insert");
+                tx.commit().await.expect("commit");
+            })
+        })
+    }
+
+    /// The relay, until `cancel`: in a transaction, take the oldest rows (`FOR UPDATE SKIP
+    /// LOCKED`), `publish` them (it returns once the broker has every one), delete them,
+    /// commit; when there are none, wait for a notification (or 100 ms).
+    async fn relay(&self, cancel: CancellationToken, mut publisher: impl RawPublish) {
+        let mut listener = PgListener::connect_with(&self.pool).await.expect("listen");
+        listener.listen(&self.channel).await.expect("listen");
+        let take = format!(
+            "SELECT * FROM {}.outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+            self.schema
+        );
+        let delete = format!("DELETE FROM {}.outbox WHERE id = ANY($1)", self.schema);
+        while !cancel.is_cancelled() {
+            let mut tx = self.pool.begin().await.expect("begin");
+            let rows = sqlx::query(&take)
+                .bind(i64::from(RELAY_BATCH))
+                .fetch_all(&mut *tx)
+                .await
+                .expect("take");
+            if rows.is_empty() {
+                tx.commit().await.expect("commit");
+                tokio::select! {
+                    _ = listener.recv() => {}
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    () = cancel.cancelled() => {}
+                }
+                continue;
+            }
+            publisher.publish(&rows).await;
+            let ids: Vec<i64> = rows.iter().map(|row| row.get("id")).collect();
+            sqlx::query(&delete)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await
+                .expect("delete");
+            tx.commit().await.expect("commit");
+        }
+    }
+
+    async fn drop(self) {
+        sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.schema))
+            .execute(&self.pool)
+            .await
+            .expect("drop schema");
+        self.pool.close().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // e2e_pg_rabbitmq
 
 /// Prints the `e2e_pg_rabbitmq` lines.
@@ -440,16 +648,8 @@ async fn pg_rabbitmq_hexeract(clock: Arc<Clock>, producers: PgPool) -> Pipeline 
     let cancel = CancellationToken::new();
     let worker = tokio::spawn(worker.run(cancel.child_token()));
     let relay = tokio::spawn(relay.run(cancel.child_token()));
-    let commit: Commit = Arc::new(move |seq| {
-        let (producers, schema) = (producers.clone(), schema.clone());
-        Box::pin(async move {
-            let mut tx = producers.begin().await.expect("begin");
-            let envelope = Envelope::new(&order(seq)).expect("encode");
-            hexeract::outbox::enqueue_envelopes(&mut tx, &schema, &[envelope])
-                .await
-                .expect("enqueue");
-            tx.commit().await.expect("commit");
-        })
+    let commit = enqueue_commit(producers, schema, |seq| {
+        Envelope::new(&order(seq)).expect("encode")
     });
     let stop = Box::pin(async move {
         cancel.cancel();
@@ -466,22 +666,7 @@ async fn pg_rabbitmq_hexeract(clock: Arc<Clock>, producers: PgPool) -> Pipeline 
 }
 
 async fn pg_rabbitmq_raw(clock: Arc<Clock>, producers: PgPool) -> Pipeline {
-    let pool = crate::outbox::connect().await;
-    let schema = format!("bench_e2e_raw_{}", Uuid::now_v7().simple());
-    sqlx::raw_sql(&format!(
-        "CREATE SCHEMA {schema};
-         CREATE TABLE {schema}.outbox (
-             id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-             message_id uuid NOT NULL,
-             message_type text NOT NULL,
-             payload bytea NOT NULL,
-             created_at timestamptz NOT NULL DEFAULT now()
-         );"
-    ))
-    .execute(&pool)
-    .await
-    .expect("raw outbox");
-    let channel_name = format!("bench_e2e_{}", Uuid::now_v7().simple());
+    let outbox = Arc::new(RawOutbox::create(false).await);
     let setup = rabbitmq::connect("e2e-raw-setup").await;
     let place = Place::handler_queue_of(
         &registry_topology(&format!("bench.e2e.raw.{}", Uuid::now_v7().simple())),
@@ -490,70 +675,17 @@ async fn pg_rabbitmq_raw(clock: Arc<Clock>, producers: PgPool) -> Pipeline {
     place.declare(&setup).await;
     let cancel = CancellationToken::new();
 
-    // The relay: take, publish confirmed, delete, commit; wait for a notification when empty.
+    // The relay: each batch published persistent with confirms, at most 128 outstanding.
     let relay = {
-        let (pool, schema, exchange, cancel) = (
-            pool.clone(),
-            schema.clone(),
-            place.exchange.clone(),
-            cancel.clone(),
-        );
-        let mut listener = PgListener::connect_with(&pool).await.expect("listen");
-        listener.listen(&channel_name).await.expect("listen");
+        let (outbox, exchange, cancel) = (outbox.clone(), place.exchange.clone(), cancel.clone());
         let connection = rabbitmq::connect_raw("e2e-raw-relay").await;
         tokio::spawn(async move {
             let channel = rabbitmq::confirm_channel(&connection).await;
-            let take = format!(
-                "SELECT id, message_id, message_type, payload, created_at FROM {schema}.outbox
-                 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-            );
-            let delete = format!("DELETE FROM {schema}.outbox WHERE id = ANY($1)");
-            let empty = std::collections::BTreeMap::new();
-            while !cancel.is_cancelled() {
-                let mut tx = pool.begin().await.expect("begin");
-                let rows = sqlx::query(&take)
-                    .bind(i64::from(RELAY_BATCH))
-                    .fetch_all(&mut *tx)
-                    .await
-                    .expect("take");
-                if rows.is_empty() {
-                    tx.commit().await.expect("commit");
-                    tokio::select! {
-                        _ = listener.recv() => {}
-                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                        () = cancel.cancelled() => {}
-                    }
-                    continue;
-                }
-                let mut window = Window::new(&channel);
-                let mut ids = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    let message_id: Uuid = row.get("message_id");
-                    let message_type: String = row.get("message_type");
-                    let payload: Vec<u8> = row.get("payload");
-                    window
-                        .publish(
-                            &exchange,
-                            &message_type,
-                            &payload,
-                            rabbitmq::properties(
-                                &message_id.to_string(),
-                                &message_type,
-                                row.get("created_at"),
-                                &empty,
-                            ),
-                        )
-                        .await;
-                    ids.push(row.get::<i64, _>("id"));
-                }
-                window.settle().await;
-                sqlx::query(&delete)
-                    .bind(&ids)
-                    .execute(&mut *tx)
-                    .await
-                    .expect("delete");
-                tx.commit().await.expect("commit");
-            }
+            let publisher = ToRabbitMq {
+                channel: channel.clone(),
+                exchange,
+            };
+            outbox.relay(cancel, publisher).await;
             let _ = channel.close(200, "relay stopped".into()).await;
             let _ = connection.close(200, "relay stopped".into()).await;
         })
@@ -623,39 +755,20 @@ async fn pg_rabbitmq_raw(clock: Arc<Clock>, producers: PgPool) -> Pipeline {
         })
     };
 
-    let insert = format!(
-        "WITH inserted AS (
-             INSERT INTO {schema}.outbox (message_id, message_type, payload) VALUES ($1, $2, $3)
-         )
-         SELECT pg_notify($4, '')"
-    );
-    let commit: Commit = Arc::new(move |seq| {
-        let (producers, insert, channel_name) =
-            (producers.clone(), insert.clone(), channel_name.clone());
-        Box::pin(async move {
-            let mut tx = producers.begin().await.expect("begin");
-            let payload = serde_json::to_vec(&order(seq)).expect("encode");
-            sqlx::query(&insert)
-                .bind(Uuid::now_v7())
-                .bind(OrderPlaced::MESSAGE_TYPE)
-                .bind(payload)
-                .bind(&channel_name)
-                .execute(&mut *tx)
-                .await
-                .expect("insert");
-            tx.commit().await.expect("commit");
-        })
+    let commit = outbox.commit(producers, |seq| RawEvent {
+        message_type: OrderPlaced::MESSAGE_TYPE,
+        payload: serde_json::to_vec(&order(seq)).expect("encode"),
+        key: None,
     });
     let stop = Box::pin(async move {
         cancel.cancel();
         relay.await.expect("relay");
         consumer.await.expect("consumer");
         place.delete(&setup).await;
-        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-            .execute(&pool)
-            .await
-            .expect("drop schema");
-        pool.close().await;
+        Arc::into_inner(outbox)
+            .expect("the relay ended")
+            .drop()
+            .await;
         let _ = setup.close().await;
     });
     Pipeline { commit, stop }
@@ -918,16 +1031,8 @@ async fn pg_kafka_hexeract(
     let cancel = CancellationToken::new();
     let worker = tokio::spawn(worker.run(cancel.child_token()));
     let relay = tokio::spawn(relay.run(cancel.child_token()));
-    let commit: Commit = Arc::new(move |seq| {
-        let (producers, schema) = (producers.clone(), schema.clone());
-        Box::pin(async move {
-            let mut tx = producers.begin().await.expect("begin");
-            let envelope = Envelope::new(&credit(seq)).expect("encode");
-            hexeract::outbox::enqueue_envelopes(&mut tx, &schema, &[envelope])
-                .await
-                .expect("enqueue");
-            tx.commit().await.expect("commit");
-        })
+    let commit = enqueue_commit(producers, schema, |seq| {
+        Envelope::new(&credit(seq)).expect("encode")
     });
     let stop = Box::pin(async move {
         cancel.cancel();
@@ -946,38 +1051,18 @@ async fn pg_kafka_raw(
     prefix: &str,
 ) -> Pipeline {
     use rdkafka::consumer::{Consumer, StreamConsumer};
-    use rdkafka::message::{Header, Headers, OwnedHeaders};
-    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::message::Headers;
+    use rdkafka::producer::FutureProducer;
     use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
     use rdkafka::{ClientConfig, Message as _};
 
-    let pool = crate::outbox::connect().await;
-    let schema = format!("bench_e2e_raw_{}", Uuid::now_v7().simple());
-    sqlx::raw_sql(&format!(
-        "CREATE SCHEMA {schema};
-         CREATE TABLE {schema}.outbox (
-             id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-             message_id uuid NOT NULL,
-             message_type text NOT NULL,
-             key text NOT NULL,
-             payload bytea NOT NULL,
-             created_at timestamptz NOT NULL DEFAULT now()
-         );"
-    ))
-    .execute(&pool)
-    .await
-    .expect("raw outbox");
-    let channel_name = format!("bench_e2e_{}", Uuid::now_v7().simple());
+    let outbox = Arc::new(RawOutbox::create(true).await);
     let topic = format!("{prefix}.account");
     let cancel = CancellationToken::new();
 
-    // The relay: take, produce (idempotent, acks=all), wait for every acknowledgement, delete,
-    // commit; wait for a notification when empty.
+    // The relay: each batch produced (idempotent, acks=all), every acknowledgement awaited.
     let relay = {
-        let (pool, schema, topic, cancel) =
-            (pool.clone(), schema.clone(), topic.clone(), cancel.clone());
-        let mut listener = PgListener::connect_with(&pool).await.expect("listen");
-        listener.listen(&channel_name).await.expect("listen");
+        let (outbox, cancel) = (outbox.clone(), cancel.clone());
         let producer: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", &brokers.servers)
             .set("enable.idempotence", "true")
@@ -986,85 +1071,11 @@ async fn pg_kafka_raw(
             .set("batch.num.messages", brokers.batch)
             .create()
             .expect("producer");
-        tokio::spawn(async move {
-            let take = format!(
-                "SELECT id, message_id, message_type, key, payload, created_at FROM {schema}.outbox
-                 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-            );
-            let delete = format!("DELETE FROM {schema}.outbox WHERE id = ANY($1)");
-            while !cancel.is_cancelled() {
-                let mut tx = pool.begin().await.expect("begin");
-                let rows = sqlx::query(&take)
-                    .bind(i64::from(RELAY_BATCH))
-                    .fetch_all(&mut *tx)
-                    .await
-                    .expect("take");
-                if rows.is_empty() {
-                    tx.commit().await.expect("commit");
-                    tokio::select! {
-                        _ = listener.recv() => {}
-                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                        () = cancel.cancelled() => {}
-                    }
-                    continue;
-                }
-                let mut ids = Vec::with_capacity(rows.len());
-                let mut pending = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    let id = row.get::<Uuid, _>("message_id").to_string();
-                    let message_type: String = row.get("message_type");
-                    let key: String = row.get("key");
-                    let payload: Vec<u8> = row.get("payload");
-                    let created_at: chrono::DateTime<chrono::Utc> = row.get("created_at");
-                    let time = created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-                    let headers = OwnedHeaders::new()
-                        .insert(Header {
-                            key: "ce_specversion",
-                            value: Some("1.0"),
-                        })
-                        .insert(Header {
-                            key: "ce_id",
-                            value: Some(&id),
-                        })
-                        .insert(Header {
-                            key: "ce_type",
-                            value: Some(&message_type),
-                        })
-                        .insert(Header {
-                            key: "ce_source",
-                            value: Some("/bench"),
-                        })
-                        .insert(Header {
-                            key: "ce_time",
-                            value: Some(&time),
-                        })
-                        .insert(Header {
-                            key: "content-type",
-                            value: Some("application/json"),
-                        });
-                    let record = FutureRecord::to(&topic)
-                        .key(&key)
-                        .payload(&payload)
-                        .headers(headers);
-                    pending.push(
-                        producer
-                            .send_result(record)
-                            .map_err(|(error, _)| error)
-                            .expect("send"),
-                    );
-                    ids.push(row.get::<i64, _>("id"));
-                }
-                for delivery in pending {
-                    delivery.await.expect("delivery").expect("acknowledged");
-                }
-                sqlx::query(&delete)
-                    .bind(&ids)
-                    .execute(&mut *tx)
-                    .await
-                    .expect("delete");
-                tx.commit().await.expect("commit");
-            }
-        })
+        let publisher = ToKafka {
+            producer,
+            topic: topic.clone(),
+        };
+        tokio::spawn(async move { outbox.relay(cancel, publisher).await })
     };
 
     // The consumer: a group of its own, each record decoded and handled, its offset stored
@@ -1116,40 +1127,22 @@ async fn pg_kafka_raw(
         })
     };
 
-    let insert = format!(
-        "WITH inserted AS (
-             INSERT INTO {schema}.outbox (message_id, message_type, key, payload)
-             VALUES ($1, $2, $3, $4)
-         )
-         SELECT pg_notify($5, '')"
-    );
-    let commit: Commit = Arc::new(move |seq| {
-        let (producers, insert, channel_name) =
-            (producers.clone(), insert.clone(), channel_name.clone());
-        Box::pin(async move {
-            let mut tx = producers.begin().await.expect("begin");
-            let credit = credit(seq);
-            sqlx::query(&insert)
-                .bind(Uuid::now_v7())
-                .bind(AccountCredited::MESSAGE_TYPE)
-                .bind(credit.account.to_string())
-                .bind(serde_json::to_vec(&credit).expect("encode"))
-                .bind(&channel_name)
-                .execute(&mut *tx)
-                .await
-                .expect("insert");
-            tx.commit().await.expect("commit");
-        })
+    let commit = outbox.commit(producers, |seq| {
+        let credit = credit(seq);
+        RawEvent {
+            message_type: AccountCredited::MESSAGE_TYPE,
+            key: Some(credit.account.to_string()),
+            payload: serde_json::to_vec(&credit).expect("encode"),
+        }
     });
     let stop = Box::pin(async move {
         cancel.cancel();
         relay.await.expect("relay");
         consumer.await.expect("consumer");
-        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-            .execute(&pool)
-            .await
-            .expect("drop schema");
-        pool.close().await;
+        Arc::into_inner(outbox)
+            .expect("the relay ended")
+            .drop()
+            .await;
     });
     Pipeline { commit, stop }
 }
