@@ -337,10 +337,10 @@ impl OutboxWorker {
     }
 
     /// One take-call-settle pass; returns how many deliveries it handled. The acks of the
-    /// last pass (`owed`) are written at the same time as this pass takes its batch, on
-    /// another connection, where the store takes concurrent writes: a pass then costs one
-    /// round trip of waiting, not two. This pass's acks
-    /// are left in `owed` for the next (or for the end of [`run`](OutboxWorker::run)); the
+    /// last pass (`owed`) are written while this pass takes its batch: on another connection
+    /// at the same time where the store takes concurrent writes (a pass then costs one round
+    /// trip of waiting, not two), else in the take's own transaction. This pass's acks are
+    /// left in `owed` for the next (or for the end of [`run`](OutboxWorker::run)); its
     /// retries, dead letters and releases are written before it returns.
     async fn cycle(
         &self,
