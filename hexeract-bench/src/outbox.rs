@@ -310,49 +310,7 @@ pub(crate) async fn latency(samples: usize) {
         ("outbox_latency_woken", false),
         ("outbox_latency_polling", true),
     ] {
-        let store = filled(&pool, 0).await;
-        let handled = Arc::new(Notify::new());
-        let mut builder = OutboxWorker::builder(store.clone())
-            .registry(Registry::new())
-            .register_handler_with::<ItemShipped, _>(
-                Count {
-                    seen: Arc::new(AtomicU64::new(0)),
-                    expected: 0,
-                    done: Arc::new(Notify::new()),
-                },
-                HandlerOptions::new().name("bench.count"),
-            )
-            .register_handler_with::<Probe, _>(
-                Stopwatch(handled.clone()),
-                HandlerOptions::new().name("bench.probe"),
-            );
-        if polling_only {
-            builder = builder.polling_only();
-        }
-        let worker = builder.build().expect("worker");
-        let cancel = CancellationToken::new();
-        let running = tokio::spawn(worker.run(cancel.clone()));
-        // Let the worker subscribe and go idle.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-
-        let mut latencies = Vec::with_capacity(samples);
-        for _ in 0..samples {
-            let mut tx = pool.begin().await.expect("begin");
-            let envelope = Envelope::new(&Probe {}).expect("encode");
-            hexeract::outbox::enqueue_envelopes(&mut tx, store.schema().as_str(), &[envelope])
-                .await
-                .expect("enqueue");
-            tx.commit().await.expect("commit");
-            let committed = Instant::now();
-            handled.notified().await;
-            latencies.push(committed.elapsed());
-            // Let the worker settle and go idle again, as between real events.
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        cancel.cancel();
-        running.await.expect("join").expect("run");
-        drop_schema(&pool, &store).await;
-
+        let mut latencies = probe_latencies(&pool, samples, polling_only).await;
         latencies.sort();
         let at = |quantile: f64| {
             let index =
@@ -365,6 +323,60 @@ pub(crate) async fn latency(samples: usize) {
             at(0.99)
         );
     }
+}
+
+/// `samples` commit-to-handler latencies, in the order taken, of probes enqueued one at a time
+/// in transactions of their own on `pool`, through a worker (with a second, idle handler)
+/// woken by NOTIFY, or by polling alone with `polling_only`. Each probe waits for the worker to
+/// go idle again.
+pub(crate) async fn probe_latencies(
+    pool: &PgPool,
+    samples: usize,
+    polling_only: bool,
+) -> Vec<Duration> {
+    let store = filled(pool, 0).await;
+    let handled = Arc::new(Notify::new());
+    let mut builder = OutboxWorker::builder(store.clone())
+        .registry(Registry::new())
+        .register_handler_with::<ItemShipped, _>(
+            Count {
+                seen: Arc::new(AtomicU64::new(0)),
+                expected: 0,
+                done: Arc::new(Notify::new()),
+            },
+            HandlerOptions::new().name("bench.count"),
+        )
+        .register_handler_with::<Probe, _>(
+            Stopwatch(handled.clone()),
+            HandlerOptions::new().name("bench.probe"),
+        );
+    if polling_only {
+        builder = builder.polling_only();
+    }
+    let worker = builder.build().expect("worker");
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    // Let the worker subscribe and go idle.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut latencies = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let mut tx = pool.begin().await.expect("begin");
+        let envelope = Envelope::new(&Probe {}).expect("encode");
+        hexeract::outbox::enqueue_envelopes(&mut tx, store.schema().as_str(), &[envelope])
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+        let committed = Instant::now();
+        handled.notified().await;
+        latencies.push(committed.elapsed());
+        // Let the worker settle and go idle again, as between real events.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cancel.cancel();
+    running.await.expect("join").expect("run");
+    drop_schema(pool, &store).await;
+    latencies
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]

@@ -79,9 +79,8 @@ use amqprs::channel::{
 use amqprs::connection::{Connection as AmqprsConnection, OpenConnectionArguments};
 use apalis::prelude::{BoxDynError, Data, TaskSink, WorkerBuilder, WorkerError};
 use apalis_postgres::{Config as ApalisConfig, PostgresStorage};
-use hexeract::outbox::OutboxWorker;
 use hexeract::rabbitmq::RabbitMqConnection;
-use hexeract::{CancellationToken, Envelope, Handler, HandlerOptions, Message, Registry};
+use hexeract::{Envelope, Message};
 use ruststream::ConnectedBroker as _;
 use ruststream_lapin::prelude::{
     subscriber, AppInfo, Broker as _, Handle, HandlerOutcome, LapinBroker, LapinPublish,
@@ -419,60 +418,13 @@ async fn apalis_drain(pool: &PgPool, jobs: u64, pairs: usize) {
 #[message(type = "bench.peer.Probe")]
 struct Probe {}
 
-/// Says when a probe arrived, on either side.
-struct Stopwatch(Arc<Notify>);
-
-impl Handler<Probe> for Stopwatch {
-    type Error = std::convert::Infallible;
-    async fn handle(&self, _probe: Probe, _ctx: &hexeract::Context) -> Result<(), Self::Error> {
-        self.0.notify_one();
-        Ok(())
-    }
-}
-
 async fn apalis_probe(_probe: Probe, handled: Data<Arc<Notify>>) -> Result<(), BoxDynError> {
     handled.notify_one();
     Ok(())
 }
 
-/// `samples` commit-to-handler latencies through Hexeract's outbox worker woken by NOTIFY, as
-/// `outbox::latency` measures them.
-async fn latency_hexeract(pool: &PgPool, samples: usize) -> Vec<Duration> {
-    let store = outbox::filled(pool, 0).await;
-    let handled = Arc::new(Notify::new());
-    let worker = OutboxWorker::builder(store.clone())
-        .registry(Registry::new())
-        .register_handler_with::<Probe, _>(
-            Stopwatch(handled.clone()),
-            HandlerOptions::new().name("bench.peer.probe"),
-        )
-        .build()
-        .expect("worker");
-    let cancel = CancellationToken::new();
-    let running = tokio::spawn(worker.run(cancel.clone()));
-    // Let the worker subscribe and go idle.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut latencies = Vec::with_capacity(samples);
-    for _ in 0..samples {
-        let mut tx = pool.begin().await.expect("begin");
-        let envelope = Envelope::new(&Probe {}).expect("encode");
-        hexeract::outbox::enqueue_envelopes(&mut tx, store.schema().as_str(), &[envelope])
-            .await
-            .expect("enqueue");
-        tx.commit().await.expect("commit");
-        let committed = Instant::now();
-        handled.notified().await;
-        latencies.push(committed.elapsed());
-        // Let the worker settle and go idle again, as between real events.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    cancel.cancel();
-    running.await.expect("join").expect("run");
-    outbox::drop_schema(pool, &store).await;
-    latencies
-}
-
-/// The same through an apalis worker on `PostgresStorage::new_with_notify`: each job is pushed
+/// `samples` commit-to-handler latencies through an apalis worker on
+/// `PostgresStorage::new_with_notify`, beside `outbox::probe_latencies`: each job is pushed
 /// (written and committed) on the pool, then the clock starts.
 async fn latency_apalis(pool: &PgPool, samples: usize) -> Vec<Duration> {
     let queue = apalis_queue();
@@ -519,7 +471,7 @@ async fn apalis_latency(pool: &PgPool, samples: usize, pairs: usize) {
         let round = samples / pairs + usize::from(pair < samples % pairs);
         for hexeract_side in hexeract_first(pair) {
             if hexeract_side {
-                hexeract.extend(latency_hexeract(pool, round).await);
+                hexeract.extend(outbox::probe_latencies(pool, round, false).await);
             } else {
                 peer.extend(latency_apalis(pool, round).await);
             }
