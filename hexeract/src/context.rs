@@ -2,7 +2,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -35,9 +36,10 @@ use crate::publish::{Publish, PublishError};
 /// ```
 #[derive(Clone)]
 pub struct Context {
-    envelope: Envelope,
+    /// Shared with the world that delivers it: a call costs no copy of the message.
+    envelope: Arc<Envelope>,
     handler: Arc<str>,
-    cancellation: CancellationToken,
+    cancellation: Cancellation,
     publisher: Arc<dyn Publish>,
     /// Set by the scheduler alone: a message cannot pass for a job's run.
     scheduled_run: bool,
@@ -54,9 +56,27 @@ impl Context {
         publisher: Arc<dyn Publish>,
     ) -> Context {
         Context {
-            envelope,
+            envelope: Arc::new(envelope),
             handler: handler.into(),
-            cancellation,
+            cancellation: Cancellation::Given(cancellation),
+            publisher,
+            scheduled_run: false,
+            span_id: crate::envelope::new_span_id(),
+        }
+    }
+
+    /// The context of one call made by a world: the envelope shared with it, and the call's
+    /// cancellation, made only if the handler asks for it.
+    pub(crate) fn for_call(
+        envelope: Arc<Envelope>,
+        handler: Arc<str>,
+        cancellation: Arc<CallCancellation>,
+        publisher: Arc<dyn Publish>,
+    ) -> Context {
+        Context {
+            envelope,
+            handler,
+            cancellation: Cancellation::Call(cancellation),
             publisher,
             scheduled_run: false,
             span_id: crate::envelope::new_span_id(),
@@ -156,7 +176,10 @@ impl Context {
     /// fails after the shutdown began does not count against `MAX_DELIVERIES` (in-memory
     /// runtime), and the message is delivered again later either way.
     pub fn cancellation(&self) -> &CancellationToken {
-        &self.cancellation
+        match &self.cancellation {
+            Cancellation::Given(token) => token,
+            Cancellation::Call(call) => call.token(),
+        }
     }
 
     /// Publishes a follow-up message in this message's conversation: same correlation id, and
@@ -191,6 +214,61 @@ impl Context {
     }
 }
 
+/// Where a context's [`cancellation`](Context::cancellation) comes from.
+#[derive(Clone)]
+enum Cancellation {
+    /// A token given whole ([`Context::new`]).
+    Given(CancellationToken),
+    /// A world's call: a child of the world's stop, made when first asked for.
+    Call(Arc<CallCancellation>),
+}
+
+/// The cancellation of one call: fires when its world stops, or when the world gives up on the
+/// call (a timeout, or a shutdown past its grace).
+///
+/// Most handlers never look at it, so its token is made on the first
+/// [`Context::cancellation`]: a call that does not ask costs no child token (an allocation and
+/// three locks on the tree of tokens, taken and released per message).
+pub(crate) struct CallCancellation {
+    stop: CancellationToken,
+    token: OnceLock<CancellationToken>,
+    given_up: AtomicBool,
+}
+
+impl CallCancellation {
+    /// The cancellation of a call in a world that stops with `stop`.
+    pub(crate) fn new(stop: CancellationToken) -> CallCancellation {
+        CallCancellation {
+            stop,
+            token: OnceLock::new(),
+            given_up: AtomicBool::new(false),
+        }
+    }
+
+    fn token(&self) -> &CancellationToken {
+        if let Some(token) = self.token.get() {
+            return token;
+        }
+        let token = self.token.get_or_init(|| self.stop.child_token());
+        // Against `give_up` on another thread: either it sees the token (and cancels it), or
+        // this sees its flag. The fences order each side's write before its read.
+        fence(Ordering::SeqCst);
+        if self.given_up.load(Ordering::Relaxed) {
+            token.cancel();
+        }
+        token
+    }
+
+    /// The world gave up on the call: its token fires, now or when it is made.
+    pub(crate) fn give_up(&self) {
+        self.given_up.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if let Some(token) = self.token.get() {
+            token.cancel();
+        }
+    }
+}
+
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
@@ -199,5 +277,67 @@ impl fmt::Debug for Context {
             .field("attempt", &self.envelope.attempt)
             .field("handler", &self.handler)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_given_up_on_before_it_asks_gets_a_cancelled_token() {
+        let call = CallCancellation::new(CancellationToken::new());
+        call.give_up();
+        assert!(call.token().is_cancelled());
+    }
+
+    #[test]
+    fn a_token_asked_for_fires_when_the_call_is_given_up_on() {
+        let call = CallCancellation::new(CancellationToken::new());
+        let token = call.token().clone();
+        assert!(!token.is_cancelled(), "nothing happened yet");
+        call.give_up();
+        assert!(token.is_cancelled());
+    }
+
+    #[test]
+    fn a_token_asked_for_fires_when_the_world_stops() {
+        let stop = CancellationToken::new();
+        let call = CallCancellation::new(stop.clone());
+        let token = call.token().clone();
+        stop.cancel();
+        assert!(token.is_cancelled());
+        // Made after the stop, it is cancelled from the start.
+        let late = CallCancellation::new(stop);
+        assert!(late.token().is_cancelled());
+    }
+
+    #[test]
+    fn a_give_up_racing_the_first_ask_is_never_lost() {
+        for _ in 0..2_000 {
+            let call = Arc::new(CallCancellation::new(CancellationToken::new()));
+            let asker = {
+                let call = call.clone();
+                std::thread::spawn(move || call.token().clone())
+            };
+            call.give_up();
+            let token = asker.join().expect("no panic");
+            assert!(token.is_cancelled(), "the give-up was lost");
+        }
+    }
+
+    #[test]
+    fn a_context_shares_the_envelope_it_was_made_with() {
+        let envelope = Arc::new(Envelope::from_raw("Ping", &b"{}"[..]));
+        let call = Arc::new(CallCancellation::new(CancellationToken::new()));
+        let publisher: Arc<dyn Publish> = Arc::new(crate::InMemoryStore::new());
+        let ctx = Context::for_call(envelope.clone(), Arc::from("h"), call, publisher);
+        assert!(std::ptr::eq(ctx.envelope(), &*envelope), "no copy");
+        drop(ctx);
+        assert_eq!(
+            Arc::strong_count(&envelope),
+            1,
+            "the world has it back alone"
+        );
     }
 }

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Envelope;
 use crate::metrics::{HandlerMetrics, Metrics};
+use crate::outcome::HandlerOutcome;
 use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::retry::RetryPolicy;
@@ -121,7 +122,7 @@ impl Engine {
     pub(crate) async fn deliver(
         &self,
         target: Target<'_>,
-        envelope: &Envelope,
+        envelope: &Arc<Envelope>,
         stop: &CancellationToken,
         interrupt: &CancellationToken,
         publisher: &Arc<dyn Publish>,
@@ -145,9 +146,30 @@ impl Engine {
             ),
             Target::NoSuchHandler(name) => (Call::Finished(verdict::no_such_handler(name)), None),
         };
-        let verdict = verdict::verdict(&self.retry, envelope.attempt, call, stop.is_cancelled());
+        // Only a failure asks whether the world was stopping (a lock on the token).
+        let stopping =
+            matches!(call, Call::Finished(HandlerOutcome::Retry { .. })) && stop.is_cancelled();
+        let verdict = verdict::verdict(&self.retry, envelope.attempt, call, stopping);
         self.record(target, envelope, &verdict, took);
         verdict
+    }
+
+    /// [`deliver`](Engine::deliver) for a world that holds its envelope by value: the call
+    /// shares it, and it comes back with the verdict (copied only when an abandoned call still
+    /// holds it).
+    pub(crate) async fn deliver_owned(
+        &self,
+        target: Target<'_>,
+        envelope: Envelope,
+        stop: &CancellationToken,
+        interrupt: &CancellationToken,
+        publisher: &Arc<dyn Publish>,
+    ) -> (Envelope, Verdict) {
+        let envelope = Arc::new(envelope);
+        let verdict = self
+            .deliver(target, &envelope, stop, interrupt, publisher)
+            .await;
+        (Arc::unwrap_or_clone(envelope), verdict)
     }
 
     #[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]

@@ -77,16 +77,14 @@ pub(crate) struct Consumer {
 }
 
 impl Consumer {
-    /// Takes the next pending message, waiting for one. Cancel-safe: dropping the future loses
-    /// nothing.
-    pub(crate) async fn next(&mut self) -> Pending {
+    /// Takes up to `limit` pending messages into `batch`, waiting for at least one. A backlog
+    /// comes out in batches: one wake-up, and one update of the count the publishers also
+    /// write, per batch rather than per message. Cancel-safe: dropping the future loses nothing.
+    pub(crate) async fn next_batch(&mut self, batch: &mut Vec<Pending>, limit: usize) {
         let receiver = self.receiver.as_mut().expect("held until dropped");
-        let pending = receiver
-            .recv()
-            .await
-            .expect("the store keeps a sender while it lives");
-        self.store.inner.queued.fetch_sub(1, Ordering::SeqCst);
-        pending
+        let taken = receiver.recv_many(batch, limit).await;
+        assert!(taken > 0, "the store keeps a sender while it lives");
+        self.store.inner.queued.fetch_sub(taken, Ordering::SeqCst);
     }
 }
 
@@ -212,10 +210,14 @@ impl InMemoryStore {
 
     /// A taken message became `deliveries` deliveries (one per handler).
     pub(crate) fn fan_out(&self, deliveries: usize) {
-        self.inner
-            .outstanding
-            .fetch_add(deliveries, Ordering::SeqCst);
-        self.settle();
+        match deliveries {
+            0 => self.settle(),
+            // The message's own count passes to its one delivery: nothing to write.
+            1 => {}
+            more => {
+                self.inner.outstanding.fetch_add(more - 1, Ordering::SeqCst);
+            }
+        }
     }
 
     /// One delivery was acked or dead-lettered.

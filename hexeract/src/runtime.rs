@@ -262,6 +262,10 @@ impl fmt::Debug for RuntimeBuilder {
     }
 }
 
+/// Messages the runtime takes from its store at a time: each is started before the next batch
+/// is taken, and the stop is checked between messages.
+const RECEIVE_BATCH: usize = 64;
+
 /// A configured runtime; [`Runtime::run`] runs it. Clones share everything.
 #[derive(Clone)]
 pub struct Runtime {
@@ -340,11 +344,15 @@ impl Runtime {
     /// second `run` on the same store returns [`Error::StoreBusy`].
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
         let mut consumer = self.shared.store.claim_consumer().ok_or(Error::StoreBusy)?;
-        let stop = cancel.child_token();
+        let run = Arc::new(Run {
+            shared: self.shared.clone(),
+            stop: cancel.child_token(),
+            abort: CancellationToken::new(),
+        });
+        let stop = &run.stop;
         if self.shared.handle_signals {
             tokio::spawn(stop_on_signal(stop.clone()));
         }
-        let abort = CancellationToken::new();
         let tracker = TaskTracker::new();
         tracing::info!(
             handlers = self.shared.registry.len(),
@@ -356,12 +364,20 @@ impl Runtime {
         // One wait for the stop across the loop: a new one per message would register and
         // unregister a waiter on the token, a lock each way.
         let mut stopped = std::pin::pin!(stop.cancelled());
-        loop {
+        let mut batch = Vec::with_capacity(RECEIVE_BATCH);
+        'taking: loop {
             tokio::select! {
                 biased;
                 () = &mut stopped => break,
-                pending = consumer.next() => {
-                    self.shared.accept(pending, &tracker, &stop, &abort).await;
+                () = consumer.next_batch(&mut batch, RECEIVE_BATCH) => {}
+            }
+            let mut taken = batch.drain(..);
+            while let Some(pending) = taken.next() {
+                run.accept(pending, &tracker).await;
+                if stop.is_cancelled() {
+                    // Not started: back in the store, as if never taken.
+                    taken.for_each(|pending| self.shared.store.requeue(pending));
+                    break 'taking;
                 }
             }
             // A backlog is always ready: let the spawned handlers run on a single-threaded
@@ -377,7 +393,7 @@ impl Runtime {
                 grace = ?self.shared.shutdown_grace,
                 "handlers still running after the shutdown grace; interrupting them, their messages stay in the store"
             );
-            abort.cancel();
+            run.abort.cancel();
             tracker.wait().await;
         }
         let left = self.shared.store.pending();
@@ -410,104 +426,109 @@ enum Destination {
     NoSuchHandler(String),
 }
 
-impl Shared {
+/// One run of a runtime: what its deliveries share, behind one `Arc` (a delivery that goes on
+/// in a task of its own holds it).
+struct Run {
+    shared: Arc<Shared>,
+    /// The runtime was told to stop: no new calls, retries wait no longer.
+    stop: CancellationToken,
+    /// The shutdown grace is over: running calls are given up on.
+    abort: CancellationToken,
+}
+
+impl Run {
     /// Fans a message out to its handlers. Each delivery is polled once here: a handler that
     /// does not wait is called, settled and done without a task; one that waits (or must wait
     /// for a permit, or for a retry) goes on in a task of its own.
-    async fn accept(
-        self: &Arc<Self>,
-        pending: Pending,
-        tracker: &TaskTracker,
-        stop: &CancellationToken,
-        abort: &CancellationToken,
-    ) {
+    async fn accept(self: &Arc<Self>, pending: Pending, tracker: &TaskTracker) {
         let Pending { envelope, handler } = pending;
+        let shared = &self.shared;
         let only;
         let destinations: &[usize] = match handler {
-            Some(name) => match self.by_name.get(&name) {
+            Some(name) => match shared.by_name.get(&name) {
                 Some(index) => {
                     only = [*index];
                     &only
                 }
                 None => {
-                    self.store.fan_out(1);
+                    shared.store.fan_out(1);
                     let missing = Destination::NoSuchHandler(name);
-                    return self.start(envelope, missing, tracker, stop, abort).await;
+                    return self.start(Arc::new(envelope), missing, tracker).await;
                 }
             },
-            None => match self.by_type.get(envelope.message_type.as_str()) {
+            None => match shared.by_type.get(envelope.message_type.as_str()) {
                 Some(indexes) => indexes,
                 None => {
-                    self.store.fan_out(1);
+                    shared.store.fan_out(1);
                     let missing = Destination::NoHandlerForType;
-                    return self.start(envelope, missing, tracker, stop, abort).await;
+                    return self.start(Arc::new(envelope), missing, tracker).await;
                 }
             },
         };
-        self.store.fan_out(destinations.len());
+        shared.store.fan_out(destinations.len());
+        // One envelope for every handler: a delivery copies it only when it counts an attempt
+        // while another still holds it.
+        let envelope = Arc::new(envelope);
         let (last, others) = destinations.split_last().expect("never empty");
         for index in others {
             let destination = Destination::Slot(*index);
-            self.start(envelope.clone(), destination, tracker, stop, abort)
-                .await;
+            self.start(envelope.clone(), destination, tracker).await;
         }
-        self.start(envelope, Destination::Slot(*last), tracker, stop, abort)
+        self.start(envelope, Destination::Slot(*last), tracker)
             .await;
     }
 
     async fn start(
         self: &Arc<Self>,
-        envelope: Envelope,
+        envelope: Arc<Envelope>,
         destination: Destination,
         tracker: &TaskTracker,
-        stop: &CancellationToken,
-        abort: &CancellationToken,
     ) {
-        let mut delivery =
-            Box::pin(
-                self.clone()
-                    .deliver(envelope, destination, stop.clone(), abort.clone()),
-            );
+        let mut delivery = Box::pin(self.clone().deliver(envelope, destination));
         if futures_util::poll!(&mut delivery).is_pending() {
             tracker.spawn(delivery);
         }
     }
 
+    /// Calls the handler until the message is acked or dead-lettered, or the runtime stops
+    /// (then the message goes back to the store with the attempts it used).
+    async fn deliver(self: Arc<Self>, mut envelope: Arc<Envelope>, destination: Destination) {
+        let shared = &*self.shared;
+        let target = shared.target(&destination);
+        loop {
+            // Attempts are counted when a call starts, so a call that never finished (its
+            // runtime was stopped past the grace) still uses one up.
+            Arc::make_mut(&mut envelope).attempt += 1;
+            let verdict = shared
+                .engine
+                .deliver(
+                    target,
+                    &envelope,
+                    &self.stop,
+                    &self.abort,
+                    &shared.publisher,
+                )
+                .await;
+            let world = Memory {
+                shared,
+                target,
+                stop: &self.stop,
+            };
+            // A call that finished holds the envelope no more: this takes it without a copy.
+            match world.settle(Arc::unwrap_or_clone(envelope), verdict).await {
+                Some(again) => envelope = Arc::new(again),
+                None => return,
+            }
+        }
+    }
+}
+
+impl Shared {
     fn target<'a>(&'a self, destination: &'a Destination) -> Target<'a> {
         match destination {
             Destination::Slot(index) => Target::Slot(&self.slots[*index]),
             Destination::NoHandlerForType => Target::NoHandlerForType(None),
             Destination::NoSuchHandler(name) => Target::NoSuchHandler(name),
-        }
-    }
-
-    /// Calls the handler until the message is acked or dead-lettered, or the runtime stops
-    /// (then the message goes back to the store with the attempts it used).
-    async fn deliver(
-        self: Arc<Self>,
-        mut envelope: Envelope,
-        destination: Destination,
-        stop: CancellationToken,
-        abort: CancellationToken,
-    ) {
-        let target = self.target(&destination);
-        loop {
-            // Attempts are counted when a call starts, so a call that never finished (its
-            // runtime was stopped past the grace) still uses one up.
-            envelope.attempt += 1;
-            let verdict = self
-                .engine
-                .deliver(target, &envelope, &stop, &abort, &self.publisher)
-                .await;
-            let world = Memory {
-                shared: &self,
-                target,
-                stop: &stop,
-            };
-            match world.settle(envelope, verdict).await {
-                Some(again) => envelope = again,
-                None => return,
-            }
         }
     }
 }

@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::context::Context;
+use crate::context::{CallCancellation, Context};
 use crate::delivery::record::Transport;
 use crate::delivery::verdict::Call;
 use crate::envelope::Envelope;
@@ -116,7 +116,7 @@ impl Slot {
 /// until it ends or `interrupt` fires. Returns how the call ended and how long it ran.
 pub(crate) async fn invoke(
     slot: &Slot,
-    envelope: &Envelope,
+    envelope: &Arc<Envelope>,
     stop: &CancellationToken,
     interrupt: &CancellationToken,
     publisher: &Arc<dyn Publish>,
@@ -133,17 +133,18 @@ pub(crate) async fn invoke(
     if interrupt.is_cancelled() {
         return (Call::NotStarted, None);
     }
-    let ctx = Context::new(
+    let call_cancelled = Arc::new(CallCancellation::new(stop.clone()));
+    let ctx = Context::for_call(
         envelope.clone(),
         slot.name.clone(),
-        stop.child_token(),
+        call_cancelled.clone(),
         publisher.clone(),
     );
     let ctx = match slot.callee {
         Callee::Job(..) => ctx.for_scheduled_run(),
         Callee::Handler(_) => ctx,
     };
-    let call_cancelled = ctx.cancellation().clone();
+    let give_up = move || call_cancelled.give_up();
     let started = Instant::now();
     // Counted until the call's future ends: an abandoned call runs on in its task, and still
     // counts there.
@@ -171,12 +172,12 @@ pub(crate) async fn invoke(
             #[cfg(feature = "opentelemetry")]
             let traced = span.clone();
             let handler = handler.clone();
-            // The context carries the envelope: one copy per call.
+            // The context shares the envelope with the world: no copy per call.
             let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
                 let _in_flight = in_flight;
                 handler.call(&ctx).await
             });
-            let call = call_boxed(call, call_cancelled, slot.timeout, interrupt)
+            let call = call_boxed(call, give_up, slot.timeout, interrupt)
                 .instrument(span)
                 .await;
             #[cfg(feature = "opentelemetry")]
@@ -196,7 +197,7 @@ pub(crate) async fn invoke(
                 let _in_flight = in_flight;
                 Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await
             });
-            call_boxed(call, call_cancelled, slot.timeout, interrupt)
+            call_boxed(call, give_up, slot.timeout, interrupt)
                 .instrument(span)
                 .await
         }
@@ -231,7 +232,7 @@ pub(crate) async fn call_handler(
     let call_cancelled = ctx.cancellation().clone();
     let call: BoxFuture<'static, HandlerOutcome> =
         Box::pin(async move { handler.call(&ctx).await });
-    call_boxed(call, call_cancelled, timeout, interrupt).await
+    call_boxed(call, move || call_cancelled.cancel(), timeout, interrupt).await
 }
 
 /// Runs one call to its end.
@@ -241,14 +242,14 @@ pub(crate) async fn call_handler(
 /// of its own and runs there under its timeout.
 ///
 /// A call that times out or is interrupted is *abandoned*, not dropped: its task runs on, and
-/// `call_cancelled` (what its context's `cancellation()` returns) fires so that a cooperative
-/// handler stops. Dropping a handler's future in the middle of `pool.begin()` can return a
+/// `give_up` fires what its context's `cancellation()` returns, so that a cooperative handler
+/// stops. Dropping a handler's future in the middle of `pool.begin()` can return a
 /// pooled connection still inside a transaction (sqlx #4393), which would poison the pool for
 /// everyone; an abandoned call ends its transaction itself. A panic, wherever it happens in the
 /// call, is caught.
 async fn call_boxed(
     mut call: BoxFuture<'static, HandlerOutcome>,
-    call_cancelled: CancellationToken,
+    give_up: impl FnOnce(),
     timeout: Duration,
     interrupt: &CancellationToken,
 ) -> Call {
@@ -279,7 +280,7 @@ async fn call_boxed(
         // The executor is shutting down and cancelled the task.
         Some(Ok(Err(_))) => Call::Interrupted,
         Some(Err(_elapsed)) => {
-            call_cancelled.cancel();
+            give_up();
             Call::Finished(HandlerOutcome::Retry {
                 reason: Reason::HANDLER_TIMEOUT,
                 detail: format!("handler did not finish within {timeout:?}"),
@@ -287,7 +288,7 @@ async fn call_boxed(
             })
         }
         None => {
-            call_cancelled.cancel();
+            give_up();
             Call::Interrupted
         }
     }

@@ -650,8 +650,7 @@ impl PartitionTask {
         }
         let engine = &self.shared.engine;
         let target = Target::Slot(&group.slot);
-        let mut envelope = match wire::read(record, group.aggregate, self.shared.max_payload_bytes)
-        {
+        let envelope = match wire::read(record, group.aggregate, self.shared.max_payload_bytes) {
             Ok(envelope) => envelope,
             Err(unreadable) => {
                 let envelope = wire::salvage(record, group.aggregate);
@@ -685,9 +684,11 @@ impl PartitionTask {
         }
         // Attempts are counted here, in memory: after a restart they start over.
         let mut attempt = 0;
+        // Shared with each call's context (and copied only if an abandoned call still holds it).
+        let mut envelope = Arc::new(envelope);
         loop {
             attempt += 1;
-            envelope.attempt = attempt;
+            Arc::make_mut(&mut envelope).attempt = attempt;
             if cancel.is_cancelled() || self.state.revoked.is_cancelled() {
                 return Settled::Left;
             }

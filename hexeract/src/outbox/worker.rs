@@ -421,9 +421,10 @@ impl OutboxWorker {
         }
         let verdicts = join_all(claimed.into_iter().map(|delivery| async move {
             let target = self.target(&delivery.handler);
+            let envelope = Arc::new(delivery.envelope);
             let verdict = self
                 .engine
-                .deliver(target, &delivery.envelope, cancel, interrupt, publisher)
+                .deliver(target, &envelope, cancel, interrupt, publisher)
                 .await;
             (delivery.id, verdict)
         }))

@@ -925,10 +925,10 @@ impl ConsumeLoop<'_> {
                         }
                     };
                     let redeliveries = wire::redeliveries_of(&delivery);
-                    let verdict = if redeliveries >= u64::from(shared.delivery_limit) {
+                    if redeliveries >= u64::from(shared.delivery_limit) {
                         // One more return (a crash, a lost connection) and the broker would
                         // park it itself, with no reason and no row.
-                        shared.engine.reject(
+                        let verdict = shared.engine.reject(
                             target,
                             &envelope,
                             crate::reason::Reason::DELIVERY_LIMIT_REACHED,
@@ -940,20 +940,20 @@ impl ConsumeLoop<'_> {
                                 shared.delivery_limit
                             ),
                             envelope.attempt.saturating_sub(1),
-                        )
+                        );
+                        (envelope, verdict)
                     } else {
                         shared
                             .engine
-                            .deliver(
+                            .deliver_owned(
                                 target,
-                                &envelope,
+                                envelope,
                                 self.stop,
                                 self.interrupt,
                                 self.ctx_publisher,
                             )
                             .await
-                    };
-                    (envelope, verdict)
+                    }
                 }
                 Err(unreadable) => {
                     let salvaged = wire::salvage(&delivery, &shared.exchange);

@@ -704,7 +704,7 @@ impl Shared {
             // Claims only take this worker's schedules.
             return Ok(false);
         };
-        let envelope = envelope_of(occurrence);
+        let envelope = Arc::new(envelope_of(occurrence));
         let verdict = self
             .engine
             .deliver(Target::Slot(slot), &envelope, cancel, interrupt, publisher)
