@@ -73,6 +73,8 @@ pub struct SqliteStore {
     /// Fired by every publish through this store: SQLite is one process, so this is the
     /// whole wake-up story.
     wake: Arc<Notify>,
+    /// Taken around the store's own writes (see [`Writes`]).
+    writes: Writes,
 }
 
 impl SqliteStore {
@@ -138,15 +140,21 @@ impl SqliteStore {
     /// [`migrate`](DeliveryStore::migrate)).
     pub fn new(pool: SqlitePool, prefix: &str) -> Result<SqliteStore, StoreError> {
         let prefix = Identifier::new(prefix)?;
+        let writes = Writes::default();
         Ok(SqliteStore {
             sql: Arc::new(Statements::new(&prefix)),
             schedule_sql: Arc::new(schedules::ScheduleStatements::new(&prefix)),
-            deliveries: Arc::new(deliveries(pool.clone(), &prefix)),
-            occurrences: Arc::new(schedules::occurrences(pool.clone(), &prefix)),
+            deliveries: Arc::new(deliveries(pool.clone(), writes.clone(), &prefix)),
+            occurrences: Arc::new(schedules::occurrences(
+                pool.clone(),
+                writes.clone(),
+                &prefix,
+            )),
             pool,
             prefix,
             keep_alive: None,
             wake: Arc::default(),
+            writes,
         })
     }
 
@@ -308,12 +316,20 @@ async fn insert_rows(
     Ok(())
 }
 
+/// The store's own writes queue here, in the order they come, before they take SQLite's write
+/// lock: writers of one process that met at that lock would wait in its busy handler, which
+/// sleeps 1, 2, 5, 10 … ms between tries while the lock may have been free for most of it.
+/// Writers of other processes, and the application's own transactions on
+/// [`SqliteStore::pool`], still meet them at the lock (the busy timeout, 5 s).
+pub(super) type Writes = Arc<tokio::sync::Mutex<()>>;
+
 /// How a claim is settled, for deliveries and schedule occurrences alike (one claim model): an
 /// ack deletes the row, a retry makes it due again, a release gives it back with its attempt
 /// not counted, a dead letter copies it to `dead_letters` and deletes it; each only while the
 /// row still holds the settling worker's token.
 pub(super) struct Settle {
     pool: SqlitePool,
+    writes: Writes,
     ack: String,
     release: String,
     retry: String,
@@ -328,6 +344,7 @@ impl Settle {
     /// `?5` (detail), `?6` (when) and `?7` (calls made).
     pub(super) fn new(
         pool: SqlitePool,
+        writes: Writes,
         prefix: &Identifier,
         name: &str,
         to_dead_letters: &str,
@@ -337,6 +354,7 @@ impl Settle {
         let listed = "id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2";
         Settle {
             pool,
+            writes,
             ack: format!("DELETE FROM {t} WHERE {listed}"),
             release: format!(
                 "UPDATE {t} SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
@@ -356,6 +374,7 @@ impl Settle {
         if ids.is_empty() {
             return Ok(0);
         }
+        let _writing = self.writes.lock().await;
         let done = sqlx::query(sql)
             .bind(Json(ids))
             .bind(token.hyphenated())
@@ -384,6 +403,7 @@ impl<I: ClaimId> Claims<I> for Settle {
         detail: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            let _writing = self.writes.lock().await;
             let done = sqlx::query(&self.retry)
                 .bind(id.bound())
                 .bind(token.hyphenated())
@@ -404,6 +424,7 @@ impl<I: ClaimId> Claims<I> for Settle {
         calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            let _writing = self.writes.lock().await;
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let copied = sqlx::query(&self.dead_letter_copy)
                 .bind(id.bound())
@@ -431,11 +452,12 @@ impl<I: ClaimId> Claims<I> for Settle {
 
 /// The deliveries' [`Settle`]: a dead letter keeps the message as it was, and no handler where
 /// none knew its type.
-fn deliveries(pool: SqlitePool, prefix: &Identifier) -> Settle {
+fn deliveries(pool: SqlitePool, writes: Writes, prefix: &Identifier) -> Settle {
     let dl = table(prefix, "dead_letters");
     let m = MESSAGE_COLUMNS;
     Settle::new(
         pool,
+        writes,
         prefix,
         "deliveries",
         &format!(
@@ -935,6 +957,7 @@ impl DeliveryStore for SqliteStore {
 
     fn publish(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
+            let _writing = self.writes.lock().await;
             if envelopes.len() <= 1 {
                 let mut conn = self.pool.acquire().await?;
                 insert_rows(&mut conn, &self.sql.insert_outbox, &envelopes).await?;
@@ -955,6 +978,7 @@ impl DeliveryStore for SqliteStore {
         limit_rows: u32,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
+            let _writing = self.writes.lock().await;
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let moved = self.expand_in(&mut tx, routes, limit_rows).await?;
             tx.commit().await?;
@@ -969,6 +993,7 @@ impl DeliveryStore for SqliteStore {
         lease: Duration,
     ) -> BoxFuture<'_, Result<Vec<Claimed>, StoreError>> {
         Box::pin(async move {
+            let _writing = self.writes.lock().await;
             let mut conn = self.pool.acquire().await?;
             self.claim_in(&mut conn, token, limit_rows, lease).await
         })
@@ -984,6 +1009,7 @@ impl DeliveryStore for SqliteStore {
     ) -> BoxFuture<'a, Result<(u64, Vec<Claimed>), StoreError>> {
         Box::pin(async move {
             let (acked_token, ids) = acked;
+            let _writing = self.writes.lock().await;
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let landed = if ids.is_empty() {
                 0
@@ -1011,6 +1037,7 @@ impl DeliveryStore for SqliteStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
         Box::pin(async move {
+            let _writing = self.writes.lock().await;
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             self.expand_in(&mut tx, routes, limit_rows).await?;
             let claimed = self.claim_in(&mut tx, token, limit_rows, lease).await?;

@@ -81,10 +81,11 @@ pub(super) fn schema_v5(prefix: &Identifier) -> String {
 /// [`SCHEDULE_MESSAGE_TYPE`] whose handler is the schedule and whose payload names it and the
 /// fire time; its message id is the occurrence's and its `created_at` the fire time (what
 /// `replay_occurrence` reads back).
-pub(super) fn occurrences(pool: SqlitePool, prefix: &Identifier) -> Settle {
+pub(super) fn occurrences(pool: SqlitePool, writes: super::Writes, prefix: &Identifier) -> Settle {
     let dl = table(prefix, "dead_letters");
     Settle::new(
         pool,
+        writes,
         prefix,
         "occurrences",
         &format!(
