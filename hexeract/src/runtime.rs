@@ -338,7 +338,9 @@ impl Runtime {
     }
 
     /// Runs until `cancel` fires, then lets running handlers finish (up to the shutdown grace)
-    /// and returns `Ok(())`. Messages not started, or waiting for a retry, stay in the store.
+    /// and returns `Ok(())`. Messages not started, or waiting for a retry, stay in the store
+    /// (those the runtime had taken but not started go back behind the others: the in-memory
+    /// store keeps no order across a stop).
     ///
     /// One runtime runs on a store at a time (it fans messages out to its own handlers): a
     /// second `run` on the same store returns [`Error::StoreBusy`].
@@ -371,6 +373,9 @@ impl Runtime {
                 () = &mut stopped => break,
                 () = consumer.next_batch(&mut batch, RECEIVE_BATCH) => {}
             }
+            let full = batch.len() == RECEIVE_BATCH;
+            // Nothing below awaits anything that waits until the batch is empty: a `run`
+            // dropped here would drop the messages left in it.
             let mut taken = batch.drain(..);
             while let Some(pending) = taken.next() {
                 run.accept(pending, &tracker).await;
@@ -380,9 +385,14 @@ impl Runtime {
                     break 'taking;
                 }
             }
-            // A backlog is always ready: let the spawned handlers run on a single-threaded
-            // executor too.
-            tokio::task::consume_budget().await;
+            // A backlog is always ready: let the spawned handlers (and the application's other
+            // tasks) run on a single-threaded executor too. A batch takes one unit of the
+            // task's budget where a message took one before, so a full batch gives way itself.
+            if full {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::task::consume_budget().await;
+            }
         }
         tracker.close();
         if tokio::time::timeout(self.shared.shutdown_grace, tracker.wait())

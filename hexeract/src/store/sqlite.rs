@@ -316,11 +316,16 @@ async fn insert_rows(
     Ok(())
 }
 
-/// The store's own writes queue here, in the order they come, before they take SQLite's write
-/// lock: writers of one process that met at that lock would wait in its busy handler, which
-/// sleeps 1, 2, 5, 10 … ms between tries while the lock may have been free for most of it.
-/// Writers of other processes, and the application's own transactions on
-/// [`SqliteStore::pool`], still meet them at the lock (the busy timeout, 5 s).
+/// The writes of the outbox's hot path queue here, in the order they come, before they take
+/// SQLite's write lock: `publish`, the worker's expansion, claim and take, and the settling of
+/// a claimed delivery or occurrence (ack, release, retry, dead letter). Writers of one process
+/// that met at the lock would wait in its busy handler, which sleeps 1, 2, 5, 10 … ms between
+/// tries while the lock may have been free for most of it.
+///
+/// The store's other writes (the relay's, dead letters written by a broker's worker, replays
+/// and purges, migrations, the scheduler's plans and delayed messages), other processes, and
+/// the application's own transactions on [`SqliteStore::pool`] still meet them at the lock
+/// (the busy timeout, 5 s).
 pub(super) type Writes = Arc<tokio::sync::Mutex<()>>;
 
 /// How a claim is settled, for deliveries and schedule occurrences alike (one claim model): an
