@@ -461,3 +461,54 @@ async fn messages_waiting_for_a_permit_at_shutdown_stay_in_the_store_unused() {
     assert_eq!(store.pending(), 2, "the two waiting messages are back");
     assert!(store.dead_letters().is_empty());
 }
+
+// --- a stop in the middle of a taken batch: the rest goes back unused ---
+
+#[tokio::test]
+async fn messages_taken_but_not_started_when_the_runtime_stops_go_back_unused() {
+    /// Stops its runtime during the first call.
+    struct StopsItsRuntime(CancellationToken);
+    impl hexeract::Handler<Ping> for StopsItsRuntime {
+        type Error = String;
+        async fn handle(&self, _ping: Ping, _ctx: &Context) -> Result<(), Self::Error> {
+            self.0.cancel();
+            Ok(())
+        }
+    }
+    let cancel = CancellationToken::new();
+    let runtime = Runtime::builder()
+        .store(InMemoryStore::new())
+        .registry(hexeract::Registry::new())
+        .register_handler_with::<Ping, _>(
+            StopsItsRuntime(cancel.clone()),
+            hexeract::HandlerOptions::new().name("batch.stopper"),
+        )
+        .build()
+        .expect("runtime builds");
+    let store = runtime.store().clone();
+    // Published before the runtime starts: it takes all ten in one batch.
+    for n in 0..10 {
+        store.publish(&Ping { n }).await.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(20), runtime.clone().run(cancel))
+        .await
+        .expect("run returns after its handler stopped it")
+        .expect("run returns Ok(())");
+    assert_eq!(runtime.stats()[0].handled, 1, "one call, then the stop");
+    assert_eq!(
+        store.pending(),
+        9,
+        "the nine not started are back in the store"
+    );
+    assert!(!store.is_idle(), "and still owed");
+
+    let seen = resume_as("batch.resumed", store.clone(), 5).await;
+    assert_eq!(seen.len(), 9, "each of the nine is handled once: {seen:?}");
+    let ids: std::collections::BTreeSet<&String> = seen.iter().map(|(id, _)| id).collect();
+    assert_eq!(ids.len(), 9, "nine distinct messages");
+    assert!(
+        seen.iter().all(|(_, attempt)| *attempt == 1),
+        "no attempt was charged for a message never started: {seen:?}"
+    );
+    assert!(store.is_idle() && store.dead_letters().is_empty());
+}
