@@ -155,12 +155,19 @@ async fn run_worker_with(store: PgStore, events: u64, handlers: usize) -> Durati
     elapsed
 }
 
-/// The worker's cycle by hand: take (expand and claim in one statement), decode and call, ack:
-/// same statements, same batch.
+/// The worker's cycle by hand: take (claim in place, or expand and claim, in one statement),
+/// decode and call, ack: same statements, same batch.
 async fn run_baseline(pool: &PgPool, store: &PgStore, events: u64, handlers: usize) -> Duration {
-    let [take, ack] = store.statements_for_benchmarks();
+    let [take, ack_rows, ack_in_place] = store.statements_for_benchmarks();
     let handlers = handler_names(handlers);
     let types = vec!["bench.ItemShipped"; handlers.len()];
+    // A type with one handler is claimed in place; with several, expanded.
+    let (single, several): (&[_], &[_]) = if handlers.len() == 1 {
+        (&handlers, &[])
+    } else {
+        (&[], &handlers)
+    };
+    let (single_types, several_types) = (&types[..single.len()], &types[..several.len()]);
     let deliveries = events * handlers.len() as u64;
     let mut handled = 0u64;
     let started = Instant::now();
@@ -170,25 +177,41 @@ async fn run_baseline(pool: &PgPool, store: &PgStore, events: u64, handlers: usi
             .bind(token)
             .bind(30_000_i64)
             .bind(i64::from(BATCH))
-            .bind(&types)
-            .bind(&handlers)
+            .bind(several_types)
+            .bind(several)
+            .bind(single_types)
+            .bind(single)
             .fetch_all(pool)
             .await
             .expect("take");
         let mut ids = Vec::with_capacity(rows.len());
-        for row in rows {
+        let mut messages = Vec::with_capacity(rows.len());
+        for row in &rows {
             let payload: Vec<u8> = row.get("payload");
             let item: ItemShipped = serde_json::from_slice(&payload).expect("decode");
             black_box(item);
-            ids.push(row.get::<i64, _>("id"));
+            match row.get::<Option<i64>, _>("id") {
+                Some(id) => ids.push(id),
+                None => messages.push(row.get::<Uuid, _>("message_id")),
+            }
         }
-        handled += ids.len() as u64;
-        sqlx::query(ack)
-            .bind(&ids)
-            .bind(token)
-            .execute(pool)
-            .await
-            .expect("ack");
+        handled += rows.len() as u64;
+        if !ids.is_empty() {
+            sqlx::query(ack_rows)
+                .bind(&ids)
+                .bind(token)
+                .execute(pool)
+                .await
+                .expect("ack");
+        }
+        if !messages.is_empty() {
+            sqlx::query(ack_in_place)
+                .bind(&messages)
+                .bind(token)
+                .execute(pool)
+                .await
+                .expect("ack");
+        }
     }
     started.elapsed()
 }

@@ -7,13 +7,16 @@
 //! `outbox::enqueue` writes into the caller's own transaction with the backend's connection
 //! type.
 //!
-//! The model: `enqueue` writes one `outbox` row. A worker that knows the handlers *expands* it:
-//! the row moves into `deliveries`, one row per (message, handler), each with its own attempts
-//! and due time, so each handler is its own subscriber and retries independently. Claiming a
-//! delivery counts the attempt and pushes its due time to the end of a lease (on the database
-//! clock), under a claim token; a crashed worker's deliveries come due again when the lease
-//! ends. Settling (ack = delete, retry = new due time, dead letter = move to `dead_letters`)
-//! only touches rows still holding the settling worker's token.
+//! The model: `enqueue` writes one `outbox` row. A worker that knows the handlers takes it. A
+//! message whose type has one handler (or none) is claimed *in place*: the outbox row itself
+//! counts the attempt and holds the lease. A message whose type has several is *expanded*: the
+//! row moves into `deliveries`, one row per (message, handler), each with its own attempts and
+//! due time, so each handler is its own subscriber and retries independently. Claiming counts
+//! the attempt and holds the row until the end of a lease (on the database clock), under a
+//! claim token; a crashed worker's claims come due again when the lease ends. Settling (ack =
+//! delete, retry = new due time, dead letter = move to `dead_letters`) only touches rows still
+//! holding the settling worker's token; a retry of a message claimed in place moves it into
+//! `deliveries` to wait, so that the outbox holds only what is new or running.
 
 use std::fmt;
 use std::sync::Arc;
@@ -40,7 +43,7 @@ pub use process::default_schedule_store;
 pub use process::{default_store, wait_until_drained};
 mod claims;
 pub use claims::Claims;
-pub(crate) use claims::{within, ClaimedRows, Row};
+pub(crate) use claims::{within, ClaimedRows, Deliveries, Row};
 mod dead_letters;
 pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;
@@ -74,6 +77,26 @@ impl Routes {
             .unzip()
     }
 
+    /// The routes split by how a take handles their messages: the types with exactly one
+    /// handler (types, handlers), whose messages are claimed in place in the outbox as those of
+    /// types no handler knows are, and the types with several (types, handlers), whose
+    /// messages are expanded into a delivery per handler.
+    pub(crate) fn split(&self) -> (RouteColumns<'_>, RouteColumns<'_>) {
+        let mut single = RouteColumns::default();
+        let mut several = RouteColumns::default();
+        for (message_type, handler) in &self.pairs {
+            let handlers = self.pairs.iter().filter(|(t, _)| t == message_type).count();
+            let side = if handlers == 1 {
+                &mut single
+            } else {
+                &mut several
+            };
+            side.types.push(message_type);
+            side.handlers.push(handler);
+        }
+        (single, several)
+    }
+
     /// The routes of every handler in `registry`.
     pub fn from_registry(registry: &crate::Registry) -> Routes {
         Routes {
@@ -85,12 +108,49 @@ impl Routes {
     }
 }
 
+/// Routes as two columns of the same length, for binding as arrays.
+#[derive(Default)]
+pub(crate) struct RouteColumns<'a> {
+    pub(crate) types: Vec<&'a str>,
+    pub(crate) handlers: Vec<&'a str>,
+}
+
+/// Where a claimed delivery lives, to settle it.
+///
+/// A message whose type has one handler (or none: it goes to [`NO_HANDLER`]) is claimed *in
+/// place* by [`DeliveryStore::take`]: its outbox row carries the claim (attempts, lease,
+/// token), an ack deletes it, and no delivery row is ever written unless a retry moves it into
+/// `deliveries` to wait. Messages of a type with several handlers have a `deliveries` row per
+/// handler, as do retried ones and those [`DeliveryStore::expand`] moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeliveryId {
+    /// A `deliveries` row, by its id.
+    Row(i64),
+    /// A message claimed in place in the outbox, by the message's id.
+    Outbox(Uuid),
+}
+
+impl DeliveryId {
+    /// The ids of `ids` split by where they live: `deliveries` rows, then outbox rows.
+    pub(crate) fn split(ids: &[DeliveryId]) -> (Vec<i64>, Vec<Uuid>) {
+        let mut rows = Vec::new();
+        let mut outbox = Vec::new();
+        for id in ids {
+            match *id {
+                DeliveryId::Row(row) => rows.push(row),
+                DeliveryId::Outbox(message) => outbox.push(message),
+            }
+        }
+        (rows, outbox)
+    }
+}
+
 /// A delivery claimed by a worker: the message as published, with `attempt` set to the call
 /// this claim is for, and the handler it goes to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claimed {
-    /// The delivery's row id, used to settle it.
-    pub id: i64,
+    /// Where the delivery lives, used to settle it.
+    pub id: DeliveryId,
     /// The handler's name; [`NO_HANDLER`] when no handler knew the type at expansion.
     pub handler: String,
     /// The message, `attempt` counted.
@@ -135,11 +195,13 @@ pub trait DeliveryStore: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Vec<Claimed>, StoreError>>;
 
     /// What a worker's cycle starts with: claims up to `limit` due deliveries under `token`
-    /// and, when fewer were due, expands as many new outbox rows as are left of `limit` and
-    /// claims their deliveries too (a type with several handlers may leave some of its
-    /// deliveries due but unclaimed). [`expand`](DeliveryStore::expand) then
-    /// [`claim`](DeliveryStore::claim) unless the store does both in one statement, as
-    /// PostgreSQL does: a delivery written already claimed is one write instead of two.
+    /// and, when fewer were due, takes as many new outbox rows as are left of `limit`, oldest
+    /// first. A row whose type has one handler in `routes` (or none) is claimed in place
+    /// ([`DeliveryId::Outbox`]); a row whose type has several is expanded and its deliveries
+    /// claimed too (some may be left due but unclaimed past the limit). The default is
+    /// [`expand`](DeliveryStore::expand) then [`claim`](DeliveryStore::claim), which writes a
+    /// delivery row for every message; both database stores claim in place, PostgreSQL in one
+    /// statement, SQLite in one write transaction.
     fn take<'a>(
         &'a self,
         routes: &'a Routes,
@@ -159,7 +221,7 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// transaction: a worker's cycle then takes the write lock once, not twice.
     fn ack_and_take<'a>(
         &'a self,
-        acked: (Uuid, &'a [i64]),
+        acked: (Uuid, &'a [DeliveryId]),
         routes: &'a Routes,
         token: Uuid,
         limit: u32,
@@ -175,7 +237,7 @@ pub trait DeliveryStore: Send + Sync + 'static {
 
     /// The claimed deliveries, to settle: ack, retry, dead-letter or release them under their
     /// claim's token.
-    fn deliveries(&self) -> &dyn Claims<i64>;
+    fn deliveries(&self) -> &dyn Claims<DeliveryId>;
 
     /// Messages still owed: outbox rows not yet expanded plus deliveries not yet settled
     /// (running, due, or waiting for a retry). Zero when everything was handled or

@@ -2,6 +2,7 @@
 
 pub mod amqp;
 pub mod http;
+pub mod in_place;
 pub mod kafka;
 pub mod ledger;
 pub mod logs;

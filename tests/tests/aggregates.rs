@@ -464,10 +464,10 @@ async fn sqlite_delayed_messages_keep_the_aggregate() {
 }
 
 /// Delayed messages gained their aggregate columns in schema version 5: a store migrated
-/// before (simulated by taking them away again, with what version 6 added) gets them on its
-/// next migration.
+/// before (simulated by taking them away again, with what versions 6 and 7 added) gets them on
+/// its next migration.
 async fn an_upgraded_store_keeps_the_aggregate_of_delayed_messages(test: TestStore) {
-    assert_eq!(test.schema_versions().await, 6);
+    assert_eq!(test.schema_versions().await, 7);
     test.execute(
         "ALTER TABLE {table} DROP COLUMN aggregate;
          ALTER TABLE {table} DROP COLUMN aggregate_key;",
@@ -477,10 +477,20 @@ async fn an_upgraded_store_keeps_the_aggregate_of_delayed_messages(test: TestSto
     for index in ["dead_letters_by_handler", "dead_letters_by_reason"] {
         test.execute("DROP INDEX {table}", index).await;
     }
+    for column in [
+        "handler",
+        "attempts",
+        "lease_owner",
+        "leased_until",
+        "recovered",
+    ] {
+        let drop = format!("ALTER TABLE {{table}} DROP COLUMN {column}");
+        test.execute(&drop, "outbox").await;
+    }
     test.execute("DELETE FROM {table} WHERE version >= 5", "schema_versions")
         .await;
     test.store.migrate().await.unwrap();
-    assert_eq!(test.schema_versions().await, 6);
+    assert_eq!(test.schema_versions().await, 7);
 
     let id = test
         .schedule_at(Utc::now() - chrono::Duration::seconds(1), &placed(42))

@@ -48,8 +48,8 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     store.migrate().await.unwrap();
     assert_eq!(
         db.count("schema_versions").await,
-        6,
-        "versions 1 to 6, once each"
+        7,
+        "versions 1 to 7, once each"
     );
     db.drop_schema().await;
 }
@@ -561,8 +561,10 @@ async fn take_claims_what_is_due_then_expands_as_many_rows_as_are_left() {
         .unwrap();
     let two_handlers = routes(&[("test.OrderPlaced", "a"), ("test.OrderPlaced", "b")]);
 
-    // Nothing due yet: three rows expand into five deliveries, of which three are claimed,
-    // oldest message first; the other two stay due.
+    // Nothing due yet: the two rows of the type with two handlers expand into four
+    // deliveries, and the row of the type no handler knows would be claimed in place. Three
+    // are claimed, oldest message first: the expanded delivery past the limit stays due, the
+    // unknown message stays in the outbox, unclaimed.
     let token = Uuid::now_v7();
     let taken = store
         .take(&two_handlers, token, 3, Duration::from_secs(30))
@@ -591,12 +593,13 @@ async fn take_claims_what_is_due_then_expands_as_many_rows_as_are_left() {
     assert_eq!(taken[0].envelope.payload, first.payload);
     assert_eq!(
         db.count("outbox").await,
-        0,
-        "every row taken left the outbox"
+        1,
+        "every row expanded left the outbox; the unknown message waits there"
     );
-    assert_eq!(db.count("deliveries").await, 5);
+    assert_eq!(db.count("deliveries").await, 4);
 
-    // The next take claims the two due deliveries, with their first attempt.
+    // The next take claims the due delivery and the unknown message, with their first
+    // attempt.
     let next = store
         .take(&two_handlers, Uuid::now_v7(), 10, Duration::from_secs(30))
         .await
@@ -619,13 +622,19 @@ async fn take_claims_what_is_due_then_expands_as_many_rows_as_are_left() {
         .is_empty());
 
     // Settled under the first token: acks land only for the claim that holds them.
-    let ids: Vec<i64> = taken.iter().map(|c| c.id).collect();
+    let ids: Vec<_> = taken.iter().map(|c| c.id).collect();
     assert_eq!(
         store.deliveries().ack(Uuid::now_v7(), &ids).await.unwrap(),
         0
     );
     assert_eq!(store.deliveries().ack(token, &ids).await.unwrap(), 3);
-    assert_eq!(db.count("deliveries").await, 2);
+    assert_eq!(db.count("deliveries").await, 1);
+    assert_eq!(db.count("outbox").await, 1, "the unknown message, claimed");
+    assert_eq!(
+        store.backlog().await.unwrap(),
+        2,
+        "the two of the second take"
+    );
     db.drop_schema().await;
 }
 
@@ -676,15 +685,20 @@ async fn a_message_published_again_after_it_was_taken_is_not_delivered_twice() {
         .unwrap();
     assert_eq!(taken.len(), 1);
 
-    // The same message id again (a producer retrying its publish): its delivery exists.
+    // The same message id again (a producer retrying its publish) while its delivery runs:
+    // the one copy stands (claimed in place in the outbox, the type having one handler).
     store.publish(vec![envelope]).await.unwrap();
     assert!(store
         .take(&one, Uuid::now_v7(), 10, Duration::from_secs(30))
         .await
         .unwrap()
         .is_empty());
-    assert_eq!(db.count("outbox").await, 0);
-    assert_eq!(db.count("deliveries").await, 1);
+    assert_eq!(
+        db.count("outbox").await + db.count("deliveries").await,
+        1,
+        "one copy of the message is owed"
+    );
+    assert_eq!(store.backlog().await.unwrap(), 1);
     db.drop_schema().await;
 }
 
@@ -745,5 +759,22 @@ async fn a_worker_stopped_during_its_last_batch_acks_it_before_it_returns() {
         0,
         "the last batch's acks were written before run returned"
     );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_message_of_a_type_with_one_handler_is_claimed_and_settled_in_place() {
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
+    hexeract_tests::in_place::claimed_in_place_and_settled_there(&store, |table| db.count(table))
+        .await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_message_claimed_in_place_before_a_deploy_added_a_handler_is_expanded_recovered() {
+    let db = TestSchema::new("hexeract-tests").await;
+    let store = db.migrated_store().await;
+    hexeract_tests::in_place::claimed_in_place_then_expanded_after_a_deploy(&store).await;
     db.drop_schema().await;
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use hexeract::outbox::OutboxWorker;
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::{DeadLetterStore, Housekeeping};
-use hexeract::store::{DeliveryStore, Routes, NO_HANDLER};
+use hexeract::store::{DeliveryId, DeliveryStore, Routes, NO_HANDLER};
 use hexeract::{
     CancellationToken, Context, Envelope, Handler, HandlerOptions, Message, Reason, Registry,
 };
@@ -85,8 +85,8 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     c.unwrap();
     assert_eq!(
         db.count("schema_versions").await,
-        6,
-        "versions 1 to 6, once each"
+        7,
+        "versions 1 to 7, once each"
     );
 
     let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
@@ -350,6 +350,9 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
         .await
         .unwrap()[0]
         .id;
+    let DeliveryId::Row(row) = id else {
+        panic!("an expanded delivery has a row: {id:?}")
+    };
 
     let stranger = Uuid::now_v7();
     assert_eq!(store.deliveries().ack(stranger, &[id]).await.unwrap(), 0);
@@ -382,7 +385,7 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
     );
     let last_error: Option<String> =
         sqlx::query_scalar("SELECT last_error FROM hexeract_deliveries WHERE id = ?1")
-            .bind(id)
+            .bind(row)
             .fetch_one(store.pool())
             .await
             .unwrap();
@@ -398,7 +401,7 @@ async fn settling_needs_the_claim_token_and_retry_sets_the_next_due_time() {
 
     // Retried at once, it is claimable again with the next attempt.
     sqlx::query("UPDATE hexeract_deliveries SET available_at = 0 WHERE id = ?1")
-        .bind(id)
+        .bind(row)
         .execute(store.pool())
         .await
         .unwrap();
@@ -809,7 +812,7 @@ async fn ack_and_take_deletes_only_its_claims_acks_and_takes_the_next_batch_at_o
     let mut ids: Vec<Uuid> = taken.iter().map(|c| c.envelope.id).collect();
     ids.sort();
     assert_eq!(ids, [envelopes[0].id, envelopes[1].id], "oldest first");
-    let acked: Vec<i64> = taken.iter().map(|c| c.id).collect();
+    let acked: Vec<_> = taken.iter().map(|c| c.id).collect();
 
     // Under another token the acks land nowhere, and the take still happens.
     let (landed, next) = store
@@ -840,7 +843,29 @@ async fn ack_and_take_deletes_only_its_claims_acks_and_takes_the_next_batch_at_o
     assert_eq!(last.len(), 1);
     assert_eq!(last[0].envelope.id, envelopes[3].id);
     assert_eq!(last[0].envelope.attempt, 1);
-    assert_eq!(db.count("outbox").await, 0);
-    assert_eq!(db.count("deliveries").await, 2, "the two still claimed");
+    // Claimed in place (the type has one handler): the outbox rows carry the claims.
+    assert_eq!(
+        db.count("outbox").await + db.count("deliveries").await,
+        2,
+        "the two still claimed"
+    );
+    assert_eq!(store.backlog().await.unwrap(), 2);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_message_of_a_type_with_one_handler_is_claimed_and_settled_in_place() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    hexeract_tests::in_place::claimed_in_place_and_settled_there(&store, |table| db.count(table))
+        .await;
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_message_claimed_in_place_before_a_deploy_added_a_handler_is_expanded_recovered() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    hexeract_tests::in_place::claimed_in_place_then_expanded_after_a_deploy(&store).await;
     db.finish().await;
 }

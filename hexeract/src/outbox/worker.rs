@@ -18,7 +18,7 @@ use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
 use crate::registry::HandlerSet;
-use crate::store::{ClaimedRows, DeliveryStore, Routes, Row, NO_HANDLER};
+use crate::store::{ClaimedRows, DeliveryId, DeliveryStore, Routes, Row, NO_HANDLER};
 
 /// Builds an [`OutboxWorker`]. The defaults are the library's: `poll_interval` 100 ms,
 /// `batch_size` 10, `lease` 30 s, 5 deliveries, handler timeout 30 s.
@@ -403,7 +403,7 @@ impl OutboxWorker {
             // process. Run one suspect alone and give the rest back, so a crash costs no other
             // delivery an attempt.
             let suspect = claimed.swap_remove(suspect);
-            let others: Vec<i64> = claimed.iter().map(|delivery| delivery.id).collect();
+            let others: Vec<DeliveryId> = claimed.iter().map(|delivery| delivery.id).collect();
             let deliveries = self.store.deliveries();
             self.timed("release", deliveries.release(token, &others))
                 .await?;
@@ -430,7 +430,7 @@ impl OutboxWorker {
         }))
         .await;
 
-        let acks: Vec<i64> = verdicts
+        let acks: Vec<DeliveryId> = verdicts
             .iter()
             .filter(|(_, verdict)| *verdict == Verdict::Ack)
             .map(|(id, _)| *id)
@@ -477,7 +477,7 @@ fn warn_unless_all_acked(landed: u64, expected: usize) {
 /// Deliveries a pass acked, not yet deleted: the claim's token and the rows.
 struct Acks {
     token: Uuid,
-    ids: Vec<i64>,
+    ids: Vec<DeliveryId>,
 }
 
 /// What `ctx.publish` writes to in a worker: the store's outbox, in a transaction of its own,

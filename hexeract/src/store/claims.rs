@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::delivery::{Verdict, World};
 use crate::reason::Reason;
-use crate::store::StoreError;
+use crate::store::{DeliveryId, StoreError};
 
 /// Rows claimed under a token, settled by the worker that holds it: handler deliveries (ids
 /// `i64`, [`DeliveryStore::deliveries`](crate::store::DeliveryStore::deliveries)) and scheduler occurrences (ids `Uuid`,
@@ -45,6 +45,66 @@ pub trait Claims<Id>: Send + Sync {
     /// Gives rows back without calling their handlers: due at once, their claimed attempt not
     /// counted. Returns how many it gave back.
     fn release<'a>(&'a self, token: Uuid, ids: &'a [Id]) -> BoxFuture<'a, Result<u64, StoreError>>;
+}
+
+/// Deliveries settled where they live: `deliveries` rows by `rows`, messages claimed in place in
+/// the outbox by `in_place`. An ack or a release of a batch that holds both runs a statement
+/// for each.
+pub(crate) struct Deliveries<R, P> {
+    pub(crate) rows: R,
+    pub(crate) in_place: P,
+}
+
+impl<R: Claims<i64>, P: Claims<Uuid>> Claims<DeliveryId> for Deliveries<R, P> {
+    fn ack<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [DeliveryId],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (rows, outbox) = DeliveryId::split(ids);
+            Ok(self.rows.ack(token, &rows).await? + self.in_place.ack(token, &outbox).await?)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        token: Uuid,
+        ids: &'a [DeliveryId],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let (rows, outbox) = DeliveryId::split(ids);
+            let rows = self.rows.release(token, &rows).await?;
+            Ok(rows + self.in_place.release(token, &outbox).await?)
+        })
+    }
+
+    fn retry<'a>(
+        &'a self,
+        token: Uuid,
+        id: DeliveryId,
+        delay: Duration,
+        detail: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        match id {
+            DeliveryId::Row(id) => self.rows.retry(token, id, delay, detail),
+            DeliveryId::Outbox(id) => self.in_place.retry(token, id, delay, detail),
+        }
+    }
+
+    fn dead_letter<'a>(
+        &'a self,
+        token: Uuid,
+        id: DeliveryId,
+        reason: &'a Reason,
+        detail: &'a str,
+        calls: u32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        match id {
+            DeliveryId::Row(id) => self.rows.dead_letter(token, id, reason, detail, calls),
+            DeliveryId::Outbox(id) => self.in_place.dead_letter(token, id, reason, detail, calls),
+        }
+    }
 }
 
 /// Runs one of a worker's own statements with a deadline: a statement whose network path went

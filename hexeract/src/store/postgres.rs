@@ -27,8 +27,9 @@ use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::dead_letters::{dead_letter_queries, DeadLetterSql};
 use crate::store::{
-    millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, DeliveryStore, Housekeeping,
-    Identifier, Page, Pending, RelaySink, RelayStore, Routes, StoreError,
+    millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, Deliveries, DeliveryId,
+    DeliveryStore, Housekeeping, Identifier, Page, Pending, RelaySink, RelayStore, Routes,
+    StoreError,
 };
 
 /// The schema Hexeract's tables live in unless another is given.
@@ -51,7 +52,7 @@ pub struct PgStore {
     schema: Identifier,
     sql: Arc<Statements>,
     schedule_sql: Arc<schedules::ScheduleStatements>,
-    deliveries: Arc<Settle>,
+    deliveries: Arc<Deliveries<Settle, Settle>>,
     occurrences: Arc<Settle>,
     wake: Arc<Wake>,
 }
@@ -160,11 +161,16 @@ impl PgStore {
         Ok(done.rows_affected())
     }
 
-    /// The take and ack statements, so that a benchmark's raw-sqlx baseline runs exactly the
-    /// SQL the worker runs. Not a stable interface.
+    /// The take statement and the two acks (of `deliveries` rows, of messages claimed in
+    /// place), so that a benchmark's raw-sqlx baseline runs exactly the SQL the worker runs.
+    /// Not a stable interface.
     #[doc(hidden)]
-    pub fn statements_for_benchmarks(&self) -> [&str; 2] {
-        [&self.sql.take, &self.deliveries.ack]
+    pub fn statements_for_benchmarks(&self) -> [&str; 3] {
+        [
+            &self.sql.take,
+            &self.deliveries.rows.ack,
+            &self.deliveries.in_place.ack,
+        ]
     }
 }
 
@@ -381,20 +387,63 @@ impl<I: ClaimId> Claims<I> for Settle {
     }
 }
 
-/// The deliveries' [`Settle`]: a dead letter keeps the message as it was, and no handler where
-/// none knew its type.
-fn deliveries(pool: PgPool, schema: &Identifier) -> Settle {
+/// The [`Settle`] of messages claimed in place in the outbox: an ack deletes the row, a
+/// release gives it back, a dead letter moves it to `dead_letters` with its handler's name,
+/// and a retry moves it into `deliveries`, where it waits for its due time with the
+/// deliveries of other types (so that the outbox holds only what is new or running, and a
+/// take's walk of it in id order never steps over messages waiting for a retry). A retry that
+/// finds the delivery already there (it cannot be, short of a hand-made row) reports the
+/// claim lost; the delivery there runs.
+fn in_place(pool: PgPool, schema: &Identifier) -> Settle {
     let s = schema.quoted();
     let m = MESSAGE_COLUMNS;
-    Settle::new(
+    let gone = format!(
+        "WITH gone AS (
+             DELETE FROM {s}.outbox WHERE id = $1 AND lease_owner = $2 RETURNING *
+         )"
+    );
+    Settle {
         pool,
-        schema,
-        "deliveries",
-        &format!(
-            "INSERT INTO {s}.dead_letters (id, message_id, handler, reason, detail, attempts, {m})
-             SELECT $3, message_id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
+        ack: format!("DELETE FROM {s}.outbox WHERE id = ANY($1) AND lease_owner = $2"),
+        release: format!(
+            "UPDATE {s}.outbox
+             SET attempts = attempts - 1, lease_owner = NULL, leased_until = NULL
+             WHERE id = ANY($1) AND lease_owner = $2"
         ),
-    )
+        retry: format!(
+            "{gone}
+             INSERT INTO {s}.deliveries
+                 (message_id, handler, attempts, available_at, last_error, {m})
+             SELECT id, handler, attempts,
+                    now() + $3::bigint * interval '1 millisecond', $4, {m}
+             FROM gone
+             ON CONFLICT (message_id, handler) DO NOTHING"
+        ),
+        dead_letter: format!(
+            "{gone}
+             INSERT INTO {s}.dead_letters (id, message_id, handler, reason, detail, attempts, {m})
+             SELECT $3, id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
+        ),
+    }
+}
+
+/// The deliveries' settling: a dead letter keeps the message as it was, and no handler where
+/// none knew its type.
+fn deliveries(pool: PgPool, schema: &Identifier) -> Deliveries<Settle, Settle> {
+    let s = schema.quoted();
+    let m = MESSAGE_COLUMNS;
+    Deliveries {
+        rows: Settle::new(
+            pool.clone(),
+            schema,
+            "deliveries",
+            &format!(
+                "INSERT INTO {s}.dead_letters (id, message_id, handler, reason, detail, attempts, {m})
+                 SELECT $3, message_id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
+            ),
+        ),
+        in_place: in_place(pool, schema),
+    }
 }
 
 /// The claim of up to `$3` due rows of `table` (that also meet `also`, an `AND …` of their
@@ -421,14 +470,20 @@ pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
 
 /// [`DeliveryStore::take`] in one statement: `claim` (the deliveries' claim, binding the token
 /// `$1`, the lease `$2` in milliseconds and the limit `$3`) for the due deliveries, then as
-/// many outbox rows as are left of the limit moved into deliveries by the routes (`$4` types,
-/// `$5` handlers), written already claimed (attempt 1, leased to the token) up to the limit and
-/// due but unclaimed past it. Every part reads the statement's one snapshot, so the claim of
-/// due rows never sees the rows the same statement inserts. What a crash leaves is what
-/// expand-then-claim leaves: a leased delivery that comes back when its lease ends, marked
-/// `recovered` by the claim that takes it.
+/// many outbox rows as are left of the limit, not leased or with their lease ended, oldest
+/// first. Those of a type with several handlers (`$4` types, `$5` handlers) are moved into
+/// deliveries, one per handler, written already claimed (attempt 1, leased to the token) up
+/// to the limit and due but unclaimed past it. The others are claimed in place: the outbox row
+/// counts the attempt, holds the lease and names the type's one handler (`$6` types, `$7`
+/// handlers), or none where no handler knows the type; no delivery row is written. Every part
+/// reads the statement's one snapshot, so the claim of due rows never sees the rows the same
+/// statement inserts. What a crash leaves is what expand-then-claim leaves: a leased row that
+/// comes back when its lease ends, marked `recovered` by the claim that takes it (an outbox
+/// row claimed in place whose type has more handlers by then carries the mark into its
+/// deliveries).
 fn take(s: &str, claim: &str) -> String {
     let m = MESSAGE_COLUMNS;
+    let o_m = qualified("o", m);
     let claimed = format!("id, message_id, handler, attempts, recovered, {m}");
     let lease = "now() + $2::bigint * interval '1 millisecond'";
     format!(
@@ -436,32 +491,52 @@ fn take(s: &str, claim: &str) -> String {
              {claim}
          ), room AS (
              SELECT greatest($3 - (SELECT count(*) FROM due), 0) AS left_over
-         ), fresh AS (
-             DELETE FROM {s}.outbox
-             WHERE id = ANY(ARRAY(
-                 SELECT id FROM {s}.outbox
-                 ORDER BY id
-                 LIMIT (SELECT left_over FROM room)
-                 FOR UPDATE SKIP LOCKED))
-             RETURNING *
-         ), routed AS (
-             SELECT f.*, r.handler
-             FROM fresh f
-             JOIN UNNEST($4::text[], $5::text[]) AS r(message_type, handler)
-               ON r.message_type = f.message_type
-             UNION ALL
-             SELECT f.*, '' FROM fresh f WHERE f.message_type <> ALL($4::text[])
-         ), numbered AS (
-             SELECT routed.*,
-                    row_number() OVER (ORDER BY id, handler)
+         ), picked AS (
+             SELECT id, message_type FROM {s}.outbox
+             WHERE leased_until IS NULL OR leased_until <= now()
+             ORDER BY id
+             LIMIT (SELECT left_over FROM room)
+             FOR UPDATE SKIP LOCKED
+         ), ranked AS (
+             -- One row per delivery the picked messages make: per handler for a type with
+             -- several, else one (`several` NULL). Those within the limit, oldest message
+             -- first, are this take's.
+             SELECT p.id, r.handler AS several,
+                    row_number() OVER (ORDER BY p.id, r.handler)
                         <= (SELECT left_over FROM room) AS mine
-             FROM routed
+             FROM picked p
+             LEFT JOIN UNNEST($4::text[], $5::text[]) AS r(message_type, handler)
+               ON r.message_type = p.message_type
+         ), in_place AS (
+             UPDATE {s}.outbox o
+             SET handler = coalesce(
+                     (SELECT one.handler
+                      FROM UNNEST($6::text[], $7::text[]) AS one(message_type, handler)
+                      WHERE one.message_type = o.message_type),
+                     ''),
+                 attempts = o.attempts + 1,
+                 -- SET sees the row as it was: a token still there is an unsettled claim.
+                 recovered = o.recovered OR o.lease_owner IS NOT NULL,
+                 lease_owner = $1,
+                 leased_until = {lease}
+             WHERE o.id = ANY(ARRAY(SELECT id FROM ranked WHERE several IS NULL AND mine))
+             RETURNING NULL::bigint AS id, o.id AS message_id, o.handler, o.attempts,
+                       o.recovered, {o_m}
+         ), fresh AS (
+             DELETE FROM {s}.outbox o
+             WHERE o.id = ANY(ARRAY(SELECT id FROM ranked WHERE several IS NOT NULL))
+             RETURNING o.id, o.lease_owner IS NOT NULL OR o.recovered AS recovered, {o_m}
+         ), numbered AS (
+             SELECT f.*, k.several AS handler, k.mine
+             FROM fresh f JOIN ranked k ON k.id = f.id AND k.several IS NOT NULL
          ), inserted AS (
-             INSERT INTO {s}.deliveries (message_id, handler, attempts, lease_owner, available_at, {m})
+             INSERT INTO {s}.deliveries
+                 (message_id, handler, attempts, lease_owner, available_at, recovered, {m})
              SELECT id, handler,
                     CASE WHEN mine THEN 1 ELSE 0 END,
                     CASE WHEN mine THEN $1 END,
                     CASE WHEN mine THEN {lease} ELSE now() END,
+                    recovered,
                     {m}
              FROM numbered
              ON CONFLICT (message_id, handler) DO NOTHING
@@ -469,8 +544,19 @@ fn take(s: &str, claim: &str) -> String {
          )
          SELECT {claimed} FROM due
          UNION ALL
-         SELECT {claimed} FROM inserted WHERE lease_owner IS NOT NULL"
+         SELECT {claimed} FROM inserted WHERE lease_owner IS NOT NULL
+         UNION ALL
+         SELECT {claimed} FROM in_place"
     )
+}
+
+/// `columns` (a comma-separated list) each qualified with `alias`.
+fn qualified(alias: &str, columns: &str) -> String {
+    columns
+        .split(", ")
+        .map(|column| format!("{alias}.{column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The id of a claimed row: `bigint` (deliveries) or `uuid` (occurrences).
@@ -535,8 +621,10 @@ impl Statements {
                 "WITH fresh AS (
                      DELETE FROM {s}.outbox
                      WHERE id = ANY(ARRAY(
-                         SELECT id FROM {s}.outbox ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED))
-                     RETURNING *
+                         SELECT id FROM {s}.outbox
+                         WHERE leased_until IS NULL OR leased_until <= now()
+                         ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED))
+                     RETURNING id, lease_owner IS NOT NULL OR recovered AS recovered, {m}
                  ), routed AS (
                      SELECT f.*, r.handler
                      FROM fresh f
@@ -545,8 +633,8 @@ impl Statements {
                      UNION ALL
                      SELECT f.*, '' FROM fresh f WHERE f.message_type <> ALL($1::text[])
                  ), inserted AS (
-                     INSERT INTO {s}.deliveries (message_id, handler, {m})
-                     SELECT id, handler, {m} FROM routed
+                     INSERT INTO {s}.deliveries (message_id, handler, recovered, {m})
+                     SELECT id, handler, recovered, {m} FROM routed
                      ON CONFLICT (message_id, handler) DO NOTHING
                  )
                  SELECT count(*) FROM fresh"
@@ -606,6 +694,9 @@ impl Statements {
                  SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[],
                                       $5::uuid[], $6::uuid[], $7::text[], $8::text[],
                                       $9::timestamptz[])
+                 -- A message still in the outbox (waiting, or claimed in place and running)
+                 -- published again, by a producer retrying: the copy there stands.
+                 ON CONFLICT (id) DO NOTHING
              )
              SELECT pg_notify($10, '')"
         )
@@ -691,7 +782,7 @@ impl Statements {
 }
 
 /// The schema version [`migrate_in`] brings a schema to.
-const SCHEMA_VERSION: i32 = 6;
+const SCHEMA_VERSION: i32 = 7;
 
 /// Creates or upgrades the schema on `conn`, which is in a transaction.
 async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), StoreError> {
@@ -753,6 +844,22 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
                  INSERT INTO {s}.schema_versions (version) VALUES (6);"
             ),
         ),
+        (
+            7,
+            "messages with one handler claimed in place in the outbox",
+            format!(
+                "ALTER TABLE {s}.outbox
+                     -- Set when the message is claimed in place: its type's one handler.
+                     ADD COLUMN handler text,
+                     ADD COLUMN attempts integer NOT NULL DEFAULT 0,
+                     -- The claim token of the worker holding it, if any.
+                     ADD COLUMN lease_owner uuid,
+                     -- When the claim ends; NULL while nobody claimed it.
+                     ADD COLUMN leased_until timestamptz,
+                     ADD COLUMN recovered boolean NOT NULL DEFAULT false;
+                 INSERT INTO {s}.schema_versions (version) VALUES (7);"
+            ),
+        ),
     ];
 
     // Several processes may start at once: one migrates, the others wait for its transaction
@@ -798,10 +905,14 @@ fn envelope_from_row(row: &PgRow, attempts: i32) -> Result<Envelope, StoreError>
     Ok(envelope)
 }
 
-/// A claimed `deliveries` row: its id, handler, attempts, `recovered` and message.
+/// A claimed delivery: a `deliveries` row, or an outbox row claimed in place (no `id`).
 fn claimed_from_row(row: &PgRow) -> Result<Claimed, StoreError> {
+    let id = match row.try_get::<Option<i64>, _>("id")? {
+        Some(id) => DeliveryId::Row(id),
+        None => DeliveryId::Outbox(row.try_get("message_id")?),
+    };
     Ok(Claimed {
-        id: row.try_get("id")?,
+        id,
         handler: row.try_get("handler")?,
         envelope: envelope_from_row(row, row.try_get("attempts")?)?,
         recovered: row.try_get("recovered")?,
@@ -933,20 +1044,22 @@ impl DeliveryStore for PgStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
         Box::pin(async move {
-            let (types, handlers) = routes.columns();
+            let (single, several) = routes.split();
             let rows = sqlx::query(&self.sql.take)
                 .bind(token)
                 .bind(millis(lease))
                 .bind(limit(limit_rows))
-                .bind(types)
-                .bind(handlers)
+                .bind(several.types)
+                .bind(several.handlers)
+                .bind(single.types)
+                .bind(single.handlers)
                 .fetch_all(&self.pool)
                 .await?;
             rows.iter().map(claimed_from_row).collect()
         })
     }
 
-    fn deliveries(&self) -> &dyn Claims<i64> {
+    fn deliveries(&self) -> &dyn Claims<DeliveryId> {
         &*self.deliveries
     }
 
@@ -1124,9 +1237,12 @@ impl Housekeeping for PgStore {
     fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>> {
         Box::pin(async move {
             let rows: Vec<(String, i64, Option<DateTime<Utc>>)> = sqlx::query_as(&format!(
-                "SELECT handler, count(*), min(created_at) FROM {}.deliveries
+                "SELECT handler, count(*), min(created_at)
+                 FROM (SELECT handler, created_at FROM {s}.deliveries
+                       UNION ALL
+                       SELECT handler, created_at FROM {s}.outbox WHERE handler IS NOT NULL) owed
                  GROUP BY handler ORDER BY handler",
-                self.schema.quoted()
+                s = self.schema.quoted()
             ))
             .fetch_all(&self.pool)
             .await?;

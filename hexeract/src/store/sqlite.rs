@@ -36,8 +36,9 @@ use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::dead_letters::{dead_letter_queries, DeadLetterSql};
 use crate::store::{
-    millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, DeliveryStore, Housekeeping,
-    Identifier, Page, Pending, RelaySink, RelayStore, Routes, StoreError,
+    millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, Deliveries, DeliveryId,
+    DeliveryStore, Housekeeping, Identifier, Page, Pending, RelaySink, RelayStore, Routes,
+    StoreError,
 };
 
 mod queues;
@@ -65,7 +66,7 @@ pub struct SqliteStore {
     prefix: Identifier,
     sql: Arc<Statements>,
     schedule_sql: Arc<schedules::ScheduleStatements>,
-    deliveries: Arc<Settle>,
+    deliveries: Arc<Deliveries<Settle, Settle>>,
     occurrences: Arc<Settle>,
     /// For an in-memory database: a connection outside the pool that keeps the database alive
     /// however the pool opens and closes its own.
@@ -197,6 +198,20 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
+    /// Up to `limit_rows` outbox rows not leased (or whose lease ended), oldest first: their
+    /// ids and types.
+    async fn pick_in(
+        &self,
+        conn: &mut SqliteConnection,
+        limit_rows: u32,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(sqlx::query_as(&self.sql.pick)
+            .bind(now_millis())
+            .bind(limit(limit_rows))
+            .fetch_all(&mut *conn)
+            .await?)
+    }
+
     /// [`DeliveryStore::expand`] on `conn`, inside its transaction.
     async fn expand_in(
         &self,
@@ -204,17 +219,95 @@ impl SqliteStore {
         routes: &Routes,
         limit_rows: u32,
     ) -> Result<u64, StoreError> {
+        let picked = self.pick_in(conn, limit_rows).await?;
+        let ids: Vec<String> = picked.into_iter().map(|(id, _)| id).collect();
+        self.expand_ids_in(conn, routes, &ids).await
+    }
+
+    /// Moves the outbox rows `ids` into deliveries, one per handler of their type in `routes`
+    /// (one with no handler where none is).
+    async fn expand_ids_in(
+        &self,
+        conn: &mut SqliteConnection,
+        routes: &Routes,
+        ids: &[String],
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
         sqlx::query(&self.sql.expand_to_deliveries)
             .bind(Json(&routes.pairs))
             .bind(now_millis())
-            .bind(limit(limit_rows))
+            .bind(Json(ids))
             .execute(&mut *conn)
             .await?;
         let moved = sqlx::query(&self.sql.expand_from_outbox)
-            .bind(limit(limit_rows))
+            .bind(Json(ids))
             .execute(&mut *conn)
             .await?;
         Ok(moved.rows_affected())
+    }
+
+    /// [`DeliveryStore::take`] on `conn`, inside its transaction: the due deliveries, then
+    /// new outbox rows (or rows whose claim's lease ended) up to `limit_rows` in all, oldest
+    /// first. Those of a type with several handlers are expanded into deliveries, which are
+    /// claimed too; the others are claimed in place.
+    async fn take_in(
+        &self,
+        conn: &mut SqliteConnection,
+        routes: &Routes,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let mut claimed = self.claim_in(conn, token, limit_rows, lease).await?;
+        let left = limit_rows.saturating_sub(claimed.len() as u32);
+        if left == 0 {
+            return Ok(claimed);
+        }
+        let (single, several) = routes.split();
+        let handlers: Vec<(&str, &str)> = single.types.into_iter().zip(single.handlers).collect();
+        let now = now_millis();
+        let until = now.saturating_add(millis(lease));
+        if several.types.is_empty() {
+            // Every new message is claimed in place: one statement.
+            let rows = sqlx::query(&self.sql.claim_in_place_next)
+                .bind(token.hyphenated())
+                .bind(until)
+                .bind(Json(&handlers))
+                .bind(now)
+                .bind(limit(left))
+                .fetch_all(&mut *conn)
+                .await?;
+            for row in &rows {
+                claimed.push(claimed_from_row(row)?);
+            }
+            return Ok(claimed);
+        }
+        let picked = self.pick_in(conn, left).await?;
+        let (expanded, in_place): (Vec<_>, Vec<_>) = picked
+            .into_iter()
+            .partition(|(_, message_type)| several.types.contains(&message_type.as_str()));
+        let expanded: Vec<String> = expanded.into_iter().map(|(id, _)| id).collect();
+        self.expand_ids_in(conn, routes, &expanded).await?;
+        if !in_place.is_empty() {
+            let ids: Vec<String> = in_place.into_iter().map(|(id, _)| id).collect();
+            let rows = sqlx::query(&self.sql.claim_in_place_listed)
+                .bind(token.hyphenated())
+                .bind(until)
+                .bind(Json(&handlers))
+                .bind(Json(&ids))
+                .fetch_all(&mut *conn)
+                .await?;
+            for row in &rows {
+                claimed.push(claimed_from_row(row)?);
+            }
+        }
+        let left = limit_rows.saturating_sub(claimed.len() as u32);
+        if !expanded.is_empty() && left > 0 {
+            claimed.extend(self.claim_in(conn, token, left, lease).await?);
+        }
+        Ok(claimed)
     }
 
     /// [`DeliveryStore::claim`] on `conn`.
@@ -233,17 +326,22 @@ impl SqliteStore {
             .bind(limit(limit_rows))
             .fetch_all(&mut *conn)
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Claimed {
-                    id: row.try_get("id")?,
-                    handler: row.try_get("handler")?,
-                    envelope: envelope_from_row(row, row.try_get("attempts")?)?,
-                    recovered: row.try_get::<i64, _>("recovered")? != 0,
-                })
-            })
-            .collect()
+        rows.iter().map(claimed_from_row).collect()
     }
+}
+
+/// A claimed delivery: a `deliveries` row, or an outbox row claimed in place (no `id`).
+fn claimed_from_row(row: &SqliteRow) -> Result<Claimed, StoreError> {
+    let id = match row.try_get::<Option<i64>, _>("id")? {
+        Some(id) => DeliveryId::Row(id),
+        None => DeliveryId::Outbox(uuid(row, "message_id")?),
+    };
+    Ok(Claimed {
+        id,
+        handler: row.try_get("handler")?,
+        envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+        recovered: row.try_get::<i64, _>("recovered")? != 0,
+    })
 }
 
 impl fmt::Debug for SqliteStore {
@@ -338,8 +436,11 @@ pub(super) struct Settle {
     ack: String,
     release: String,
     retry: String,
+    /// `retry` copies the row elsewhere (binding the id, the token, the due time and the
+    /// detail), and `delete` then deletes it, in one transaction; else `retry` updates it.
+    retry_moves: bool,
     dead_letter_copy: String,
-    dead_letter_delete: String,
+    delete: String,
 }
 
 impl Settle {
@@ -369,8 +470,9 @@ impl Settle {
                 "UPDATE {t} SET available_at = ?3, lease_owner = NULL, recovered = 0, last_error = ?4
                  WHERE {claimed}"
             ),
+            retry_moves: false,
             dead_letter_copy: format!("{to_dead_letters} FROM {t} WHERE {claimed}"),
-            dead_letter_delete: format!("DELETE FROM {t} WHERE {claimed}"),
+            delete: format!("DELETE FROM {t} WHERE {claimed}"),
         }
     }
 
@@ -408,15 +510,16 @@ impl<I: ClaimId> Claims<I> for Settle {
         detail: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let _writing = self.writes.lock().await;
-            let done = sqlx::query(&self.retry)
+            let retry = sqlx::query(&self.retry)
                 .bind(id.bound())
                 .bind(token.hyphenated())
                 .bind(due_in(delay))
-                .bind(crate::dead_letter::truncate_detail(detail))
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
+                .bind(crate::dead_letter::truncate_detail(detail));
+            if self.retry_moves {
+                return self.move_out(id, token, retry).await;
+            }
+            let _writing = self.writes.lock().await;
+            Ok(retry.execute(&self.pool).await?.rows_affected() == 1)
         })
     }
 
@@ -429,48 +532,99 @@ impl<I: ClaimId> Claims<I> for Settle {
         calls: u32,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let _writing = self.writes.lock().await;
-            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            let copied = sqlx::query(&self.dead_letter_copy)
+            let copy = sqlx::query(&self.dead_letter_copy)
                 .bind(id.bound())
                 .bind(token.hyphenated())
                 .bind(Uuid::now_v7().hyphenated())
                 .bind(reason.as_str())
                 .bind(crate::dead_letter::truncate_detail(detail))
                 .bind(now_millis())
-                .bind(i64::from(calls))
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if copied == 1 {
-                sqlx::query(&self.dead_letter_delete)
-                    .bind(id.bound())
-                    .bind(token.hyphenated())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            Ok(copied == 1)
+                .bind(i64::from(calls));
+            self.move_out(id, token, copy).await
         })
     }
 }
 
-/// The deliveries' [`Settle`]: a dead letter keeps the message as it was, and no handler where
-/// none knew its type.
-fn deliveries(pool: SqlitePool, writes: Writes, prefix: &Identifier) -> Settle {
-    let dl = table(prefix, "dead_letters");
+impl Settle {
+    /// Copies a claimed row elsewhere with `copy` (which binds its id `?1` and token `?2`)
+    /// and, if it copied it, deletes it, in one write transaction; `false` when the claim was
+    /// lost.
+    async fn move_out<'q, I: ClaimId>(
+        &self,
+        id: I,
+        token: Uuid,
+        copy: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    ) -> Result<bool, StoreError> {
+        let _writing = self.writes.lock().await;
+        let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
+        let copied = copy.execute(&mut *tx).await?.rows_affected();
+        if copied == 1 {
+            sqlx::query(&self.delete)
+                .bind(id.bound())
+                .bind(token.hyphenated())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(copied == 1)
+    }
+}
+
+/// The [`Settle`] of messages claimed in place in the outbox: an ack deletes the row, a
+/// release gives it back, a dead letter moves it to `dead_letters` with its handler's name,
+/// and a retry moves it into `deliveries`, where it waits for its due time with the
+/// deliveries of other types (so that the outbox holds only what is new or running).
+fn in_place(pool: SqlitePool, writes: Writes, prefix: &Identifier) -> Settle {
+    let (o, d, dl) = (
+        table(prefix, "outbox"),
+        table(prefix, "deliveries"),
+        table(prefix, "dead_letters"),
+    );
     let m = MESSAGE_COLUMNS;
-    Settle::new(
+    let claimed = "id = ?1 AND lease_owner = ?2";
+    let listed = "id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2";
+    Settle {
         pool,
         writes,
-        prefix,
-        "deliveries",
-        &format!(
+        ack: format!("DELETE FROM {o} WHERE {listed}"),
+        release: format!(
+            "UPDATE {o} SET attempts = attempts - 1, lease_owner = NULL, leased_until = NULL
+             WHERE {listed}"
+        ),
+        retry: format!(
+            "INSERT INTO {d} (message_id, handler, attempts, available_at, last_error, {m})
+             SELECT id, handler, attempts, ?3, ?4, {m} FROM {o} WHERE {claimed}
+             ON CONFLICT (message_id, handler) DO NOTHING"
+        ),
+        retry_moves: true,
+        dead_letter_copy: format!(
             "INSERT INTO {dl}
                  (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
-             SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}"
+             SELECT ?3, id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m} FROM {o} WHERE {claimed}"
         ),
-    )
+        delete: format!("DELETE FROM {o} WHERE {claimed}"),
+    }
+}
+
+/// The deliveries' settling: a dead letter keeps the message as it was, and no handler where
+/// none knew its type.
+fn deliveries(pool: SqlitePool, writes: Writes, prefix: &Identifier) -> Deliveries<Settle, Settle> {
+    let dl = table(prefix, "dead_letters");
+    let m = MESSAGE_COLUMNS;
+    Deliveries {
+        rows: Settle::new(
+            pool.clone(),
+            writes.clone(),
+            prefix,
+            "deliveries",
+            &format!(
+                "INSERT INTO {dl}
+                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
+                 SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}"
+            ),
+        ),
+        in_place: in_place(pool, writes, prefix),
+    }
 }
 
 /// The claim of up to `?4` rows of `table` due at `?2` (that also meet `also`, an `AND …` of
@@ -491,6 +645,27 @@ pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
              ORDER BY available_at
              LIMIT ?4)
          RETURNING {returning}"
+    )
+}
+
+/// The claim in place of the outbox rows `which` selects (a `SELECT` of ids from `?4` on) under
+/// the token `?1` until `?2`: the attempt counted, `recovered` set where an earlier claim was
+/// never settled, and the handler named from `?3` (a JSON array of [type, handler] pairs for
+/// the types with one handler; none where no handler knows the type).
+fn claim_in_place(o: &str, which: &str) -> String {
+    let m = MESSAGE_COLUMNS;
+    let which = which.replace("{o}", o);
+    format!(
+        "UPDATE {o}
+         SET handler = coalesce((SELECT json_extract(value, '$[1]') FROM json_each(?3)
+                                 WHERE json_extract(value, '$[0]') = message_type), ''),
+             attempts = attempts + 1,
+             -- SET sees the row as it was: a token still there is an unsettled claim.
+             recovered = recovered OR lease_owner IS NOT NULL,
+             lease_owner = ?1,
+             leased_until = ?2
+         WHERE id IN ({which})
+         RETURNING NULL AS id, id AS message_id, handler, attempts, recovered, {m}"
     )
 }
 
@@ -522,6 +697,9 @@ impl ClaimId for Uuid {
 /// Every statement, with the table names quoted in once.
 struct Statements {
     insert_outbox: String,
+    pick: String,
+    claim_in_place_next: String,
+    claim_in_place_listed: String,
     expand_to_deliveries: String,
     expand_from_outbox: String,
     claim: String,
@@ -557,12 +735,27 @@ impl Statements {
         let m = MESSAGE_COLUMNS;
         Statements {
             insert_outbox: Statements::insert_outbox(prefix),
-            // With `expand_from_outbox`, in one `BEGIN IMMEDIATE` transaction: both see the
-            // same first rows. `?1` is the routes as a JSON array of [type, handler] pairs.
+            // Rows nobody holds: new, or their claim's lease ended (`?1` now).
+            pick: format!(
+                "SELECT id, message_type FROM {o}
+                 WHERE leased_until IS NULL OR leased_until <= ?1
+                 ORDER BY id LIMIT ?2"
+            ),
+            claim_in_place_next: claim_in_place(
+                &o,
+                "SELECT id FROM {o} WHERE leased_until IS NULL OR leased_until <= ?4
+                 ORDER BY id LIMIT ?5",
+            ),
+            claim_in_place_listed: claim_in_place(&o, "SELECT value FROM json_each(?4)"),
+            // With `expand_from_outbox`, in one `BEGIN IMMEDIATE` transaction, over the same
+            // picked rows `?3` (a JSON array of ids). `?1` is the routes as a JSON array of
+            // [type, handler] pairs. A row claimed in place before whose claim ended carries
+            // `recovered` into its deliveries.
             expand_to_deliveries: format!(
-                "INSERT INTO {d} (message_id, handler, available_at, {m})
-                 SELECT id, coalesce(route_handler, ''), ?2, {m}
-                 FROM (SELECT * FROM {o} ORDER BY id LIMIT ?3)
+                "INSERT INTO {d} (message_id, handler, available_at, recovered, {m})
+                 SELECT id, coalesce(route_handler, ''), ?2,
+                        lease_owner IS NOT NULL OR recovered, {m}
+                 FROM (SELECT * FROM {o} WHERE id IN (SELECT value FROM json_each(?3)))
                  LEFT JOIN (SELECT json_extract(value, '$[0]') AS route_type,
                                    json_extract(value, '$[1]') AS route_handler
                             FROM json_each(?1))
@@ -571,7 +764,7 @@ impl Statements {
                  ON CONFLICT (message_id, handler) DO NOTHING"
             ),
             expand_from_outbox: format!(
-                "DELETE FROM {o} WHERE id IN (SELECT id FROM {o} ORDER BY id LIMIT ?1)"
+                "DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1))"
             ),
             // One statement, so SQLite runs it atomically under its write lock.
             claim: claim(
@@ -618,7 +811,12 @@ impl Statements {
     fn insert_outbox(prefix: &Identifier) -> String {
         let o = table(prefix, "outbox");
         let m = MESSAGE_COLUMNS;
-        format!("INSERT INTO {o} (id, {m}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
+        // A message still in the outbox (waiting, or claimed in place and running) published
+        // again, by a producer retrying: the copy there stands.
+        format!(
+            "INSERT INTO {o} (id, {m}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT (id) DO NOTHING"
+        )
     }
 
     fn insert_inbox(prefix: &Identifier) -> String {
@@ -747,7 +945,7 @@ fn is_busy(error: &sqlx::Error) -> bool {
 }
 
 /// The schema version [`migrate_in`] brings the tables to.
-const SCHEMA_VERSION: i64 = 6;
+const SCHEMA_VERSION: i64 = 7;
 
 /// Creates or upgrades the schema on `conn`, which is in a `BEGIN IMMEDIATE` transaction:
 /// holding the write lock, it is the only migration running, in any process.
@@ -767,6 +965,7 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
     };
     let (deliveries, dead_letters) = (table(prefix, "deliveries"), table(prefix, "dead_letters"));
     let declared_queues = table(prefix, "declared_queues");
+    let outbox = table(prefix, "outbox");
     // Each version: what it adds, and its statements, which record it.
     let steps = [
         (
@@ -814,6 +1013,18 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
                  CREATE INDEX \"{prefix}_dead_letters_by_reason\"
                      ON {dead_letters} (reason, dead_lettered_at, id); {}",
                 record(6)
+            ),
+        ),
+        (
+            7,
+            "messages with one handler claimed in place in the outbox",
+            format!(
+                "ALTER TABLE {outbox} ADD COLUMN handler TEXT;
+                 ALTER TABLE {outbox} ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+                 ALTER TABLE {outbox} ADD COLUMN lease_owner TEXT;
+                 ALTER TABLE {outbox} ADD COLUMN leased_until INTEGER;
+                 ALTER TABLE {outbox} ADD COLUMN recovered INTEGER NOT NULL DEFAULT 0; {}",
+                record(7)
             ),
         ),
     ];
@@ -1006,7 +1217,7 @@ impl DeliveryStore for SqliteStore {
 
     fn ack_and_take<'a>(
         &'a self,
-        acked: (Uuid, &'a [i64]),
+        acked: (Uuid, &'a [DeliveryId]),
         routes: &'a Routes,
         token: Uuid,
         limit_rows: u32,
@@ -1014,20 +1225,29 @@ impl DeliveryStore for SqliteStore {
     ) -> BoxFuture<'a, Result<(u64, Vec<Claimed>), StoreError>> {
         Box::pin(async move {
             let (acked_token, ids) = acked;
+            let (rows, outbox) = DeliveryId::split(ids);
             let _writing = self.writes.lock().await;
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            let landed = if ids.is_empty() {
-                0
-            } else {
-                sqlx::query(&self.deliveries.ack)
-                    .bind(Json(ids))
+            let mut landed = 0;
+            if !rows.is_empty() {
+                landed += sqlx::query(&self.deliveries.rows.ack)
+                    .bind(Json(&rows))
                     .bind(acked_token.hyphenated())
                     .execute(&mut *tx)
                     .await?
-                    .rows_affected()
-            };
-            self.expand_in(&mut tx, routes, limit_rows).await?;
-            let claimed = self.claim_in(&mut tx, token, limit_rows, lease).await?;
+                    .rows_affected();
+            }
+            if !outbox.is_empty() {
+                landed += sqlx::query(&self.deliveries.in_place.ack)
+                    .bind(Json(&outbox))
+                    .bind(acked_token.hyphenated())
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+            }
+            let claimed = self
+                .take_in(&mut tx, routes, token, limit_rows, lease)
+                .await?;
             tx.commit().await?;
             Ok((landed, claimed))
         })
@@ -1044,14 +1264,15 @@ impl DeliveryStore for SqliteStore {
         Box::pin(async move {
             let _writing = self.writes.lock().await;
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            self.expand_in(&mut tx, routes, limit_rows).await?;
-            let claimed = self.claim_in(&mut tx, token, limit_rows, lease).await?;
+            let claimed = self
+                .take_in(&mut tx, routes, token, limit_rows, lease)
+                .await?;
             tx.commit().await?;
             Ok(claimed)
         })
     }
 
-    fn deliveries(&self) -> &dyn Claims<i64> {
+    fn deliveries(&self) -> &dyn Claims<DeliveryId> {
         &*self.deliveries
     }
 
@@ -1207,9 +1428,13 @@ impl Housekeeping for SqliteStore {
             let rows: Vec<(String, i64, Option<DateTime<Utc>>)> = sqlx::query_as(&format!(
                 "SELECT handler, count, created_at FROM (
                      SELECT handler, count(*) AS count, created_at, min(message_id)
-                     FROM \"{}_deliveries\" GROUP BY handler
+                     FROM (SELECT handler, message_id, created_at FROM \"{p}_deliveries\"
+                           UNION ALL
+                           SELECT handler, id, created_at FROM \"{p}_outbox\"
+                           WHERE handler IS NOT NULL)
+                     GROUP BY handler
                  ) ORDER BY handler",
-                self.prefix
+                p = self.prefix
             ))
             .fetch_all(&self.pool)
             .await?;
