@@ -122,6 +122,26 @@ pub(crate) struct RouteColumns<'a> {
 /// token), an ack deletes it, and no delivery row is ever written unless a retry moves it into
 /// `deliveries` to wait. Messages of a type with several handlers have a `deliveries` row per
 /// handler, as do retried ones and those [`DeliveryStore::expand`] moved.
+///
+/// ```no_run
+/// # async fn example(store: hexeract::store::sqlite::SqliteStore) -> Result<(), hexeract::store::StoreError> {
+/// use std::time::Duration;
+/// use hexeract::store::{DeliveryId, DeliveryStore, Routes};
+///
+/// let routes = Routes { pairs: vec![("orders.OrderPlaced".into(), "ship".into())] };
+/// let token = uuid::Uuid::now_v7();
+/// for claimed in store.take(&routes, token, 10, Duration::from_secs(30)).await? {
+///     match claimed.id {
+///         // New, of a type with one handler: its outbox row holds the claim.
+///         DeliveryId::Outbox(message) => assert_eq!(message, claimed.envelope.id),
+///         // Due again after a retry, or of a type with several handlers.
+///         DeliveryId::Row(_) => {}
+///     }
+///     store.deliveries().ack(token, &[claimed.id]).await?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeliveryId {
     /// A `deliveries` row, by its id.
