@@ -259,7 +259,7 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// claim's token.
     fn deliveries(&self) -> &dyn Claims<DeliveryId>;
 
-    /// Messages still owed: outbox rows not yet expanded plus deliveries not yet settled
+    /// Messages still owed: outbox rows (new, or claimed in place) plus deliveries not yet settled
     /// (running, due, or waiting for a retry). Zero when everything was handled or
     /// dead-lettered.
     fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
@@ -302,8 +302,10 @@ pub struct Pending {
 /// the oldest message owed is, and the inbox's retention.
 pub trait Housekeeping: Send + Sync + 'static {
     /// Deliveries still owed, counted by handler name (`""` for a message type no handler
-    /// knew when it was expanded): a name no registered handler has is a handler that was
-    /// renamed or removed, and its deliveries wait for nobody.
+    /// knew when it was taken): the `deliveries` rows, and the outbox rows claimed in place
+    /// whose claim still runs (one whose claim ended is routed again when it is next taken).
+    /// A name no registered handler has is a handler that was renamed or removed, and its
+    /// deliveries wait for nobody.
     fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>>;
 
     /// When the oldest message still owed (in the outbox, or with a delivery not settled) was

@@ -11,6 +11,13 @@ use uuid::Uuid;
 const TYPE: &str = "test.InPlace";
 const HANDLER: &str = "in-place";
 
+/// The routes of a worker with one handler of [`TYPE`].
+fn one_handler() -> hexeract::store::Routes {
+    hexeract::store::Routes {
+        pairs: vec![(TYPE.to_owned(), HANDLER.to_owned())],
+    }
+}
+
 /// Takes, acks, retries, dead-letters and releases messages claimed in place on `store`
 /// (migrated and empty), checking each step against the rows `count(table)` counts.
 pub async fn claimed_in_place_and_settled_there<S, F, Fut>(store: &S, count: F)
@@ -19,9 +26,7 @@ where
     F: Fn(&'static str) -> Fut,
     Fut: Future<Output = i64>,
 {
-    let one = hexeract::store::Routes {
-        pairs: vec![(TYPE.to_owned(), HANDLER.to_owned())],
-    };
+    let one = one_handler();
     let lease = Duration::from_secs(30);
     let [acked, retried, parked] = [1, 2, 3].map(|n| Envelope::from_raw(TYPE, format!("{n}")));
     store
@@ -153,9 +158,7 @@ where
 /// second handler: expanded into a delivery per handler, each marked recovered (so it runs
 /// alone), none lost.
 pub async fn claimed_in_place_then_expanded_after_a_deploy<S: Store>(store: &S) {
-    let one = hexeract::store::Routes {
-        pairs: vec![(TYPE.to_owned(), HANDLER.to_owned())],
-    };
+    let one = one_handler();
     let two = hexeract::store::Routes {
         pairs: vec![
             (TYPE.to_owned(), HANDLER.to_owned()),
@@ -186,4 +189,81 @@ pub async fn claimed_in_place_then_expanded_after_a_deploy<S: Store>(store: &S) 
     );
     assert!(expanded.iter().all(|c| matches!(c.id, DeliveryId::Row(_))));
     assert_eq!(store.backlog().await.unwrap(), 2);
+}
+
+/// A message published again after a retry moved its first copy into deliveries: the copy is
+/// dropped at the take, not run beside the delivery.
+pub async fn published_again_after_a_retry_runs_once<S, F, Fut>(store: &S, count: F)
+where
+    S: Store,
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = i64>,
+{
+    let one = one_handler();
+    let lease = Duration::from_secs(30);
+    let envelope = Envelope::from_raw(TYPE, "6");
+    store.publish(vec![envelope.clone()]).await.unwrap();
+    let token = Uuid::now_v7();
+    let taken = store.take(&one, token, 10, lease).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert!(store
+        .deliveries()
+        .retry(token, taken[0].id, Duration::from_secs(60), "later")
+        .await
+        .unwrap());
+
+    store.publish(vec![envelope.clone()]).await.unwrap();
+    assert_eq!(count("outbox").await, 1, "the copy was written");
+    assert!(
+        store
+            .take(&one, Uuid::now_v7(), 10, lease)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the copy is not run: the message's delivery waits for its retry"
+    );
+    assert_eq!((count("outbox").await, count("deliveries").await), (0, 1));
+    assert_eq!(store.backlog().await.unwrap(), 1);
+}
+
+/// Hands the broker whatever it is given.
+#[derive(Default)]
+struct Handed(std::sync::Mutex<Vec<Envelope>>);
+
+impl hexeract::store::RelaySink for Handed {
+    fn publish<'a>(
+        &'a self,
+        envelopes: &'a [Envelope],
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<hexeract::store::Unpublishable>, String>>
+    {
+        Box::pin(async move {
+            self.0.lock().unwrap().extend_from_slice(envelopes);
+            Ok(Vec::new())
+        })
+    }
+}
+
+/// A relay (a broker configured while an outbox worker still runs) leaves the messages the
+/// worker holds in place alone until their lease ends.
+pub async fn the_relay_leaves_messages_claimed_in_place<S: Store>(store: &S) {
+    let one = one_handler();
+    let [held, free] = [7, 8].map(|n| Envelope::from_raw(TYPE, format!("{n}")));
+    store
+        .publish(vec![held.clone(), free.clone()])
+        .await
+        .unwrap();
+    let taken = store
+        .take(&one, Uuid::now_v7(), 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(taken[0].envelope.id, held.id, "oldest first");
+    let sink = Handed::default();
+    assert_eq!(store.relay(10, &sink).await.unwrap(), 1);
+    let handed: Vec<_> = sink.0.lock().unwrap().iter().map(|e| e.id).collect();
+    assert_eq!(handed, [free.id]);
+    assert_eq!(
+        store.backlog().await.unwrap(),
+        1,
+        "the held message is still owed"
+    );
 }

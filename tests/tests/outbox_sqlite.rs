@@ -869,3 +869,22 @@ async fn a_message_claimed_in_place_before_a_deploy_added_a_handler_is_expanded_
     hexeract_tests::in_place::claimed_in_place_then_expanded_after_a_deploy(&store).await;
     db.finish().await;
 }
+
+#[tokio::test]
+async fn a_message_published_again_after_a_retry_is_not_run_beside_its_delivery() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    hexeract_tests::in_place::published_again_after_a_retry_runs_once(&store, |table| {
+        db.count(table)
+    })
+    .await;
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn the_relay_leaves_messages_an_outbox_worker_holds_in_place() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    hexeract_tests::in_place::the_relay_leaves_messages_claimed_in_place(&store).await;
+    db.finish().await;
+}

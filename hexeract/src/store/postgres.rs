@@ -521,7 +521,12 @@ fn take(s: &str, claim: &str) -> String {
                  leased_until = {lease}
              WHERE o.id = ANY(ARRAY(SELECT id FROM ranked WHERE several IS NULL AND mine))
              RETURNING NULL::bigint AS id, o.id AS message_id, o.handler, o.attempts,
-                       o.recovered, {o_m}
+                       o.recovered, {o_m},
+                       -- Published again after a retry moved the first copy into
+                       -- deliveries: that delivery is the message's, this copy goes.
+                       EXISTS (SELECT 1 FROM {s}.deliveries d
+                               WHERE d.message_id = o.id AND d.handler = o.handler)
+                           AS duplicate
          ), fresh AS (
              DELETE FROM {s}.outbox o
              WHERE o.id = ANY(ARRAY(SELECT id FROM ranked WHERE several IS NOT NULL))
@@ -542,11 +547,11 @@ fn take(s: &str, claim: &str) -> String {
              ON CONFLICT (message_id, handler) DO NOTHING
              RETURNING lease_owner, {claimed}
          )
-         SELECT {claimed} FROM due
+         SELECT {claimed}, false AS duplicate FROM due
          UNION ALL
-         SELECT {claimed} FROM inserted WHERE lease_owner IS NOT NULL
+         SELECT {claimed}, false FROM inserted WHERE lease_owner IS NOT NULL
          UNION ALL
-         SELECT {claimed} FROM in_place"
+         SELECT {claimed}, duplicate FROM in_place"
     )
 }
 
@@ -643,9 +648,14 @@ impl Statements {
                 "SELECT id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m}
                  FROM {s}.dead_letters WHERE id = $1"
             ),
+            // Not a message an outbox worker holds in place (a switch from handlers in the
+            // process to a broker while one still runs): it is that worker's until its lease
+            // ends.
             relay_take: format!(
                 "SELECT id AS message_id, {m}
-                 FROM {s}.outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                 FROM {s}.outbox
+                 WHERE leased_until IS NULL OR leased_until <= now()
+                 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
             relay_delete: format!("DELETE FROM {s}.outbox WHERE id = ANY($1)"),
             relay_lock: format!("hexeract ordered relay {s}"),
@@ -1055,7 +1065,20 @@ impl DeliveryStore for PgStore {
                 .bind(single.handlers)
                 .fetch_all(&self.pool)
                 .await?;
-            rows.iter().map(claimed_from_row).collect()
+            let mut claimed = Vec::with_capacity(rows.len());
+            let mut duplicates = Vec::new();
+            for row in &rows {
+                match claimed_from_row(row)? {
+                    copy if row.try_get("duplicate")? => duplicates.push(copy.envelope.id),
+                    delivery => claimed.push(delivery),
+                }
+            }
+            // Copies of messages that have their delivery already: deleted unhandled.
+            self.deliveries
+                .in_place
+                .each(&self.deliveries.in_place.ack, token, &duplicates)
+                .await?;
+            Ok(claimed)
         })
     }
 
@@ -1240,7 +1263,10 @@ impl Housekeeping for PgStore {
                 "SELECT handler, count(*), min(created_at)
                  FROM (SELECT handler, created_at FROM {s}.deliveries
                        UNION ALL
-                       SELECT handler, created_at FROM {s}.outbox WHERE handler IS NOT NULL) owed
+                       SELECT handler, created_at FROM {s}.outbox
+                       -- Claimed in place and running; a row whose claim ended is routed
+                       -- again when it is next taken.
+                       WHERE lease_owner IS NOT NULL AND leased_until > now()) owed
                  GROUP BY handler ORDER BY handler",
                 s = self.schema.quoted()
             ))

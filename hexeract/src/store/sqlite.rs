@@ -279,9 +279,7 @@ impl SqliteStore {
                 .bind(limit(left))
                 .fetch_all(&mut *conn)
                 .await?;
-            for row in &rows {
-                claimed.push(claimed_from_row(row)?);
-            }
+            self.keep_in_place(conn, token, &rows, &mut claimed).await?;
             return Ok(claimed);
         }
         let picked = self.pick_in(conn, left).await?;
@@ -299,15 +297,42 @@ impl SqliteStore {
                 .bind(Json(&ids))
                 .fetch_all(&mut *conn)
                 .await?;
-            for row in &rows {
-                claimed.push(claimed_from_row(row)?);
-            }
+            self.keep_in_place(conn, token, &rows, &mut claimed).await?;
         }
         let left = limit_rows.saturating_sub(claimed.len() as u32);
         if !expanded.is_empty() && left > 0 {
             claimed.extend(self.claim_in(conn, token, left, lease).await?);
         }
         Ok(claimed)
+    }
+
+    /// Adds the rows a claim in place returned to `claimed`, but for copies of messages that
+    /// have their delivery already (published again after a retry moved the first copy
+    /// into deliveries), which it deletes unhandled.
+    async fn keep_in_place(
+        &self,
+        conn: &mut SqliteConnection,
+        token: Uuid,
+        rows: &[SqliteRow],
+        claimed: &mut Vec<Claimed>,
+    ) -> Result<(), StoreError> {
+        let mut duplicates = Vec::new();
+        for row in rows {
+            match claimed_from_row(row)? {
+                copy if row.try_get::<i64, _>("duplicate")? != 0 => {
+                    duplicates.push(copy.envelope.id);
+                }
+                delivery => claimed.push(delivery),
+            }
+        }
+        if !duplicates.is_empty() {
+            sqlx::query(&self.deliveries.in_place.ack)
+                .bind(Json(&duplicates))
+                .bind(token.hyphenated())
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
     }
 
     /// [`DeliveryStore::claim`] on `conn`.
@@ -652,7 +677,7 @@ pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
 /// the token `?1` until `?2`: the attempt counted, `recovered` set where an earlier claim was
 /// never settled, and the handler named from `?3` (a JSON array of [type, handler] pairs for
 /// the types with one handler; none where no handler knows the type).
-fn claim_in_place(o: &str, which: &str) -> String {
+fn claim_in_place(o: &str, d: &str, which: &str) -> String {
     let m = MESSAGE_COLUMNS;
     let which = which.replace("{o}", o);
     format!(
@@ -665,7 +690,12 @@ fn claim_in_place(o: &str, which: &str) -> String {
              lease_owner = ?1,
              leased_until = ?2
          WHERE id IN ({which})
-         RETURNING NULL AS id, id AS message_id, handler, attempts, recovered, {m}"
+         RETURNING NULL AS id, id AS message_id, handler, attempts, recovered, {m},
+                   -- Published again after a retry moved the first copy into deliveries:
+                   -- that delivery is the message's, this copy goes.
+                   EXISTS (SELECT 1 FROM {d} AS d
+                           WHERE d.message_id = {o}.id AND d.handler = {o}.handler)
+                       AS duplicate"
     )
 }
 
@@ -743,10 +773,11 @@ impl Statements {
             ),
             claim_in_place_next: claim_in_place(
                 &o,
+                &d,
                 "SELECT id FROM {o} WHERE leased_until IS NULL OR leased_until <= ?4
                  ORDER BY id LIMIT ?5",
             ),
-            claim_in_place_listed: claim_in_place(&o, "SELECT value FROM json_each(?4)"),
+            claim_in_place_listed: claim_in_place(&o, &d, "SELECT value FROM json_each(?4)"),
             // With `expand_from_outbox`, in one `BEGIN IMMEDIATE` transaction, over the same
             // picked rows `?3` (a JSON array of ids). `?1` is the routes as a JSON array of
             // [type, handler] pairs. A row claimed in place before whose claim ended carries
@@ -772,7 +803,14 @@ impl Statements {
                 "",
                 &format!("id, message_id, handler, attempts, recovered, {m}"),
             ),
-            relay_take: format!("SELECT id AS message_id, {m} FROM {o} ORDER BY id LIMIT ?1"),
+            // Not a message an outbox worker holds in place (a switch from handlers in the
+            // process to a broker while one still runs): it is that worker's until its lease
+            // ends (`?2` now).
+            relay_take: format!(
+                "SELECT id AS message_id, {m} FROM {o}
+                 WHERE leased_until IS NULL OR leased_until <= ?2
+                 ORDER BY id LIMIT ?1"
+            ),
             relay_delete: format!("DELETE FROM {o} WHERE id IN (SELECT value FROM json_each(?1))"),
             insert_dead_letter: format!(
                 "INSERT INTO {dl}
@@ -1307,6 +1345,7 @@ impl RelayStore for SqliteStore {
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             let rows = sqlx::query(&self.sql.relay_take)
                 .bind(limit(limit_rows))
+                .bind(now_millis())
                 .fetch_all(&mut *tx)
                 .await?;
             if rows.is_empty() {
@@ -1431,11 +1470,14 @@ impl Housekeeping for SqliteStore {
                      FROM (SELECT handler, message_id, created_at FROM \"{p}_deliveries\"
                            UNION ALL
                            SELECT handler, id, created_at FROM \"{p}_outbox\"
-                           WHERE handler IS NOT NULL)
+                           -- Claimed in place and running; a row whose claim ended is
+                           -- routed again when it is next taken.
+                           WHERE lease_owner IS NOT NULL AND leased_until > ?1)
                      GROUP BY handler
                  ) ORDER BY handler",
                 p = self.prefix
             ))
+            .bind(now_millis())
             .fetch_all(&self.pool)
             .await?;
             Ok(rows
