@@ -31,6 +31,11 @@ use crate::message::Message;
 #[non_exhaustive]
 pub struct Envelope {
     /// Unique id of this message (UUID v7). Handlers deduplicate on it.
+    ///
+    /// Its random bits come from a generator per thread (`uuid`'s `fast-rng`), seeded from
+    /// the operating system and reseeded now and then, but not at a `fork`. A process that
+    /// forks without `exec` and makes ids on both sides of the fork continues the same
+    /// sequence in both: build envelopes in one of them only, or `exec` first.
     pub id: Uuid,
     /// The wire name, [`Message::MESSAGE_TYPE`] of the payload's type.
     pub message_type: String,
