@@ -13,7 +13,7 @@ use crate::reason::Reason;
 use crate::store::{DeliveryId, StoreError};
 
 /// Rows claimed under a token, settled by the worker that holds it: handler deliveries (ids
-/// `i64`, [`DeliveryStore::deliveries`](crate::store::DeliveryStore::deliveries)) and scheduler occurrences (ids `Uuid`,
+/// [`DeliveryId`]: a `deliveries` row or a message claimed in place, [`DeliveryStore::deliveries`](crate::store::DeliveryStore::deliveries)) and scheduler occurrences (ids `Uuid`,
 /// [`ScheduleStore::occurrences`](crate::store::ScheduleStore::occurrences)) follow this one claim model. Each method touches only rows
 /// still claimed under `token`: a worker whose lease ended (another took the row over) changes
 /// nothing.
