@@ -27,6 +27,15 @@ use crate::envelope::Envelope;
 /// The header of a message's W3C trace context.
 pub(crate) const TRACESTATE: &str = "tracestate";
 
+/// Whether per-message spans can go anywhere: a `tracing` subscriber was set, globally or for a
+/// scope. With none, a span would only feed `tracing`'s bridge to the `log` crate (which sqlx
+/// turns on for the whole program): building it there costs more than the rest of a
+/// delivery's bookkeeping put together, and it would say nothing the delivery's log events do
+/// not already say.
+pub(crate) fn spans_wanted() -> bool {
+    tracing::dispatcher::has_been_set()
+}
+
 /// Opens the producer span of `envelope`, a new message published where the caller is, and
 /// writes its context into the envelope's headers. Without the feature, or with no
 /// OpenTelemetry layer, the envelope is left as it is.

@@ -151,17 +151,21 @@ pub(crate) async fn invoke(
     let in_flight = slot.metrics.call_started();
     let call = match &slot.callee {
         Callee::Handler(handler) => {
-            let span = tracing::info_span!(
-                "hexeract.handle",
-                message_id = %envelope.id,
-                message_type = %envelope.message_type,
-                handler = %slot.name,
-                attempt = envelope.attempt,
-                trace_id = envelope.trace_id().map(tracing::field::display),
-                span_id = envelope.trace_id().map(|_| tracing::field::display(ctx.span_id())),
-                otel.name = tracing::field::Empty,
-                otel.kind = tracing::field::Empty,
-            );
+            let span = if !trace::spans_wanted() {
+                tracing::Span::none()
+            } else {
+                tracing::info_span!(
+                    "hexeract.handle",
+                    message_id = %envelope.id,
+                    message_type = %envelope.message_type,
+                    handler = %slot.name,
+                    attempt = envelope.attempt,
+                    trace_id = envelope.trace_id().map(tracing::field::display),
+                    span_id = envelope.trace_id().map(|_| tracing::field::display(ctx.span_id())),
+                    otel.name = tracing::field::Empty,
+                    otel.kind = tracing::field::Empty,
+                )
+            };
             trace::consume(
                 &span,
                 envelope,
