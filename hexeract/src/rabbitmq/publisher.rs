@@ -9,6 +9,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::BasicProperties;
 use lapin::{Confirmation, PublisherConfirm};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
 
 use crate::envelope::Envelope;
 use crate::rabbitmq::topology::short;
@@ -168,14 +169,14 @@ impl RabbitMqPublisher {
                 true,
             )
             .await?;
-        self.confirmed(pending, &envelope.id.to_string()).await
+        self.confirmed(pending, &envelope.id).await
     }
 
     /// Publishes `envelopes` in order, then waits for every confirm: one round trip per
     /// window, not per message. Fails if any was not confirmed (some may have been: publishing
     /// is at least once).
     pub async fn publish_all(&self, envelopes: &[Envelope]) -> Result<(), BusError> {
-        let mut pending: std::collections::VecDeque<(Pending, String)> =
+        let mut pending: std::collections::VecDeque<(Pending, &Uuid)> =
             std::collections::VecDeque::with_capacity(envelopes.len());
         let mut first_error = None;
         for envelope in envelopes {
@@ -188,7 +189,7 @@ impl RabbitMqPublisher {
                 }
                 match pending.pop_front() {
                     Some((confirm, id)) => {
-                        if let Err(error) = self.confirmed(confirm, &id).await {
+                        if let Err(error) = self.confirmed(confirm, id).await {
                             first_error.get_or_insert(error);
                         }
                     }
@@ -205,10 +206,10 @@ impl RabbitMqPublisher {
                     false,
                 )
                 .await?;
-            pending.push_back((confirm, envelope.id.to_string()));
+            pending.push_back((confirm, &envelope.id));
         }
         for (confirm, id) in pending {
-            if let Err(error) = self.confirmed(confirm, &id).await {
+            if let Err(error) = self.confirmed(confirm, id).await {
                 first_error.get_or_insert(error);
             }
         }
@@ -312,13 +313,29 @@ impl RabbitMqPublisher {
         })
     }
 
-    async fn confirmed(&self, pending: Pending, message_id: &str) -> Result<(), BusError> {
+    /// Waits for `pending`'s confirm, up to the confirm timeout. `message_id` names the message
+    /// in the error.
+    async fn confirmed(
+        &self,
+        pending: Pending,
+        message_id: &(dyn fmt::Display + Sync),
+    ) -> Result<(), BusError> {
         let not_confirmed = |detail: String| BusError::NotConfirmed {
-            message_id: message_id.to_owned(),
+            message_id: message_id.to_string(),
             detail,
         };
-        let Ok(confirmation) = tokio::time::timeout(self.confirm_timeout, pending.confirm).await
-        else {
+        let Pending {
+            mut confirm,
+            _permit,
+        } = pending;
+        // A confirm already in (most, when a batch is awaited after it was sent) is taken without
+        // arming a timer: each armed timer is a lock on the runtime's timer wheel, twice.
+        let ready = futures_util::FutureExt::now_or_never(&mut confirm);
+        let waited = match ready {
+            Some(confirmation) => Ok(confirmation),
+            None => tokio::time::timeout(self.confirm_timeout, confirm).await,
+        };
+        let Ok(confirmation) = waited else {
             if !self.confirms_lost.swap(true, Ordering::SeqCst) {
                 tracing::warn!(
                     timeout = ?self.confirm_timeout,
