@@ -197,8 +197,9 @@ fn new_id() -> (Uuid, DateTime<Utc>) {
 /// takes the publishing thread's allocator lock). Copying out of a reused buffer is one
 /// allocation of the right size, freed in one call.
 fn encode<M: serde::Serialize + ?Sized>(message: &M) -> Result<Bytes, serde_json::Error> {
-    /// A buffer grown past this is not kept for the next message.
-    const KEEP: usize = 64 * 1024;
+    /// A buffer grown past this is not kept for the next message: a thread keeps at most this
+    /// much between messages (a message larger than it costs what `to_vec` did, and a copy).
+    const KEEP: usize = 16 * 1024;
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
