@@ -29,9 +29,9 @@ pub(crate) const TRACESTATE: &str = "tracestate";
 
 /// Whether per-message spans can go anywhere: a `tracing` subscriber was set, globally or for a
 /// scope. With none, a span would only feed `tracing`'s bridge to the `log` crate (which sqlx
-/// turns on for the whole program): building it there costs more than the rest of a
-/// delivery's bookkeeping put together, and it would say nothing the delivery's log events do
-/// not already say.
+/// turns on for the whole program): building it there costs about 385 instructions a message
+/// (a tenth of what the engine does per delivery), and it would say nothing the delivery's log
+/// events do not already say.
 pub(crate) fn spans_wanted() -> bool {
     tracing::dispatcher::has_been_set()
 }
