@@ -237,8 +237,9 @@ pub trait DeliveryStore: Send + Sync + 'static {
 
     /// Acks `acked` (deliveries of an earlier claim, under that claim's token), then
     /// [`take`](DeliveryStore::take)s; returns how many of the acks landed and what it took.
-    /// One after the other unless the store does both at once, as SQLite does in one write
-    /// transaction: a worker's cycle then takes the write lock once, not twice.
+    /// One after the other unless the store does both at once, as PostgreSQL does in one
+    /// statement and SQLite in one write transaction: a worker's cycle then commits once, not
+    /// twice. A failed ack loses nothing: those deliveries run again when their lease ends.
     fn ack_and_take<'a>(
         &'a self,
         acked: (Uuid, &'a [DeliveryId]),
@@ -276,13 +277,6 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// (`postgresql`, `sqlite`).
     fn kind(&self) -> &'static str {
         "store"
-    }
-
-    /// `true` when two writes on two connections proceed at once (PostgreSQL), so that a
-    /// worker may delete one batch's acked deliveries while it takes the next; `false` (the
-    /// default) when one would wait for the other's lock (SQLite).
-    fn concurrent_writes(&self) -> bool {
-        false
     }
 }
 

@@ -186,6 +186,15 @@ impl TestStore {
         }
     }
 
+    /// The schema version a migrated store is at: 8 on PostgreSQL (its outbox pages kept
+    /// half free), 7 on SQLite.
+    fn latest_schema_version(&self) -> i64 {
+        match &self.db {
+            Db::Postgres(_) => 8,
+            Db::Sqlite { .. } => 7,
+        }
+    }
+
     async fn schema_versions(&self) -> i64 {
         match &self.db {
             Db::Postgres(schema) => schema.count("schema_versions").await,
@@ -467,7 +476,7 @@ async fn sqlite_delayed_messages_keep_the_aggregate() {
 /// before (simulated by taking them away again, with what versions 6 and 7 added) gets them on
 /// its next migration.
 async fn an_upgraded_store_keeps_the_aggregate_of_delayed_messages(test: TestStore) {
-    assert_eq!(test.schema_versions().await, 7);
+    assert_eq!(test.schema_versions().await, test.latest_schema_version());
     test.execute(
         "ALTER TABLE {table} DROP COLUMN aggregate;
          ALTER TABLE {table} DROP COLUMN aggregate_key;",
@@ -490,7 +499,7 @@ async fn an_upgraded_store_keeps_the_aggregate_of_delayed_messages(test: TestSto
     test.execute("DELETE FROM {table} WHERE version >= 5", "schema_versions")
         .await;
     test.store.migrate().await.unwrap();
-    assert_eq!(test.schema_versions().await, 7);
+    assert_eq!(test.schema_versions().await, test.latest_schema_version());
 
     let id = test
         .schedule_at(Utc::now() - chrono::Duration::seconds(1), &placed(42))

@@ -1130,7 +1130,10 @@ async fn dropping_a_relay_pass_10k_times_leaves_no_transaction_open_and_every_ro
 
 /// Makes the two windows wide enough to hit: each claim (the `UPDATE … attempts + 1` of
 /// deliveries) sleeps 20 ms inside its statement, and each transaction that deletes deliveries
-/// (an ack) sleeps 20 ms at its commit, in a deferred constraint trigger.
+/// (an ack: the take that carries the last batch's acks, or the worker's last ack) sleeps
+/// 20 ms at its commit, in a deferred constraint trigger, with `-committing` added to its
+/// backend's `application_name` until the transaction ends, so that the chaos loop finds it
+/// there.
 async fn widen_claim_and_commit(db: &TestDb) {
     let s = &db.schema;
     for statement in [
@@ -1148,6 +1151,9 @@ async fn widen_claim_and_commit(db: &TestDb) {
              BEGIN
                  IF current_setting('hx.slept', true) IS DISTINCT FROM 'yes' THEN
                      PERFORM set_config('hx.slept', 'yes', true);
+                     PERFORM set_config('application_name',
+                                        current_setting('application_name') || '-committing',
+                                        true);
                      PERFORM pg_sleep(0.02);
                  END IF;
                  RETURN NULL;
@@ -1219,7 +1225,9 @@ async fn backends_terminated_during_claim_and_commit_lose_nothing() {
         .expect("worker builds");
     let running = tokio::spawn(worker.run(cancel.clone()));
     let claim = "%SET attempts = attempts + 1%";
-    let ack = "DELETE FROM %deliveries WHERE id = ANY($1) AND lease_owner = $2%";
+    // Acks are deleted in the statement that takes the next batch: the backend is in an ack's
+    // commit while its trigger has marked it.
+    let committing = format!("{application_name}-committing");
     let (mut in_claim, mut in_commit) = (0, 0);
     let started = Instant::now();
     while in_claim < EACH || in_commit < EACH {
@@ -1237,7 +1245,7 @@ async fn backends_terminated_during_claim_and_commit_lose_nothing() {
             in_claim += terminate_running(&db, &application_name, claim).await;
         }
         if in_commit < EACH {
-            in_commit += terminate_running(&db, &application_name, ack).await;
+            in_commit += terminate_running(&db, &committing, "%DELETE FROM %deliveries%").await;
         }
     }
     let chaos_for = started.elapsed();

@@ -337,11 +337,11 @@ impl OutboxWorker {
     }
 
     /// One take-call-settle pass; returns how many deliveries it handled. The acks of the
-    /// last pass (`owed`) are written while this pass takes its batch: on another connection
-    /// at the same time where the store takes concurrent writes (a pass then costs one round
-    /// trip of waiting, not two), else in the take's own transaction. This pass's acks are
-    /// left in `owed` for the next (or for the end of [`run`](OutboxWorker::run)); its
-    /// retries, dead letters and releases are written before it returns.
+    /// last pass (`owed`) are written with this pass's take, in one write: one statement on
+    /// PostgreSQL, one transaction on SQLite ([`DeliveryStore::ack_and_take`]), so that a pass
+    /// commits once. This pass's acks are left in `owed` for the next (or for the end of
+    /// [`run`](OutboxWorker::run)); its retries, dead letters and releases are written before
+    /// it returns.
     async fn cycle(
         &self,
         owed: &mut Option<Acks>,
@@ -350,16 +350,7 @@ impl OutboxWorker {
         publisher: &Arc<dyn Publish>,
     ) -> Result<usize, crate::store::StoreError> {
         let token = Uuid::now_v7();
-        let take = self.timed(
-            "take",
-            self.store
-                .take(&self.routes, token, self.batch_size, self.lease),
-        );
-        let (acked, taken) = match owed.take() {
-            Some(acks) if self.store.concurrent_writes() => {
-                futures_util::join!(self.ack(acks), take)
-            }
-            // One writer at a time (SQLite): the acks go in the take's write transaction.
+        let taken = match owed.take() {
             Some(acks) => {
                 let both = self.store.ack_and_take(
                     (acks.token, &acks.ids),
@@ -368,23 +359,19 @@ impl OutboxWorker {
                     self.batch_size,
                     self.lease,
                 );
-                match self.timed("ack and take", both).await {
-                    Ok((landed, claimed)) => {
-                        warn_unless_all_acked(landed, acks.ids.len());
-                        (Ok(()), Ok(claimed))
-                    }
-                    Err(error) => (Ok(()), Err(error)),
-                }
+                let (landed, claimed) = self.timed("ack and take", both).await?;
+                warn_unless_all_acked(landed, acks.ids.len());
+                claimed
             }
-            None => (Ok(()), take.await),
+            None => {
+                let take = self
+                    .store
+                    .take(&self.routes, token, self.batch_size, self.lease);
+                self.timed("take", take).await?
+            }
         };
-        // A failed ack loses nothing (those deliveries run again when their lease ends), but
-        // the pass reports it once the batch it took is settled.
-        let handled = self
-            .run_claimed(taken?, token, owed, cancel, interrupt, publisher)
-            .await?;
-        acked?;
-        Ok(handled)
+        self.run_claimed(taken, token, owed, cancel, interrupt, publisher)
+            .await
     }
 
     /// Calls the handlers of one claimed batch and settles it: acks into `owed`, the rest

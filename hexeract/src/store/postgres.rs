@@ -2,8 +2,9 @@
 //!
 //! Claims use `id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED))`, which keeps its index plan
 //! where `IN (SELECT …)` flips to a sequential scan after an ANALYZE of an empty table. Finished
-//! rows are deleted, not marked, and `deliveries` leaves room on each page for the updates a
-//! claim makes (fillfactor 70).
+//! rows are deleted, not marked, and both `deliveries` (fillfactor 70) and `outbox` (50, from
+//! schema version 8) leave room on each page for the updates a claim makes. A worker's cycle
+//! is one statement: the last batch's acks deleted, the next batch taken.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -161,16 +162,62 @@ impl PgStore {
         Ok(done.rows_affected())
     }
 
-    /// The take statement and the two acks (of `deliveries` rows, of messages claimed in
-    /// place), so that a benchmark's raw-sqlx baseline runs exactly the SQL the worker runs.
-    /// Not a stable interface.
+    /// The take statement (which also deletes the last cycle's acks), so that a benchmark's
+    /// raw-sqlx baseline runs exactly the SQL the worker runs. Not a stable interface.
     #[doc(hidden)]
-    pub fn statements_for_benchmarks(&self) -> [&str; 3] {
-        [
-            &self.sql.take,
-            &self.deliveries.rows.ack,
-            &self.deliveries.in_place.ack,
-        ]
+    pub fn take_statement_for_benchmarks(&self) -> &str {
+        &self.sql.take
+    }
+
+    /// [`DeliveryStore::ack_and_take`]: the take statement, deleting the acks of `acked` (none
+    /// for a plain take) in the same statement, then the copies it found of messages that have
+    /// their delivery already.
+    async fn take_acking(
+        &self,
+        acked: (Uuid, &[DeliveryId]),
+        routes: &Routes,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> Result<(u64, Vec<Claimed>), StoreError> {
+        let (acked_token, acked) = acked;
+        let (acked_rows, acked_in_place) = DeliveryId::split(acked);
+        let (single, several) = routes.split();
+        let rows = sqlx::query(&self.sql.take)
+            .bind(token)
+            .bind(millis(lease))
+            .bind(limit(limit_rows))
+            .bind(several.types)
+            .bind(several.handlers)
+            .bind(single.types)
+            .bind(single.handlers)
+            .bind(acked_rows)
+            .bind(acked_in_place)
+            .bind(acked_token)
+            .fetch_all(&self.pool)
+            .await?;
+        let landed = match rows.first() {
+            Some(row) => u64::try_from(row.try_get::<i64, _>("acked")?).unwrap_or(0),
+            None => 0,
+        };
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut duplicates = Vec::new();
+        for row in &rows {
+            // The one row of a take that found nothing.
+            if row.try_get::<Option<Uuid>, _>("message_id")?.is_none() {
+                continue;
+            }
+            match claimed_from_row(row)? {
+                copy if row.try_get("duplicate")? => duplicates.push(copy.envelope.id),
+                delivery => claimed.push(delivery),
+            }
+        }
+        // Copies of messages that have their delivery already: deleted unhandled.
+        self.deliveries
+            .in_place
+            .each(&self.deliveries.in_place.ack, token, &duplicates)
+            .await?;
+        Ok((landed, claimed))
     }
 }
 
@@ -481,13 +528,28 @@ pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
 /// comes back when its lease ends, marked `recovered` by the claim that takes it (an outbox
 /// row claimed in place whose type has more handlers by then carries the mark into its
 /// deliveries).
+///
+/// The same statement deletes the acked deliveries of the cycle before (`$8` deliveries rows,
+/// `$9` messages claimed in place, both under that cycle's token `$10`; empty arrays when
+/// there are none), so that a cycle commits once, not twice: where commits wait for the disk,
+/// two per batch halved the drain. An acked row is leased to its token, so the take does not
+/// see it as due; one whose lease ended meanwhile may be both deleted and claimed again here,
+/// and PostgreSQL makes only one of the two changes (either is safe: a handled message, or
+/// one more delivery). The statement returns at least one row, whose `acked` counts the acks
+/// that landed; a row with no `message_id` stands for "nothing taken".
 fn take(s: &str, claim: &str) -> String {
     let m = MESSAGE_COLUMNS;
     let o_m = qualified("o", m);
     let claimed = format!("id, message_id, handler, attempts, recovered, {m}");
     let lease = "now() + $2::bigint * interval '1 millisecond'";
     format!(
-        "WITH due AS (
+        "WITH acked_rows AS (
+             DELETE FROM {s}.deliveries WHERE id = ANY($8::bigint[]) AND lease_owner = $10
+             RETURNING 1
+         ), acked_in_place AS (
+             DELETE FROM {s}.outbox WHERE id = ANY($9::uuid[]) AND lease_owner = $10
+             RETURNING 1
+         ), due AS (
              {claim}
          ), room AS (
              SELECT greatest($3 - (SELECT count(*) FROM due), 0) AS left_over
@@ -546,12 +608,17 @@ fn take(s: &str, claim: &str) -> String {
              FROM numbered
              ON CONFLICT (message_id, handler) DO NOTHING
              RETURNING lease_owner, {claimed}
+         ), taken AS (
+             SELECT {claimed}, false AS duplicate FROM due
+             UNION ALL
+             SELECT {claimed}, false FROM inserted WHERE lease_owner IS NOT NULL
+             UNION ALL
+             SELECT {claimed}, duplicate FROM in_place
          )
-         SELECT {claimed}, false AS duplicate FROM due
-         UNION ALL
-         SELECT {claimed}, false FROM inserted WHERE lease_owner IS NOT NULL
-         UNION ALL
-         SELECT {claimed}, duplicate FROM in_place"
+         SELECT taken.*, acks.acked
+         FROM (SELECT (SELECT count(*) FROM acked_rows)
+                      + (SELECT count(*) FROM acked_in_place) AS acked) acks
+         LEFT JOIN taken ON true"
     )
 }
 
@@ -792,7 +859,7 @@ impl Statements {
 }
 
 /// The schema version [`migrate_in`] brings a schema to.
-const SCHEMA_VERSION: i32 = 7;
+const SCHEMA_VERSION: i32 = 8;
 
 /// Creates or upgrades the schema on `conn`, which is in a transaction.
 async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), StoreError> {
@@ -868,6 +935,20 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
                      ADD COLUMN leased_until timestamptz,
                      ADD COLUMN recovered boolean NOT NULL DEFAULT false;
                  INSERT INTO {s}.schema_versions (version) VALUES (7);"
+            ),
+        ),
+        (
+            8,
+            "outbox pages kept half free, so that a claim in place is a heap-only update",
+            format!(
+                // A claim in place rewrites the row (attempt, lease) and touches no indexed
+                // column: where its page has room for the new version, PostgreSQL writes it
+                // there and adds no index entry (a HOT update). Pages filled by inserts have
+                // no room, so every claim moved its row to another page and added a primary
+                // key entry that later scans had to step over. Inserts from here on leave
+                // half of each page free; rows already written stay where they are.
+                "ALTER TABLE {s}.outbox SET (fillfactor = 50);
+                 INSERT INTO {s}.schema_versions (version) VALUES (8);"
             ),
         ),
     ];
@@ -1054,32 +1135,23 @@ impl DeliveryStore for PgStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
         Box::pin(async move {
-            let (single, several) = routes.split();
-            let rows = sqlx::query(&self.sql.take)
-                .bind(token)
-                .bind(millis(lease))
-                .bind(limit(limit_rows))
-                .bind(several.types)
-                .bind(several.handlers)
-                .bind(single.types)
-                .bind(single.handlers)
-                .fetch_all(&self.pool)
-                .await?;
-            let mut claimed = Vec::with_capacity(rows.len());
-            let mut duplicates = Vec::new();
-            for row in &rows {
-                match claimed_from_row(row)? {
-                    copy if row.try_get("duplicate")? => duplicates.push(copy.envelope.id),
-                    delivery => claimed.push(delivery),
-                }
-            }
-            // Copies of messages that have their delivery already: deleted unhandled.
-            self.deliveries
-                .in_place
-                .each(&self.deliveries.in_place.ack, token, &duplicates)
+            let (_, claimed) = self
+                .take_acking((Uuid::nil(), &[]), routes, token, limit_rows, lease)
                 .await?;
             Ok(claimed)
         })
+    }
+
+    // One statement: the acks and the take commit together.
+    fn ack_and_take<'a>(
+        &'a self,
+        acked: (Uuid, &'a [DeliveryId]),
+        routes: &'a Routes,
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(u64, Vec<Claimed>), StoreError>> {
+        Box::pin(self.take_acking(acked, routes, token, limit_rows, lease))
     }
 
     fn deliveries(&self) -> &dyn Claims<DeliveryId> {
@@ -1112,10 +1184,6 @@ impl DeliveryStore for PgStore {
                 .await?;
             Ok(Some(self.wake.signal.clone()))
         })
-    }
-
-    fn concurrent_writes(&self) -> bool {
-        true
     }
 
     fn kind(&self) -> &'static str {
