@@ -238,8 +238,9 @@ pub trait DeliveryStore: Send + Sync + 'static {
     /// Acks `acked` (deliveries of an earlier claim, under that claim's token), then
     /// [`take`](DeliveryStore::take)s; returns how many of the acks landed and what it took.
     /// One after the other unless the store does both at once, as PostgreSQL does in one
-    /// statement and SQLite in one write transaction: a worker's cycle then commits once, not
-    /// twice. A failed ack loses nothing: those deliveries run again when their lease ends.
+    /// statement (a worker's cycle then commits once, not twice) and SQLite in one round trip
+    /// to its connection's thread. A failed ack loses nothing: those deliveries run again when
+    /// their lease ends.
     fn ack_and_take<'a>(
         &'a self,
         acked: (Uuid, &'a [DeliveryId]),

@@ -853,6 +853,61 @@ async fn ack_and_take_deletes_only_its_claims_acks_and_takes_the_next_batch_at_o
     db.finish().await;
 }
 
+/// Where every type has one handler, a take is one round trip of four statements: the claim
+/// in place takes what the claim of due deliveries left of the limit, and the acks sent with
+/// it land in the same transaction.
+#[tokio::test]
+async fn a_take_claims_due_retries_first_and_new_messages_in_place_up_to_the_limit() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let routes = routes(&[("test.OrderPlaced", "h")]);
+    let lease = Duration::from_secs(30);
+    let first: Vec<Envelope> = (0..2)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    store.publish(first.clone()).await.unwrap();
+    let token = Uuid::now_v7();
+    let taken = store.take(&routes, token, 10, lease).await.unwrap();
+    assert_eq!(taken.len(), 2);
+    // The first message's call failed: it moves to deliveries, due at once.
+    let failed = taken.iter().find(|c| c.envelope.id == first[0].id).unwrap();
+    assert!(store
+        .deliveries()
+        .retry(token, failed.id, Duration::ZERO, "boom")
+        .await
+        .unwrap());
+    let succeeded: Vec<_> = taken
+        .iter()
+        .filter(|c| c.envelope.id == first[1].id)
+        .map(|c| c.id)
+        .collect();
+
+    let later: Vec<Envelope> = (2..5)
+        .map(|n| Envelope::new(&OrderPlaced { order_id: n }).unwrap())
+        .collect();
+    store.publish(later.clone()).await.unwrap();
+    let (landed, next) = store
+        .ack_and_take((token, &succeeded), &routes, Uuid::now_v7(), 3, lease)
+        .await
+        .unwrap();
+    assert_eq!(landed, 1, "the second message's ack");
+    let got: Vec<(Uuid, u32)> = next
+        .iter()
+        .map(|c| (c.envelope.id, c.envelope.attempt))
+        .collect();
+    assert_eq!(
+        got,
+        [(first[0].id, 2), (later[0].id, 1), (later[1].id, 1)],
+        "the due retry, then the two oldest new messages: three in all"
+    );
+    let rest = store.take(&routes, Uuid::now_v7(), 3, lease).await.unwrap();
+    assert_eq!(
+        rest.iter().map(|c| c.envelope.id).collect::<Vec<_>>(),
+        [later[2].id]
+    );
+    db.finish().await;
+}
+
 #[tokio::test]
 async fn a_message_of_a_type_with_one_handler_is_claimed_and_settled_in_place() {
     let db = TestDb::new().await;

@@ -4,6 +4,8 @@
 //! number of workers in it). Every claim and settlement is a single statement or one
 //! `BEGIN IMMEDIATE` transaction, so each is atomic and takes the write lock before it reads;
 //! other writers wait for it (the busy timeout, 5 s) instead of failing with `SQLITE_BUSY`.
+//! Each statement is a round trip to the connection's thread (sqlx runs SQLite there), so the
+//! worker's cycle sends its acks and claims as one query of four statements.
 //!
 //! The tables are those of the PostgreSQL store with a name prefix instead of a schema
 //! (`hexeract_outbox`, `hexeract_deliveries`, …), as `STRICT` tables. Ids are hyphenated UUID
@@ -105,6 +107,9 @@ impl SqliteStore {
         use_wal(&options).await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(10)
+            // A connection is a file this process holds: nothing at the other end can hang
+            // up. sqlx's check pings the connection's thread, a round trip per acquire.
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         SqliteStore::new(pool, DEFAULT_PREFIX)
@@ -128,6 +133,7 @@ impl SqliteStore {
         // waiting for each other's tables fail with SQLITE_LOCKED instead of waiting.
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_with(options)
@@ -248,10 +254,10 @@ impl SqliteStore {
         Ok(moved.rows_affected())
     }
 
-    /// [`DeliveryStore::take`] on `conn`, inside its transaction: the due deliveries, then
-    /// new outbox rows (or rows whose claim's lease ended) up to `limit_rows` in all, oldest
-    /// first. Those of a type with several handlers are expanded into deliveries, which are
-    /// claimed too; the others are claimed in place.
+    /// [`DeliveryStore::take`] on `conn`, inside its transaction, where a type has several
+    /// handlers: the due deliveries, then new outbox rows (or rows whose claim's lease ended)
+    /// up to `limit_rows` in all, oldest first. Those of a type with several handlers are
+    /// expanded into deliveries, which are claimed too; the others are claimed in place.
     async fn take_in(
         &self,
         conn: &mut SqliteConnection,
@@ -260,28 +266,15 @@ impl SqliteStore {
         limit_rows: u32,
         lease: Duration,
     ) -> Result<Vec<Claimed>, StoreError> {
+        let (single, several) = routes.split();
+        let handlers: Vec<(&str, &str)> = single.types.into_iter().zip(single.handlers).collect();
         let mut claimed = self.claim_in(conn, token, limit_rows, lease).await?;
         let left = limit_rows.saturating_sub(claimed.len() as u32);
         if left == 0 {
             return Ok(claimed);
         }
-        let (single, several) = routes.split();
-        let handlers: Vec<(&str, &str)> = single.types.into_iter().zip(single.handlers).collect();
         let now = now_millis();
         let until = now.saturating_add(millis(lease));
-        if several.types.is_empty() {
-            // Every new message is claimed in place: one statement.
-            let rows = sqlx::query(&self.sql.claim_in_place_next)
-                .bind(token.hyphenated())
-                .bind(until)
-                .bind(Json(&handlers))
-                .bind(now)
-                .bind(limit(left))
-                .fetch_all(&mut *conn)
-                .await?;
-            self.keep_in_place(conn, token, &rows, &mut claimed).await?;
-            return Ok(claimed);
-        }
         let picked = self.pick_in(conn, left).await?;
         let (expanded, in_place): (Vec<_>, Vec<_>) = picked
             .into_iter()
@@ -304,6 +297,73 @@ impl SqliteStore {
             claimed.extend(self.claim_in(conn, token, left, lease).await?);
         }
         Ok(claimed)
+    }
+
+    /// Where every type has at most one handler: deletes the acks of `acked` (its token and
+    /// ids), claims the due deliveries, then claims as many new outbox rows in place as the
+    /// limit has room for, with `handlers` the routes as (type, handler) pairs; returns how
+    /// many acks landed and what it claimed. Four statements, each atomic on its own, sent to
+    /// the connection's thread as one: one round trip, where each statement (and a
+    /// transaction's `BEGIN` and `COMMIT`) costs two thread switches of its own. A take
+    /// interrupted between them leaves no transaction open; what ran stays done (acks landed,
+    /// deliveries claimed under a lease).
+    async fn ack_and_take_in_place(
+        &self,
+        conn: &mut SqliteConnection,
+        acked: (Uuid, &[DeliveryId]),
+        handlers: &[(&str, &str)],
+        token: Uuid,
+        limit_rows: u32,
+        lease: Duration,
+    ) -> Result<(u64, Vec<Claimed>), StoreError> {
+        #![allow(deprecated)]
+        use futures_util::TryStreamExt;
+        let (acked_token, acked) = acked;
+        let acked: Vec<serde_json::Value> = acked
+            .iter()
+            .map(|id| match *id {
+                DeliveryId::Row(row) => serde_json::Value::from(row),
+                DeliveryId::Outbox(message) => serde_json::Value::from(message.to_string()),
+            })
+            .collect();
+        let now = now_millis();
+        let mut results = sqlx::query(&self.sql.ack_and_take_in_place)
+            .bind(acked_token.hyphenated())
+            .bind(Json(&acked))
+            .bind(token.hyphenated())
+            .bind(now)
+            .bind(now.saturating_add(millis(lease)))
+            .bind(limit(limit_rows))
+            .bind(Json(handlers))
+            // sqlx 0.8 runs every statement of a query on SQLite, and marks it deprecated
+            // (launchbadge/sqlx#3108) with nothing that binds arguments in its place. Where it
+            // goes, these become four statements of the same transaction.
+            .fetch_many(&mut *conn);
+        // Each statement's rows, then its result: the two acks', then the two claims'.
+        let (mut statement, mut landed) = (0, 0);
+        let mut claimed = Vec::new();
+        let mut in_place = Vec::new();
+        while let Some(step) = results.try_next().await? {
+            match step {
+                sqlx::Either::Left(done) => {
+                    if statement < 2 {
+                        landed += done.rows_affected();
+                    }
+                    statement += 1;
+                }
+                sqlx::Either::Right(row) if statement == 2 => claimed.push(claimed_from_row(&row)?),
+                sqlx::Either::Right(row) => in_place.push(row),
+            }
+        }
+        drop(results);
+        if statement != 4 {
+            return Err(StoreError::Database(sqlx::Error::Protocol(format!(
+                "the take ran {statement} of its 4 statements"
+            ))));
+        }
+        self.keep_in_place(conn, token, &in_place, &mut claimed)
+            .await?;
+        Ok((landed, claimed))
     }
 
     /// Adds the rows a claim in place returned to `claimed`, but for copies of messages that
@@ -657,18 +717,24 @@ fn deliveries(pool: SqlitePool, writes: Writes, prefix: &Identifier) -> Deliveri
 /// counted, `recovered` set where an earlier claim was never settled. One statement, so SQLite
 /// runs it atomically under its write lock. `returning` names the columns it gives back.
 pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
+    claim_binding(table, also, returning, ["?1", "?2", "?3", "?4"])
+}
+
+/// [`claim`] with its token, now, lease end and limit bound from `params`, in that order.
+fn claim_binding(table: &str, also: &str, returning: &str, params: [&str; 4]) -> String {
+    let [token, now, until, limit] = params;
     format!(
         "UPDATE {table}
          SET attempts = attempts + 1,
              -- SET sees the row as it was: a token still there is an unsettled claim.
              recovered = recovered OR lease_owner IS NOT NULL,
-             lease_owner = ?1,
-             available_at = ?3
+             lease_owner = {token},
+             available_at = {until}
          WHERE id IN (
              SELECT id FROM {table}
-             WHERE available_at <= ?2 {also}
+             WHERE available_at <= {now} {also}
              ORDER BY available_at
-             LIMIT ?4)
+             LIMIT {limit})
          RETURNING {returning}"
     )
 }
@@ -678,17 +744,24 @@ pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
 /// never settled, and the handler named from `?3` (a JSON array of [type, handler] pairs for
 /// the types with one handler; none where no handler knows the type).
 fn claim_in_place(o: &str, d: &str, which: &str) -> String {
+    claim_in_place_binding(o, d, which, ["?1", "?2", "?3"])
+}
+
+/// [`claim_in_place`] with its token, lease end and handlers bound from `params`, in that
+/// order.
+fn claim_in_place_binding(o: &str, d: &str, which: &str, params: [&str; 3]) -> String {
+    let [token, until, handlers] = params;
     let m = MESSAGE_COLUMNS;
     let which = which.replace("{o}", o);
     format!(
         "UPDATE {o}
-         SET handler = coalesce((SELECT json_extract(value, '$[1]') FROM json_each(?3)
+         SET handler = coalesce((SELECT json_extract(value, '$[1]') FROM json_each({handlers})
                                  WHERE json_extract(value, '$[0]') = message_type), ''),
              attempts = attempts + 1,
              -- SET sees the row as it was: a token still there is an unsettled claim.
              recovered = recovered OR lease_owner IS NOT NULL,
-             lease_owner = ?1,
-             leased_until = ?2
+             lease_owner = {token},
+             leased_until = {until}
          WHERE id IN ({which})
          RETURNING NULL AS id, id AS message_id, handler, attempts, recovered, {m},
                    -- Published again after a retry moved the first copy into deliveries:
@@ -728,7 +801,8 @@ impl ClaimId for Uuid {
 struct Statements {
     insert_outbox: String,
     pick: String,
-    claim_in_place_next: String,
+    /// Four statements sent as one ([`SqliteStore::ack_and_take_in_place`]).
+    ack_and_take_in_place: String,
     claim_in_place_listed: String,
     expand_to_deliveries: String,
     expand_from_outbox: String,
@@ -771,13 +845,38 @@ impl Statements {
                  WHERE leased_until IS NULL OR leased_until <= ?1
                  ORDER BY id LIMIT ?2"
             ),
-            claim_in_place_next: claim_in_place(
-                &o,
-                &d,
-                "SELECT id FROM {o} WHERE leased_until IS NULL OR leased_until <= ?4
-                 ORDER BY id LIMIT ?5",
-            ),
             claim_in_place_listed: claim_in_place(&o, &d, "SELECT value FROM json_each(?4)"),
+            // `?1` the acks' token, `?2` the acked ids as a JSON array (deliveries rows as
+            // integers, messages claimed in place as text); `?3` the new claim's token, `?4`
+            // now, `?5` the lease's end, `?6` the limit, `?7` the routes of the types with
+            // one handler. The claim in place takes what the claim of due deliveries left of
+            // the limit: `changes()` is the rows that statement claimed. sqlx binds the
+            // numbers the statements do not use with the arguments in order, and stops
+            // binding a statement once those run out: the acks come first, so that the
+            // claims skip two numbers and not the other way round.
+            ack_and_take_in_place: format!(
+                "DELETE FROM {d}
+                 WHERE id IN (SELECT value FROM json_each(?2) WHERE type = 'integer')
+                   AND lease_owner = ?1;
+                 DELETE FROM {o}
+                 WHERE id IN (SELECT value FROM json_each(?2) WHERE type = 'text')
+                   AND lease_owner = ?1;
+                 {claim};
+                 {in_place}",
+                claim = claim_binding(
+                    &d,
+                    "",
+                    &format!("id, message_id, handler, attempts, recovered, {m}"),
+                    ["?3", "?4", "?5", "?6"],
+                ),
+                in_place = claim_in_place_binding(
+                    &o,
+                    &d,
+                    "SELECT id FROM {o} WHERE leased_until IS NULL OR leased_until <= ?4
+                     ORDER BY id LIMIT max(?6 - changes(), 0)",
+                    ["?3", "?5", "?7"],
+                ),
+            ),
             // With `expand_from_outbox`, in one `BEGIN IMMEDIATE` transaction, over the same
             // picked rows `?3` (a JSON array of ids). `?1` is the routes as a JSON array of
             // [type, handler] pairs. A row claimed in place before whose claim ended carries
@@ -1263,6 +1362,16 @@ impl DeliveryStore for SqliteStore {
     ) -> BoxFuture<'a, Result<(u64, Vec<Claimed>), StoreError>> {
         Box::pin(async move {
             let (acked_token, ids) = acked;
+            let (single, several) = routes.split();
+            if several.types.is_empty() {
+                let handlers: Vec<(&str, &str)> =
+                    single.types.into_iter().zip(single.handlers).collect();
+                let _writing = self.writes.lock().await;
+                let mut conn = self.pool.acquire().await?;
+                return self
+                    .ack_and_take_in_place(&mut conn, acked, &handlers, token, limit_rows, lease)
+                    .await;
+            }
             let (rows, outbox) = DeliveryId::split(ids);
             let _writing = self.writes.lock().await;
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
@@ -1291,7 +1400,7 @@ impl DeliveryStore for SqliteStore {
         })
     }
 
-    // Both in one write transaction: one lock taken and one commit per cycle, not two.
+    // The acks of none: one path for both.
     fn take<'a>(
         &'a self,
         routes: &'a Routes,
@@ -1300,12 +1409,9 @@ impl DeliveryStore for SqliteStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
         Box::pin(async move {
-            let _writing = self.writes.lock().await;
-            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            let claimed = self
-                .take_in(&mut tx, routes, token, limit_rows, lease)
+            let (_, claimed) = self
+                .ack_and_take((Uuid::nil(), &[]), routes, token, limit_rows, lease)
                 .await?;
-            tx.commit().await?;
             Ok(claimed)
         })
     }
