@@ -267,7 +267,7 @@ async fn run_once<F, P>(
     producers: usize,
     rate: Option<f64>,
     settle: Duration,
-) -> Arc<Clock>
+) -> (Arc<Clock>, Duration)
 where
     F: Fn(Side, Arc<Clock>) -> P,
     P: Future<Output = Pipeline>,
@@ -277,10 +277,12 @@ where
     // Let consumers attach (a Kafka consumer group join) and the relay go idle, as in a
     // service between events.
     tokio::time::sleep(settle).await;
+    let used = process_cpu();
     produce(&clock, producers, rate, pipeline.commit).await;
     clock.all_handled().await;
+    let cpu = process_cpu().saturating_sub(used);
     pipeline.stop.await;
-    clock
+    (clock, cpu)
 }
 
 fn millis(duration: Duration) -> f64 {
@@ -297,39 +299,96 @@ fn quantiles(latencies: &[Duration]) -> [f64; 3] {
     [at(0.50), at(0.99), millis(latencies[latencies.len() - 1])]
 }
 
+/// Processor time (user and system) this process has used so far, from `/proc/self/stat`, in
+/// clock ticks of 10 ms; zero where there is no `/proc`.
+fn process_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // The fields after the command name, which is in parentheses: utime and stime are the
+    // 12th and 13th of them.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|field| field.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// How a pipeline runs: its producers, how long it is left to settle before the first commit,
+/// and whether all of it runs in this process (then each side's processor time per message is
+/// printed).
+#[derive(Clone, Copy)]
+struct Shape {
+    producers: usize,
+    settle: Duration,
+    in_process: bool,
+}
+
 /// Throughput pairs, then latency at each load: the lines of `scenario`.
 async fn measure<F, P>(
     scenario: &str,
     start: F,
     messages: u64,
-    producers: usize,
+    shape: Shape,
     settings: &str,
     quick: bool,
-    settle: Duration,
 ) where
     F: Fn(Side, Arc<Clock>) -> P,
     P: Future<Output = Pipeline>,
 {
+    let Shape {
+        producers,
+        settle,
+        in_process,
+    } = shape;
     let mut hexeract = Vec::new();
     let mut baseline = Vec::new();
+    // Per side, the processor time the process used from the first commit until the handler
+    // saw the last message, and that time: the whole pipeline's where it runs in the process
+    // (SQLite).
+    let mut cpu = [Duration::ZERO; 2];
+    let mut wall = [Duration::ZERO; 2];
     for pair in 0..PAIRS {
         for side in [pair % 2, 1 - pair % 2] {
-            if side == 0 {
-                let clock =
-                    run_once(&start, Side::Hexeract, messages, producers, None, settle).await;
-                hexeract.push(crate::rate(messages, clock.span()));
+            let (clock, used) = if side == 0 {
+                run_once(&start, Side::Hexeract, messages, producers, None, settle).await
             } else {
-                let clock = run_once(&start, Side::Raw, messages, producers, None, settle).await;
-                baseline.push(crate::rate(messages, clock.span()));
-            }
+                run_once(&start, Side::Raw, messages, producers, None, settle).await
+            };
+            let rates = if side == 0 {
+                &mut hexeract
+            } else {
+                &mut baseline
+            };
+            rates.push(crate::rate(messages, clock.span()));
+            cpu[side] += used;
+            wall[side] += clock.span();
         }
     }
+    let cpu_settings = if in_process {
+        let runs = (messages * PAIRS as u64) as f64;
+        let per_message = |side: usize| cpu[side].as_secs_f64() * 1e6 / runs;
+        let busy = |side: usize| cpu[side].as_secs_f64() / wall[side].as_secs_f64();
+        format!(
+            " hexeract_cpu_us_per_msg={:.1} baseline_cpu_us_per_msg={:.1} \
+             hexeract_cores_busy={:.2} baseline_cores_busy={:.2}",
+            per_message(0),
+            per_message(1),
+            busy(0),
+            busy(1)
+        )
+    } else {
+        String::new()
+    };
     rabbitmq::report(
         scenario,
         &hexeract,
         &baseline,
         messages,
-        &format!(" producers={producers} payload_bytes={PAYLOAD}{settings}"),
+        &format!(" producers={producers} payload_bytes={PAYLOAD}{settings}{cpu_settings}"),
     );
     let mut sorted = baseline.clone();
     sorted.sort_by(f64::total_cmp);
@@ -340,7 +399,8 @@ async fn measure<F, P>(
         let samples = ((offered * seconds) as u64).max(100);
         let mut line = format!("scenario={scenario}_latency load={load} offered={offered:.0}");
         for (side, name) in [(Side::Hexeract, "hexeract"), (Side::Raw, "baseline")] {
-            let clock = run_once(&start, side, samples, producers, Some(offered), settle).await;
+            let (clock, _) =
+                run_once(&start, side, samples, producers, Some(offered), settle).await;
             let [p50, p99, max] = quantiles(&clock.latencies());
             line.push_str(&format!(
                 " {name}_p50_ms={p50:.2} {name}_p99_ms={p99:.2} {name}_max_ms={max:.2}"
@@ -572,10 +632,13 @@ pub(crate) async fn pg_rabbitmq(messages: u64, quick: bool) {
             "e2e_pg_rabbitmq",
             |side, clock| pg_rabbitmq_pipeline(side, clock, producers.clone()),
             messages,
-            PRODUCERS,
+            Shape {
+                producers: PRODUCERS,
+                settle: SETTLE,
+                in_process: false,
+            },
             &settings,
             quick,
-            SETTLE,
         )
         .await;
     })
@@ -784,10 +847,13 @@ pub(crate) async fn sqlite(messages: u64, quick: bool) {
             "e2e_sqlite",
             sqlite_pipeline,
             messages,
-            SQLITE_PRODUCERS,
+            Shape {
+                producers: SQLITE_PRODUCERS,
+                settle: SETTLE,
+                in_process: true,
+            },
             &format!(" batch={SQLITE_BATCH} journal=wal synchronous=normal"),
             quick,
-            SETTLE,
         )
         .await;
     })
@@ -983,10 +1049,13 @@ pub(crate) async fn pg_kafka(messages: u64, quick: bool, mock: bool) {
             scenario,
             |side, clock| pg_kafka_pipeline(side, clock, producers.clone(), brokers.clone()),
             messages,
-            PRODUCERS,
+            Shape {
+                producers: PRODUCERS,
+                settle: KAFKA_SETTLE,
+                in_process: false,
+            },
             &settings,
             quick,
-            KAFKA_SETTLE,
         )
         .await;
     })
