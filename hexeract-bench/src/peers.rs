@@ -51,6 +51,9 @@
 //!     1 000 messages (the commit publishes them all, then awaits every confirm: ruststream has
 //!     no window). ruststream does less: its messages carry the delivery mode and nothing else,
 //!     where Hexeract's carry an id, a type, a timestamp, a content type and a creation header.
+//!   - `peer_ruststream_publish_metadata`: the same, each ruststream message carrying the same
+//!     metadata through its headers (id and content type become AMQP properties, type and
+//!     creation time header-table entries): the work both do.
 //!
 //! - **amqprs** (2.1.5), a second raw AMQP client, doing what the raw lapin baselines of
 //!   `rabbitmq.rs` do: `peer_amqprs_consume` (prefetch 16) and `peer_amqprs_consume_prefetch512`
@@ -101,6 +104,17 @@ struct Item {
     order_id: u64,
     sku: String,
     quantity: u32,
+}
+
+// ruststream's typed publish (`message(&item)`, which takes headers) wants the payload's
+// destination form: none of its own, the call site names it.
+impl ruststream::OutgoingDestination for Item {
+    type Form = ruststream::CallerName;
+}
+
+// No typed header contract: the headers are a map the call site builds.
+impl ruststream::MessageHeaders for Item {
+    type Contract = ruststream::NoHeaders;
 }
 
 fn item(order_id: u64) -> Item {
@@ -702,12 +716,15 @@ async fn consume(messages: u64, prefetch: u16, peers: Vec<Side>, pairs: usize, n
 
 /// ruststream's confirms publisher sending `messages` to a fresh exchange and queue: one owned
 /// transaction per `PUBLISH_BATCH` messages, each commit publishing its batch and awaiting every
-/// confirm.
+/// confirm. With `metadata`, each message also carries what Hexeract's envelope of the same
+/// message carries: its id and content type as AMQP properties, its type and creation time as
+/// headers (ruststream sets no `type` or `timestamp` property).
 async fn publish_ruststream(
     setup: &RabbitMqConnection,
     broker: &ruststream_lapin::ConnectedLapinBroker,
     items: &[Item],
     routing_key: &str,
+    metadata: Option<&[Envelope]>,
 ) -> Duration {
     let place = Place::handler_queue(&rabbitmq::topology(&rabbitmq::fresh_prefix()));
     place.declare(setup).await;
@@ -717,13 +734,29 @@ async fn publish_ruststream(
             .confirms(),
     );
     let started = Instant::now();
-    for batch in items.chunks(rabbitmq::PUBLISH_BATCH) {
+    for (at, batch) in items.chunks(rabbitmq::PUBLISH_BATCH).enumerate() {
         let mut transaction = publisher.owned_transaction().await.expect("transaction");
-        for item in batch {
-            transaction
-                .publish(routing_key, item)
-                .await
-                .expect("publish");
+        match metadata {
+            None => {
+                for item in batch {
+                    transaction
+                        .publish(routing_key, item)
+                        .await
+                        .expect("publish");
+                }
+            }
+            Some(envelopes) => {
+                let envelopes = &envelopes[at * rabbitmq::PUBLISH_BATCH..];
+                for (item, envelope) in batch.iter().zip(envelopes) {
+                    transaction
+                        .message(item)
+                        .with_headers(envelope_headers(envelope))
+                        .to(routing_key)
+                        .publish()
+                        .await
+                        .expect("publish");
+                }
+            }
         }
         transaction.commit().await.expect("commit");
     }
@@ -731,6 +764,25 @@ async fn publish_ruststream(
     drop(publisher);
     place.delete(setup).await;
     elapsed
+}
+
+/// What Hexeract writes into a message's AMQP properties, as ruststream headers: `message-id`
+/// and `content-type` become the properties of those names, the rest header-table entries.
+fn envelope_headers(envelope: &Envelope) -> ruststream::HeaderMap {
+    let mut headers = ruststream::HeaderMap::new();
+    headers.insert("message-id", envelope.id.to_string());
+    headers.insert("content-type", "application/json");
+    headers.insert("type", envelope.message_type.clone());
+    headers.insert(
+        hexeract::rabbitmq::headers::CREATED_AT,
+        envelope
+            .created_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    );
+    for (name, value) in &envelope.headers {
+        headers.insert(name.clone(), value.clone());
+    }
+    headers
 }
 
 /// Forwards an amqprs channel's publisher confirms: (delivery tag, multiple, ack).
@@ -898,6 +950,7 @@ async fn publish(messages: u64, peers: Vec<Side>, pairs: usize) {
     // At ruststream's number of confirms outstanding: a whole batch.
     let mut hexeract_wide = Vec::new();
     let mut ruststream = Vec::new();
+    let mut ruststream_metadata = Vec::new();
     let mut raw = Vec::new();
     for round in 0..pairs {
         for at in 0..sides.len() {
@@ -920,10 +973,17 @@ async fn publish(messages: u64, peers: Vec<Side>, pairs: usize) {
                         ));
                     }
                 }
-                Side::Ruststream => ruststream.push(rate(
-                    messages,
-                    publish_ruststream(&setup, &broker, &items, &routing_key).await,
-                )),
+                Side::Ruststream => {
+                    ruststream.push(rate(
+                        messages,
+                        publish_ruststream(&setup, &broker, &items, &routing_key, None).await,
+                    ));
+                    ruststream_metadata.push(rate(
+                        messages,
+                        publish_ruststream(&setup, &broker, &items, &routing_key, Some(&batch))
+                            .await,
+                    ));
+                }
                 Side::Amqprs => raw.push(rate(
                     messages,
                     publish_amqprs(&setup, &amqprs, &batch).await,
@@ -948,6 +1008,18 @@ async fn publish(messages: u64, peers: Vec<Side>, pairs: usize) {
              of it, then awaits every confirm; Hexeract's publish_all of the same batch with a \
              confirm window of the batch's size; ruststream's messages carry the delivery mode \
              only, Hexeract's also an id, a type, a timestamp, a content type and a header",
+        );
+        report(
+            "peer_ruststream_publish_metadata",
+            &hexeract_wide,
+            &ruststream_metadata,
+            &format!(
+                "{settings} batch={0} outstanding={0}",
+                rabbitmq::PUBLISH_BATCH,
+            ),
+            "the same, each ruststream message carrying what Hexeract's does: its id and \
+             content type as properties, its type and creation time as headers (ruststream has \
+             no type or timestamp property); the work both do",
         );
     }
     if !raw.is_empty() {
