@@ -277,10 +277,10 @@ where
     // Let consumers attach (a Kafka consumer group join) and the relay go idle, as in a
     // service between events.
     tokio::time::sleep(settle).await;
-    let used = process_cpu();
+    let used = crate::cpu::this_process();
     produce(&clock, producers, rate, pipeline.commit).await;
     clock.all_handled().await;
-    let cpu = process_cpu().saturating_sub(used);
+    let cpu = crate::cpu::this_process().saturating_sub(used);
     pipeline.stop.await;
     (clock, cpu)
 }
@@ -297,24 +297,6 @@ fn quantiles(latencies: &[Duration]) -> [f64; 3] {
         millis(latencies[index])
     };
     [at(0.50), at(0.99), millis(latencies[latencies.len() - 1])]
-}
-
-/// Processor time (user and system) this process has used so far, from `/proc/self/stat`, in
-/// clock ticks of 10 ms; zero where there is no `/proc`.
-fn process_cpu() -> Duration {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return Duration::ZERO;
-    };
-    // The fields after the command name, which is in parentheses: utime and stime are the
-    // 12th and 13th of them.
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after_name
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|field| field.parse::<u64>().ok())
-        .sum();
-    Duration::from_millis(ticks * 10)
 }
 
 /// How a pipeline runs: its producers, how long it is left to settle before the first commit,
@@ -369,8 +351,7 @@ async fn measure<F, P>(
         }
     }
     let cpu_settings = if in_process {
-        let runs = (messages * PAIRS as u64) as f64;
-        let per_message = |side: usize| cpu[side].as_secs_f64() * 1e6 / runs;
+        let per_message = |side: usize| crate::cpu::per_message(cpu[side], messages * PAIRS as u64);
         let busy = |side: usize| cpu[side].as_secs_f64() / wall[side].as_secs_f64();
         format!(
             " hexeract_cpu_us_per_msg={:.1} baseline_cpu_us_per_msg={:.1} \

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 
+mod cpu;
 mod e2e;
 mod kafka;
 mod outbox;

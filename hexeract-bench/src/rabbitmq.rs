@@ -500,6 +500,10 @@ pub(crate) async fn consume(messages: u64) {
     }
 }
 
+/// RabbitMQ's process (the Erlang VM), whose processor time the consume lines give when it
+/// runs on this machine.
+const BROKER_PROCESS: &str = "beam.smp";
+
 async fn run_consume(messages: u64, prefetch: u16, sides: &'static [Drain]) {
     let setup = connect("setup").await;
     let connection = connect("consume-hexeract").await;
@@ -508,6 +512,10 @@ async fn run_consume(messages: u64, prefetch: u16, sides: &'static [Drain]) {
     let mut hexeract = Vec::new();
     let mut coalesced = Vec::new();
     let mut awaited = Vec::new();
+    // Per side (in `sides`' order), processor time spent draining: this process's (the
+    // consumer's side) and the local broker's.
+    let mut client = vec![Duration::ZERO; sides.len()];
+    let mut broker = vec![Duration::ZERO; sides.len()];
     for round in 0..CONSUME_ROUNDS {
         let mut worker = Some(consume_worker(
             &connection,
@@ -537,6 +545,10 @@ async fn run_consume(messages: u64, prefetch: u16, sides: &'static [Drain]) {
         for at in 0..sides.len() {
             let at = (at + round) % sides.len();
             let queue = &places[at].queue;
+            let (client_before, broker_before) = (
+                crate::cpu::this_process(),
+                crate::cpu::processes_named(BROKER_PROCESS),
+            );
             match sides[at] {
                 Drain::Hexeract => {
                     let (worker, done) = worker.take().expect("run once");
@@ -555,24 +567,56 @@ async fn run_consume(messages: u64, prefetch: u16, sides: &'static [Drain]) {
                     ));
                 }
             }
+            client[at] += crate::cpu::this_process().saturating_sub(client_before);
+            broker[at] += crate::cpu::processes_named(BROKER_PROCESS).saturating_sub(broker_before);
         }
         for place in &places {
             place.delete(&setup).await;
         }
     }
+    let drained = messages * CONSUME_ROUNDS as u64;
+    // Each side's processor time per message, against the baseline `against`: the consumer's
+    // (this process) and, where it runs on this machine, the broker's.
+    let cpu = |against: Drain| {
+        let side = |drain: Drain| sides.iter().position(|&s| s == drain).expect("a side");
+        let (h, b) = (side(Drain::Hexeract), side(against));
+        let per_message = |used: Duration| crate::cpu::per_message(used, drained);
+        let mut line = format!(
+            " hexeract_cpu_us_per_msg={:.2} baseline_cpu_us_per_msg={:.2}",
+            per_message(client[h]),
+            per_message(client[b])
+        );
+        if !broker[h].is_zero() {
+            line.push_str(&format!(
+                " hexeract_broker_cpu_us_per_msg={:.2} baseline_broker_cpu_us_per_msg={:.2}",
+                per_message(broker[h]),
+                per_message(broker[b])
+            ));
+        }
+        line
+    };
     let extra = format!(" prefetch={prefetch}");
     if prefetch == PREFETCH {
-        report("rabbitmq_consume", &hexeract, &coalesced, messages, &extra);
+        let vs_coalesced = format!("{extra}{}", cpu(Drain::Coalesced));
+        report(
+            "rabbitmq_consume",
+            &hexeract,
+            &coalesced,
+            messages,
+            &vs_coalesced,
+        );
+        let vs_awaited = format!("{extra}{}", cpu(Drain::Awaited));
         report(
             "rabbitmq_consume_vs_awaited_acks",
             &hexeract,
             &awaited,
             messages,
-            &extra,
+            &vs_awaited,
         );
     } else {
         let scenario = format!("rabbitmq_consume_prefetch{prefetch}");
-        report(&scenario, &hexeract, &coalesced, messages, &extra);
+        let vs_coalesced = format!("{extra}{}", cpu(Drain::Coalesced));
+        report(&scenario, &hexeract, &coalesced, messages, &vs_coalesced);
     }
     let _ = raw.close(200, "bench done".into()).await;
     let _ = connection.close().await;
