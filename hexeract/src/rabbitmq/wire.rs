@@ -159,18 +159,32 @@ fn attempt_from(delivery: &Delivery, attempts_made: u64, redeliveries: Option<u6
 
 /// Reads a delivery into an envelope whose `attempt` is the number of the call about to be
 /// made. The size is checked first, before anything is copied or parsed.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn read(
     delivery: &Delivery,
     exchange: &str,
     max_payload_bytes: usize,
 ) -> Result<Envelope, Unreadable> {
-    if delivery.data.len() > max_payload_bytes {
+    read_payload(
+        delivery,
+        Bytes::from(delivery.data.clone()),
+        exchange,
+        max_payload_bytes,
+    )
+}
+
+/// [`read`] with the delivery's body already taken out of it as `payload`: the worker moves
+/// the body into the envelope instead of copying it.
+pub(crate) fn read_payload(
+    delivery: &Delivery,
+    payload: Bytes,
+    exchange: &str,
+    max_payload_bytes: usize,
+) -> Result<Envelope, Unreadable> {
+    if payload.len() > max_payload_bytes {
         return Err(Unreadable {
             reason: Reason::PAYLOAD_TOO_LARGE,
-            detail: crate::delivery::payload_too_large_detail(
-                delivery.data.len(),
-                max_payload_bytes,
-            ),
+            detail: crate::delivery::payload_too_large_detail(payload.len(), max_payload_bytes),
         });
     }
     let properties = &delivery.properties;
@@ -207,7 +221,7 @@ pub(crate) fn read(
     let mut envelope = Envelope {
         id,
         message_type,
-        payload: Bytes::from(delivery.data.clone()),
+        payload,
         correlation_id: None,
         causation_id: None,
         headers: BTreeMap::new(),
@@ -231,13 +245,9 @@ pub(crate) fn read(
                 headers::DELIVERY_COUNT => redeliveries = number(value),
                 headers::CAUSATION_ID => {
                     envelope.causation_id =
-                        string(value).and_then(|value| Uuid::parse_str(&value).ok());
+                        text_of(value).and_then(|value| Uuid::parse_str(value).ok());
                 }
-                headers::CREATED_AT => {
-                    created_at = string(value)
-                        .and_then(|value| DateTime::parse_from_rfc3339(&value).ok())
-                        .map(|at| at.with_timezone(&Utc));
-                }
+                headers::CREATED_AT => created_at = text_of(value).and_then(created_at_of),
                 name if name.starts_with("x-") => {}
                 name => {
                     if let Some(value) = string(value) {
@@ -275,12 +285,15 @@ pub(crate) fn message_type_of(delivery: &Delivery, exchange: &str) -> String {
 }
 
 /// What a dead-letter record can keep of a delivery that could not be read.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn salvage(delivery: &Delivery, exchange: &str) -> Envelope {
+    salvage_payload(delivery, Bytes::from(delivery.data.clone()), exchange)
+}
+
+/// [`salvage`] with the delivery's body already taken out of it as `payload`.
+pub(crate) fn salvage_payload(delivery: &Delivery, payload: Bytes, exchange: &str) -> Envelope {
     let properties = &delivery.properties;
-    let mut envelope = Envelope::from_raw(
-        message_type_of(delivery, exchange),
-        Bytes::from(delivery.data.clone()),
-    );
+    let mut envelope = Envelope::from_raw(message_type_of(delivery, exchange), payload);
     if let Some(id) = properties.message_id() {
         envelope.id = Uuid::parse_str(id.as_str()).unwrap_or_else(|_| derived_id(id.as_str()));
     }
@@ -315,11 +328,59 @@ fn number(value: &AMQPValue) -> Option<u64> {
 }
 
 fn string(value: &AMQPValue) -> Option<String> {
+    text_of(value).map(str::to_owned)
+}
+
+/// A header's text, borrowed from the delivery; `None` for a value that is not text.
+fn text_of(value: &AMQPValue) -> Option<&str> {
     match value {
-        AMQPValue::LongString(v) => std::str::from_utf8(v.as_bytes()).ok().map(str::to_owned),
-        AMQPValue::ShortString(v) => Some(v.to_string()),
+        AMQPValue::LongString(v) => std::str::from_utf8(v.as_bytes()).ok(),
+        AMQPValue::ShortString(v) => Some(v.as_str()),
         _ => None,
     }
+}
+
+/// The creation time in `x-created-at`: RFC 3339. The shape every Hexeract publisher writes
+/// (`2026-12-05T10:30:00.123Z`, UTC with milliseconds) is read directly; any other goes
+/// through chrono's parser.
+fn created_at_of(text: &str) -> Option<DateTime<Utc>> {
+    fn digits(bytes: &[u8]) -> Option<u32> {
+        bytes.iter().try_fold(0u32, |number, &byte| {
+            byte.is_ascii_digit()
+                .then(|| number * 10 + u32::from(byte - b'0'))
+        })
+    }
+    let bytes = text.as_bytes();
+    let published_shape = bytes.len() == 24
+        && bytes[4] == b'-'
+        && bytes[7] == b'-'
+        && bytes[10] == b'T'
+        && bytes[13] == b':'
+        && bytes[16] == b':'
+        && bytes[19] == b'.'
+        && bytes[23] == b'Z';
+    if published_shape {
+        let at = chrono::NaiveDate::from_ymd_opt(
+            i32::try_from(digits(&bytes[0..4])?).ok()?,
+            digits(&bytes[5..7])?,
+            digits(&bytes[8..10])?,
+        )
+        .and_then(|date| {
+            date.and_hms_milli_opt(
+                digits(&bytes[11..13])?,
+                digits(&bytes[14..16])?,
+                digits(&bytes[17..19])?,
+                digits(&bytes[20..23])?,
+            )
+        });
+        // A leap second or an impossible date: chrono says what it makes of it.
+        if let Some(at) = at {
+            return Some(at.and_utc());
+        }
+    }
+    DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|at| at.with_timezone(&Utc))
 }
 
 /// The properties of a message republished for a retry: the original's, with the attempts made
@@ -853,6 +914,37 @@ mod properties {
             // What a dead letter keeps of it never panics either.
             let salvaged = salvage(&delivery, "hexeract");
             prop_assert_eq!(&salvaged.payload[..], &delivery.data[..]);
+        }
+
+        #[test]
+        fn the_creation_time_reads_as_chrono_reads_it(
+            millis in -62_135_596_800_000i64..253_402_300_799_999,
+            offset_minutes in -1439i32..1440,
+            precision in 0usize..4,
+        ) {
+            let at = DateTime::<Utc>::from_timestamp_millis(millis).expect("in range");
+            // The shape publishers write, read directly.
+            let published = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            prop_assert_eq!(created_at_of(&published), Some(at));
+            // Any other RFC 3339 shape (an offset, other precisions) goes through chrono.
+            let zone = chrono::FixedOffset::east_opt(offset_minutes * 60).expect("in range");
+            let format = [
+                chrono::SecondsFormat::Secs,
+                chrono::SecondsFormat::Millis,
+                chrono::SecondsFormat::Micros,
+                chrono::SecondsFormat::Nanos,
+            ][precision];
+            let other = at.with_timezone(&zone).to_rfc3339_opts(format, false);
+            let expected = DateTime::parse_from_rfc3339(&other).ok().map(|at| at.with_timezone(&Utc));
+            prop_assert_eq!(created_at_of(&other), expected);
+        }
+
+        #[test]
+        fn a_creation_time_of_the_published_length_reads_as_chrono_reads_it(
+            text in "[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}[.,][0-9]{3}[Zz+]",
+        ) {
+            let expected = DateTime::parse_from_rfc3339(&text).ok().map(|at| at.with_timezone(&Utc));
+            prop_assert_eq!(created_at_of(&text), expected, "{}", text);
         }
 
         #[test]

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::future::{join_all, BoxFuture, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::Delivery;
@@ -852,7 +853,7 @@ impl ConsumeLoop<'_> {
                 tokio::time::timeout(Duration::from_millis(20), deliveries.next()).await
             {
                 tracker.received(delivery.delivery_tag);
-                let settled = self.hand_back(&delivery).await;
+                let settled = self.hand_back(&delivery, &delivery.data).await;
                 settle(&mut tracker, delivery.delivery_tag, settled);
                 // At once: a copy is in the queue now, and the original must not come back too.
                 acks.send(tracker.take(true));
@@ -899,75 +900,82 @@ impl ConsumeLoop<'_> {
     }
 
     /// Handles one delivery to its end: called, then acked, retried or parked.
-    async fn process(&self, delivery: Delivery) -> (u64, Settled) {
+    async fn process(&self, mut delivery: Delivery) -> (u64, Settled) {
         let tag = delivery.delivery_tag;
         let shared = self.shared;
         if self.lost.load(Ordering::SeqCst) {
             return (tag, Settled::GiveBack);
         }
         let queue_handler = self.consumer.route.handler_name();
-        let (envelope, verdict) =
-            match wire::read(&delivery, &shared.exchange, shared.max_payload_bytes) {
-                Ok(envelope) => {
-                    let target = match self.consumer.route.runner(&envelope.message_type) {
-                        Some(slot) => Target::Slot(slot),
-                        None => {
-                            let missing = BusError::MissingHandler {
-                                message_type: envelope.message_type.clone(),
-                            };
-                            tracing::warn!(
-                                error = %missing,
-                                message_id = %envelope.id,
-                                queue = %self.consumer.queue,
-                                "a delivery no handler of this worker takes"
-                            );
-                            Target::NoHandlerForType(queue_handler)
-                        }
-                    };
-                    let redeliveries = wire::redeliveries_of(&delivery);
-                    if redeliveries >= u64::from(shared.delivery_limit) {
-                        // One more return (a crash, a lost connection) and the broker would
-                        // park it itself, with no reason and no row.
-                        let verdict = shared.engine.reject(
-                            target,
-                            &envelope,
-                            crate::reason::Reason::DELIVERY_LIMIT_REACHED,
-                            format!(
-                                "the broker delivered it {} times without an outcome settled \
+        // The body moves into the envelope, uncopied; from here on, a republish (retry, park,
+        // hand-back) takes it from there.
+        let payload = Bytes::from(std::mem::take(&mut delivery.data));
+        let (envelope, verdict) = match wire::read_payload(
+            &delivery,
+            payload.clone(),
+            &shared.exchange,
+            shared.max_payload_bytes,
+        ) {
+            Ok(envelope) => {
+                let target = match self.consumer.route.runner(&envelope.message_type) {
+                    Some(slot) => Target::Slot(slot),
+                    None => {
+                        let missing = BusError::MissingHandler {
+                            message_type: envelope.message_type.clone(),
+                        };
+                        tracing::warn!(
+                            error = %missing,
+                            message_id = %envelope.id,
+                            queue = %self.consumer.queue,
+                            "a delivery no handler of this worker takes"
+                        );
+                        Target::NoHandlerForType(queue_handler)
+                    }
+                };
+                let redeliveries = wire::redeliveries_of(&delivery);
+                if redeliveries >= u64::from(shared.delivery_limit) {
+                    // One more return (a crash, a lost connection) and the broker would
+                    // park it itself, with no reason and no row.
+                    let verdict = shared.engine.reject(
+                        target,
+                        &envelope,
+                        crate::reason::Reason::DELIVERY_LIMIT_REACHED,
+                        format!(
+                            "the broker delivered it {} times without an outcome settled \
                                  (the queue's x-delivery-limit is {}): its consumer crashed or \
                                  lost its connection each time; no call was made",
-                                redeliveries.saturating_add(1),
-                                shared.delivery_limit
-                            ),
-                            envelope.attempt.saturating_sub(1),
-                        );
-                        (envelope, verdict)
-                    } else {
-                        shared
-                            .engine
-                            .deliver_owned(
-                                target,
-                                envelope,
-                                self.stop,
-                                self.interrupt,
-                                self.ctx_publisher,
-                            )
-                            .await
-                    }
-                }
-                Err(unreadable) => {
-                    let salvaged = wire::salvage(&delivery, &shared.exchange);
-                    let attempts = salvaged.attempt;
-                    let verdict = shared.engine.reject(
-                        Target::NoHandlerForType(queue_handler),
-                        &salvaged,
-                        unreadable.reason,
-                        unreadable.detail,
-                        attempts,
+                            redeliveries.saturating_add(1),
+                            shared.delivery_limit
+                        ),
+                        envelope.attempt.saturating_sub(1),
                     );
-                    (salvaged, verdict)
+                    (envelope, verdict)
+                } else {
+                    shared
+                        .engine
+                        .deliver_owned(
+                            target,
+                            envelope,
+                            self.stop,
+                            self.interrupt,
+                            self.ctx_publisher,
+                        )
+                        .await
                 }
-            };
+            }
+            Err(unreadable) => {
+                let salvaged = wire::salvage_payload(&delivery, payload, &shared.exchange);
+                let attempts = salvaged.attempt;
+                let verdict = shared.engine.reject(
+                    Target::NoHandlerForType(queue_handler),
+                    &salvaged,
+                    unreadable.reason,
+                    unreadable.detail,
+                    attempts,
+                );
+                (salvaged, verdict)
+            }
+        };
         (tag, self.settle((delivery, envelope), verdict).await)
     }
 
@@ -1015,7 +1023,7 @@ impl ConsumeLoop<'_> {
             self.publisher.publish_raw(
                 &wait,
                 &self.consumer.queue,
-                &delivery.data,
+                &envelope.payload,
                 properties.clone(),
                 true,
             )
@@ -1076,7 +1084,7 @@ impl ConsumeLoop<'_> {
     /// returned delivery in `x-delivery-count`, so each graceful shutdown would cost the
     /// messages in flight an attempt. If the copy cannot be published, the delivery is
     /// returned with `nack` (and counted there).
-    async fn hand_back(&self, delivery: &Delivery) -> Settled {
+    async fn hand_back(&self, delivery: &Delivery, payload: &[u8]) -> Settled {
         // Lost, the broker returns it anyway; blocked, each publish would wait for its
         // confirm timeout.
         if self.lost.load(Ordering::SeqCst)
@@ -1098,7 +1106,7 @@ impl ConsumeLoop<'_> {
         );
         match self
             .publisher
-            .publish_raw("", &self.consumer.queue, &delivery.data, properties, true)
+            .publish_raw("", &self.consumer.queue, payload, properties, true)
             .await
         {
             Ok(()) => Settled::Ack,
@@ -1126,6 +1134,7 @@ impl ConsumeLoop<'_> {
             return Settled::Requeue;
         }
         let message_id = envelope.id;
+        let payload = envelope.payload.clone();
         // The row first: a delivery leaves its queue only once its reason is in
         // `dead_letters`. While the store cannot take it, the delivery waits, unacked.
         if let Some(store) = &shared.dead_letters {
@@ -1138,7 +1147,7 @@ impl ConsumeLoop<'_> {
             self.publisher.publish_raw(
                 "",
                 &self.consumer.parking,
-                &delivery.data,
+                &payload,
                 wire::parked_properties(&delivery.properties, info, self.property_budget()),
                 true,
             )
@@ -1235,7 +1244,7 @@ impl World for ConsumeLoop<'_> {
             // The broker delivers it again, counting the delivery.
             Verdict::Abandoned => Settled::Requeue,
             // No call (or a call the stop made fail): back with the count it came with.
-            Verdict::Release => self.hand_back(&delivery).await,
+            Verdict::Release => self.hand_back(&delivery, &envelope.payload).await,
         }
     }
 }
