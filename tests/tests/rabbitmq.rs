@@ -1161,6 +1161,10 @@ async fn a_deleted_parking_queue_is_declared_again_and_nothing_is_lost() {
     let topology = running.stop().await;
     assert_eq!(text(header(&parked[0], headers::REASON)), "payload_invalid");
     assert_eq!(
+        parked[0].data, b"{broken",
+        "parked with its body as it came"
+    );
+    assert_eq!(
         calls.all(),
         [(8, "ok", 1)],
         "the message behind it was not held back"
