@@ -59,7 +59,7 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 ///     "database": { "postgres": "postgres://app@db/shop" },
 ///     "worker_port": 9100,
 ///     "policy": { "handler_timeout_ms": 5000, "retry": { "max_deliveries": 3 } },
-///     "amqp": { "url": "amqp://guest:guest@rabbit:5672/%2f" }
+///     "amqp": { "url": "amqps://app:secret@rabbit:5671/%2f" }
 /// }"#)?;
 /// assert_eq!(config.database, Database::Postgres("postgres://app@db/shop".into()));
 /// assert_eq!(config.policy.handler_timeout, Duration::from_secs(5));
@@ -88,8 +88,9 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 /// | `SCHEDULER_*` | `scheduler` |
 /// | `WORKER_PORT`, `WORKER_ADDR` | `worker_port`, `worker_addr` |
 /// | `INBOX_RETENTION_DAYS`, `DEAD_LETTER_RETENTION_DAYS` | `inbox_retention`, `dead_letter_retention` |
-/// | `AMQP_URL`, `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX` | `amqp` |
+/// | `AMQP_URL`, `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX`, `AMQP_MAX_MESSAGE_SIZE`, `AMQP_ALLOW_UNROUTED` | `amqp` |
 /// | `KAFKA_BROKERS`, `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS` | `kafka` |
+/// | `HEXERACT_ALLOW_INSECURE_CONNECTIONS` | `allow_insecure_connections` |
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
@@ -118,6 +119,12 @@ pub struct WorkerConfig {
     pub amqp: Option<Amqp>,
     /// `KAFKA_BROKERS`: deliver through Kafka.
     pub kafka: Option<Kafka>,
+    /// `HEXERACT_ALLOW_INSECURE_CONNECTIONS` (`false`): accept a database or broker on another
+    /// machine reached without verified TLS (PostgreSQL's `sslmode` other than `verify-full` or
+    /// `verify-ca`, `amqp://` rather than `amqps://`), with a warning at startup. Unset, such a
+    /// URL stops startup: the network between may read or redirect everything, passwords
+    /// included.
+    pub allow_insecure_connections: bool,
 }
 
 /// `KAFKA_BROKERS` with `KAFKA_TOPIC_PREFIX` and `KAFKA_TOPIC_PARTITIONS`.
@@ -165,19 +172,36 @@ pub struct Amqp {
     /// `HEXERACT_QUEUE_PREFIX` (`hexeract`).
     #[serde(default = "default_name")]
     pub queue_prefix: String,
+    /// `AMQP_MAX_MESSAGE_SIZE`: the largest payload the broker takes, in bytes (128 MiB,
+    /// RabbitMQ's own default `max_message_size`). The relay dead-letters a larger outbox row
+    /// as `payload_too_large` instead of publishing it.
+    #[serde(default = "default_max_message_size")]
+    pub max_message_size: usize,
+    /// `AMQP_ALLOW_UNROUTED`: message types (comma-separated; `*` for all) that may reach no
+    /// queue. The relay dead-letters any other message the broker has no queue for as
+    /// `unroutable`.
+    #[serde(default)]
+    pub allow_unrouted: Vec<String>,
 }
 
 fn default_name() -> String {
     "hexeract".to_owned()
 }
 
+fn default_max_message_size() -> usize {
+    128 * 1024 * 1024
+}
+
 impl Amqp {
-    /// `url` with the default exchange and queue prefix.
+    /// `url` with the default exchange, queue prefix and message size, no type allowed to be
+    /// unroutable.
     pub fn new(url: impl Into<String>) -> Amqp {
         Amqp {
             url: url.into(),
             exchange: default_name(),
             queue_prefix: default_name(),
+            max_message_size: default_max_message_size(),
+            allow_unrouted: Vec::new(),
         }
     }
 }
@@ -188,6 +212,8 @@ impl std::fmt::Debug for Amqp {
             .field("url", &redact_url(&self.url))
             .field("exchange", &self.exchange)
             .field("queue_prefix", &self.queue_prefix)
+            .field("max_message_size", &self.max_message_size)
+            .field("allow_unrouted", &self.allow_unrouted)
             .finish()
     }
 }
@@ -207,6 +233,7 @@ impl Default for WorkerConfig {
             dead_letter_retention: Some(days(DEFAULT_DEAD_LETTER_RETENTION_DAYS)),
             amqp: None,
             kafka: None,
+            allow_insecure_connections: false,
         }
     }
 }
@@ -366,6 +393,9 @@ impl WorkerConfig {
             ),
             amqp: None,
             kafka: None,
+            allow_insecure_connections: read("HEXERACT_ALLOW_INSECURE_CONNECTIONS", |v| {
+                whole_number(v, 0, 1)
+            }) == Some(1),
         };
         // Its problems are pushed with the others' at the end (`read` holds `problems`).
         let mut transport_problems = Vec::new();
@@ -441,18 +471,27 @@ impl WorkerConfig {
                 urls
             }
         };
-        let partitions = match &kafka_brokers {
-            Some(_) => {
-                read("KAFKA_TOPIC_PARTITIONS", |v| whole_number(v, 1, 10_000)).map(|n| n as u32)
-            }
-            None => None,
-        };
-        // Like the names below, read only when there is a broker to apply it to.
-        if amqp_url.is_some() {
-            if let Some(prefetch) = read("AMQP_PREFETCH", |v| whole_number(v, 1, 65_535)) {
+        // Checked with or without a broker, like AMQP_PREFETCH below.
+        let partitions =
+            read("KAFKA_TOPIC_PARTITIONS", |v| whole_number(v, 1, 10_000)).map(|n| n as u32);
+        // Checked whether or not a broker is set: a value that is wrong is wrong before the
+        // broker is added too, and should not wait for that day to be found.
+        if let Some(prefetch) = read("AMQP_PREFETCH", |v| whole_number(v, 1, 65_535)) {
+            if amqp_url.is_some() {
                 settings.policy.prefetch = prefetch as u32;
             }
         }
+        let max_message_size = read("AMQP_MAX_MESSAGE_SIZE", |v| whole_number(v, 1, 536_870_912));
+        let allow_unrouted: Vec<String> = lookup("AMQP_ALLOW_UNROUTED")
+            .map(|types| {
+                types
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|name| !name.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
         if let Some(url) = amqp_url {
             let name = |variable: &str, default: &str| {
                 lookup(variable).unwrap_or_else(|| default.to_owned())
@@ -460,6 +499,9 @@ impl WorkerConfig {
             settings.amqp = Some(Amqp {
                 exchange: name("HEXERACT_EXCHANGE", "hexeract"),
                 queue_prefix: name("HEXERACT_QUEUE_PREFIX", "hexeract"),
+                max_message_size: max_message_size
+                    .map_or_else(default_max_message_size, |bytes| bytes as usize),
+                allow_unrouted,
                 url,
             });
         }
@@ -502,6 +544,25 @@ impl WorkerConfig {
         }
     }
 
+    /// The database and broker URLs that reach another machine without verified TLS: each
+    /// variable, with its URL and why ([`secure`](crate::secure)). Refused by
+    /// [`check`](WorkerConfig::check) unless `allow_insecure_connections`; `run` logs them
+    /// when allowed.
+    pub(crate) fn insecure_connections(&self) -> Vec<(&'static str, (&str, String))> {
+        let mut insecure = Vec::new();
+        if let Database::Postgres(url) = &self.database {
+            if let crate::secure::Security::Insecure(why) = crate::secure::postgres(url) {
+                insecure.push(("DATABASE_URL", (url.as_str(), why)));
+            }
+        }
+        if let Some(amqp) = &self.amqp {
+            if let crate::secure::Security::Insecure(why) = crate::secure::amqp(&amqp.url) {
+                insecure.push(("AMQP_URL", (amqp.url.as_str(), why)));
+            }
+        }
+        insecure
+    }
+
     fn problems(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
         if let Some(amqp) = &self.amqp {
@@ -542,6 +603,26 @@ impl WorkerConfig {
                     value: redact_url(&amqp.url),
                     expected: "either AMQP_URL (RabbitMQ) or KAFKA_BROKERS (Kafka), not both"
                         .to_owned(),
+                });
+            }
+        }
+        if !self.allow_insecure_connections {
+            for (setting, url) in self.insecure_connections() {
+                problems.push(ConfigProblem {
+                    setting: setting.to_owned(),
+                    value: redact_url(url.0),
+                    expected: format!(
+                        "a connection to another machine over verified TLS, not this one ({}): \
+                         {}, or set HEXERACT_ALLOW_INSECURE_CONNECTIONS=1 if the network \
+                         between is trusted (logged at startup)",
+                        url.1,
+                        if setting == "DATABASE_URL" {
+                            "leave sslmode unset (it then means verify-full) or set \
+                             sslmode=verify-full"
+                        } else {
+                            "use an amqps:// URL (with ?cacertfile=… for a private CA)"
+                        }
+                    ),
                 });
             }
         }
@@ -841,7 +922,7 @@ mod tests {
             ("RELAY_BATCH_SIZE", "250"),
             (
                 "DATABASE_URL",
-                "postgres://app:pw@db:5432/app?sslmode=require",
+                "postgres://app:pw@db:5432/app?sslmode=verify-full",
             ),
         ]))
         .unwrap();
@@ -854,7 +935,7 @@ mod tests {
         assert_eq!(settings.policy.batch_size, 250);
         assert_eq!(
             settings.database,
-            Database::Postgres("postgres://app:pw@db:5432/app?sslmode=require".into())
+            Database::Postgres("postgres://app:pw@db:5432/app?sslmode=verify-full".into())
         );
         assert!(!format!("{:?}", settings.database).contains("pw"));
     }
@@ -1126,10 +1207,19 @@ mod tests {
     }
 
     #[test]
-    fn amqp_prefetch_is_read_only_with_amqp_url() {
-        // Like HEXERACT_EXCHANGE: without a broker it is ignored, even when invalid.
-        let settings = WorkerConfig::from_lookup(lookup(&[("AMQP_PREFETCH", "0")])).unwrap();
+    fn amqp_prefetch_applies_with_amqp_url_and_is_checked_without() {
+        // Without a broker a valid value changes nothing, and an invalid one is still an error:
+        // found now, not on the day AMQP_URL is added.
+        let settings = WorkerConfig::from_lookup(lookup(&[("AMQP_PREFETCH", "64")])).unwrap();
         assert_eq!(settings.amqp, None);
+        assert_eq!(settings.policy.prefetch, Policy::process().prefetch);
+        let error = WorkerConfig::from_lookup(lookup(&[("AMQP_PREFETCH", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("AMQP_PREFETCH = \"0\": a whole number from 1 to 65535"),
+            "{error}"
+        );
         let error = WorkerConfig::from_lookup(lookup(&[
             ("AMQP_URL", "amqp://localhost"),
             ("AMQP_PREFETCH", "0"),
@@ -1140,6 +1230,47 @@ mod tests {
             error.contains("AMQP_PREFETCH = \"0\": a whole number from 1 to 65535"),
             "{error}"
         );
+    }
+
+    /// A database or broker on another machine without verified TLS stops startup, naming
+    /// the variable and the opt-out, without the password; with the opt-out it is accepted.
+    #[test]
+    fn connections_to_other_machines_must_verify_tls_unless_allowed() {
+        let vars: &'static [(&str, &str)] = &[
+            (
+                "DATABASE_URL",
+                "postgres://app:s3cret@db.internal/shop?sslmode=prefer",
+            ),
+            ("AMQP_URL", "amqp://app:s3cret@rabbit.internal/%2f"),
+        ];
+        let error = WorkerConfig::from_lookup(lookup(vars)).unwrap_err();
+        let settings: Vec<_> = error.problems.iter().map(|p| p.setting.as_str()).collect();
+        assert_eq!(settings, ["DATABASE_URL", "AMQP_URL"]);
+        let text = error.to_string();
+        assert!(
+            text.contains("HEXERACT_ALLOW_INSECURE_CONNECTIONS=1"),
+            "{text}"
+        );
+        assert!(text.contains("sslmode=verify-full"), "{text}");
+        assert!(text.contains("amqps://"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
+        let allowed: &'static [(&str, &str)] = &[
+            (
+                "DATABASE_URL",
+                "postgres://app:s3cret@db.internal/shop?sslmode=prefer",
+            ),
+            ("AMQP_URL", "amqp://app:s3cret@rabbit.internal/%2f"),
+            ("HEXERACT_ALLOW_INSECURE_CONNECTIONS", "1"),
+        ];
+        let settings = WorkerConfig::from_lookup(lookup(allowed)).unwrap();
+        assert!(settings.allow_insecure_connections);
+        assert_eq!(settings.insecure_connections().len(), 2);
+        // Verified or local: nothing to allow.
+        let fine: &'static [(&str, &str)] = &[
+            ("DATABASE_URL", "postgres://app@db.internal/shop"),
+            ("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+        ];
+        assert!(WorkerConfig::from_lookup(lookup(fine)).is_ok());
     }
 
     #[test]
@@ -1223,9 +1354,16 @@ mod tests {
             bad_prefix.contains("Kafka's topic name characters"),
             "{bad_prefix}"
         );
-        // Without brokers, the other Kafka variables are not read.
-        let unused = WorkerConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")])).unwrap();
+        // Without brokers a valid value changes nothing, and an invalid one is still an error.
+        let unused = WorkerConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "6")])).unwrap();
         assert_eq!(unused.kafka, None);
+        let invalid = WorkerConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            invalid.contains("KAFKA_TOPIC_PARTITIONS = \"0\": a whole number from 1 to 10000"),
+            "{invalid}"
+        );
     }
 
     /// Every variable docs/configuration.md lists, set alone to a value that is not its
@@ -1243,6 +1381,8 @@ mod tests {
         // Variables that only apply beside another one.
         let needs: &[(&str, &[(&str, &str)])] = &[
             ("AMQP_PREFETCH", &[("AMQP_URL", "amqp://localhost")]),
+            ("AMQP_MAX_MESSAGE_SIZE", &[("AMQP_URL", "amqp://localhost")]),
+            ("AMQP_ALLOW_UNROUTED", &[("AMQP_URL", "amqp://localhost")]),
             ("HEXERACT_EXCHANGE", &[("AMQP_URL", "amqp://localhost")]),
             ("HEXERACT_QUEUE_PREFIX", &[("AMQP_URL", "amqp://localhost")]),
             (
@@ -1271,6 +1411,7 @@ mod tests {
                 "HEXERACT_TRANSPORT" => "kafka",
                 "WORKER_PORT" => "9999",
                 "WORKER_ADDR" => "127.0.0.1",
+                "HEXERACT_ALLOW_INSECURE_CONNECTIONS" => "1",
                 _ => "11",
             };
             let base: Vec<(String, String)> = needs
@@ -1305,7 +1446,7 @@ mod tests {
             ("MAX_DELIVERIES", "3"),
             ("RELAY_POLL_INTERVAL_MS", "250"),
             ("INBOX_RETENTION_DAYS", "0"),
-            ("AMQP_URL", "amqp://rabbit"),
+            ("AMQP_URL", "amqps://rabbit"),
             ("AMQP_PREFETCH", "32"),
             ("SCHEDULER_LEASE_MS", "60000"),
         ]))
@@ -1316,7 +1457,7 @@ mod tests {
                 "policy": { "handler_timeout_ms": 5000, "retry": { "max_deliveries": 3 }, "prefetch": 32 },
                 "relay_poll_interval_ms": 250,
                 "inbox_retention_days": 0,
-                "amqp": { "url": "amqp://rabbit" },
+                "amqp": { "url": "amqps://rabbit" },
                 "scheduler": { "lease_ms": 60000 }
             }"#,
         )
@@ -1343,7 +1484,7 @@ mod tests {
         assert!(typo.contains("unknown field `handler_timout_ms`"), "{typo}");
         let config: WorkerConfig = serde_json::from_str(
             r#"{ "database": { "postgres": "mysql://u:secret@db/app" },
-                 "amqp": { "url": "amqp://x", "exchange": "amq.direct" },
+                 "amqp": { "url": "amqps://x", "exchange": "amq.direct" },
                  "policy": { "handler_timeout_ms": 0 } }"#,
         )
         .unwrap();

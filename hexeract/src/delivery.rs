@@ -172,9 +172,8 @@ impl Engine {
         (Arc::unwrap_or_clone(envelope), verdict)
     }
 
-    #[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
     /// A dead letter the world decided before any call (a delivery it could not read into an
-    /// envelope), recorded like every other verdict.
+    /// envelope, a stored row another program wrote), recorded like every other verdict.
     pub(crate) fn reject(
         &self,
         target: Target<'_>,

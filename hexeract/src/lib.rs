@@ -113,6 +113,7 @@ mod retry;
 mod run;
 mod runtime;
 pub mod schedule;
+mod secure;
 mod state;
 pub mod store;
 pub mod testing;

@@ -22,7 +22,7 @@
 //! | [`OUTBOX_BACKLOG`], [`OUTBOX_OLDEST_PENDING`] | gauge | |
 //! | [`QUEUE_DEPTH`] | gauge | `queue` (RabbitMQ) |
 //! | [`CONSUMER_LAG`] | gauge | `handler`, `topic`, `partition` (Kafka) |
-//! | [`RELAY_PUBLISHED`] | counter | `transport` |
+//! | [`RELAY_PUBLISHED`], [`RELAY_UNROUTED`] | counter | `transport` |
 //! | [`RELAY_PUBLISH_DURATION`] | histogram (seconds) | `transport` |
 //! | [`COMPONENT_READY`] | gauge | `component` |
 //!
@@ -85,6 +85,10 @@ pub const QUEUE_DEPTH: &str = "hexeract_queue_depth";
 pub const CONSUMER_LAG: &str = "hexeract_consumer_lag";
 /// Outbox rows a relay published and the broker confirmed. Labels: `transport`.
 pub const RELAY_PUBLISHED: &str = "hexeract_relay_published_total";
+/// Messages the broker could route to no queue whose type is allowed to have no subscribers
+/// (`AMQP_ALLOW_UNROUTED`): deleted from the outbox and counted here, not dead-lettered.
+/// Labels: `transport`.
+pub const RELAY_UNROUTED: &str = "hexeract_relay_unrouted_total";
 /// How long one relay publish took, from the first row sent to the last confirm, in seconds.
 /// Labels: `transport`.
 pub const RELAY_PUBLISH_DURATION: &str = "hexeract_relay_publish_duration_seconds";
@@ -123,7 +127,7 @@ pub fn reason_label(reason: &Reason) -> &'static str {
 }
 
 /// The labels of [`Reason::ALL`], in its order.
-const KNOWN_REASONS: [&str; 9] = [
+const KNOWN_REASONS: [&str; 11] = [
     "payload_invalid",
     "payload_too_large",
     "message_id_missing",
@@ -133,6 +137,8 @@ const KNOWN_REASONS: [&str; 9] = [
     "handler_panicked",
     "handler_timeout",
     "delivery_limit_reached",
+    "unroutable",
+    "message_unreadable",
 ];
 
 /// The `reason` label of a retry: why the call failed. A failure (`Err` or
@@ -362,7 +368,7 @@ pub struct HandlerMetrics {
     retried: [OnceLock<Counter>; 5],
     /// One per [`KNOWN_REASONS`], then `other`: taken up front, so an alert on their increase
     /// sees the first dead letter too.
-    dead_lettered: [Counter; 10],
+    dead_lettered: [Counter; 12],
 }
 
 impl HandlerMetrics {
@@ -485,6 +491,18 @@ pub(crate) fn owing_nothing<'a>(handlers: impl IntoIterator<Item = &'a str>) {
         metrics::gauge!(HANDLER_PENDING, "handler" => handler.to_owned()).set(0.0);
         metrics::gauge!(HANDLER_OLDEST_PENDING, "handler" => handler.to_owned()).set(0.0);
     }
+}
+
+/// An outbox row a relay dead-lettered instead of publishing (no handler, no call made).
+pub(crate) fn dead_lettered_by_relay(reason: &Reason) {
+    metrics::counter!(DEAD_LETTERED, "handler" => UNKNOWN, "reason" => reason_label(reason))
+        .increment(1);
+}
+
+/// A message of `message_type` the broker could route to no queue, deleted from the outbox as
+/// allowed (`AMQP_ALLOW_UNROUTED`) rather than dead-lettered.
+pub(crate) fn relay_unrouted(transport: &'static str) {
+    metrics::counter!(RELAY_UNROUTED, "transport" => transport).increment(1);
 }
 
 /// One relay publish of `rows` rows to `transport`, confirmed after `took`.

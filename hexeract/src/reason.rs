@@ -42,9 +42,18 @@ impl Reason {
     /// by the worker, with a row, before one more return would have the broker park it without
     /// a reason or a row.
     pub const DELIVERY_LIMIT_REACHED: Reason = Reason::from_static("delivery_limit_reached");
+    /// The broker could not route the message to any queue: no queue is bound for its type (on
+    /// RabbitMQ, the broker returned the mandatory publish). Dead-lettered by the relay, never
+    /// deleted unseen; a type meant to have no subscribers is allowed by name instead
+    /// (`AMQP_ALLOW_UNROUTED`).
+    pub const UNROUTABLE: Reason = Reason::from_static("unroutable");
+    /// A stored message could not be read (a header that is not a string, a column of the wrong
+    /// type): a row written by something other than Hexeract. Dead-lettered alone, with what
+    /// could be read of it, so that the messages behind it go on.
+    pub const MESSAGE_UNREADABLE: Reason = Reason::from_static("message_unreadable");
 
     /// Every reason the framework itself records.
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 11] = [
         Reason::PAYLOAD_INVALID,
         Reason::PAYLOAD_TOO_LARGE,
         Reason::MESSAGE_ID_MISSING,
@@ -54,6 +63,8 @@ impl Reason {
         Reason::HANDLER_PANICKED,
         Reason::HANDLER_TIMEOUT,
         Reason::DELIVERY_LIMIT_REACHED,
+        Reason::UNROUTABLE,
+        Reason::MESSAGE_UNREADABLE,
     ];
 
     /// A reason from a string literal, usable in `const` items.

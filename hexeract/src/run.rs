@@ -53,6 +53,13 @@ pub(crate) async fn start(
     application: Application,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
+    for (variable, (url, why)) in settings.insecure_connections() {
+        tracing::warn!(
+            variable,
+            url = %crate::redact::redact_url(url),
+            "{why}: accepted because HEXERACT_ALLOW_INSECURE_CONNECTIONS=1"
+        );
+    }
     let store = crate::store::process::store_for(&settings.database).await?;
     // Served on WORKER_PORT, or by the application's router; its changes (ready, not ready
     // and why) are logged too.

@@ -48,7 +48,7 @@ mod dead_letters;
 pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;
 pub use queues::{DeclaredQueue, DeclaredQueues};
-mod relay;
+pub(crate) mod relay;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use relay::unpublishable_letters;
 #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
@@ -56,6 +56,8 @@ pub(crate) use relay::Passes;
 pub use relay::{RelaySink, RelayStore, Unpublishable};
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) mod unreadable;
 
 /// The handler name a delivery gets when no handler knows its message type: it follows the
 /// retry policy and is then dead-lettered as `unknown_message_type`.
@@ -180,6 +182,12 @@ pub struct Claimed {
     /// deliveries one at a time, so that one message that crashes the process cannot take the
     /// rest of a batch with it. Cleared once a call of it finishes.
     pub recovered: bool,
+    /// The stored message could not be read as Hexeract writes it (a row written by another
+    /// program: a header that is not a string, a column of the wrong type), and why; `envelope`
+    /// holds what could be read. The worker dead-letters such a delivery as
+    /// [`Reason::MESSAGE_UNREADABLE`](crate::Reason::MESSAGE_UNREADABLE) without calling its
+    /// handler.
+    pub unreadable: Option<String>,
 }
 
 /// The core of a store: what a worker needs to take messages in, claim each handler's delivery

@@ -30,6 +30,16 @@ pub struct TlsProxy {
 impl TlsProxy {
     /// Starts a proxy to `upstream` (the broker's plain AMQP port).
     pub async fn start(upstream: SocketAddr) -> TlsProxy {
+        TlsProxy::start_speaking(upstream, false).await
+    }
+
+    /// Starts a proxy to `upstream`, a PostgreSQL server: it answers the client's `SSLRequest`
+    /// with `S`, as a server with TLS does, then speaks TLS and forwards the rest in plain text.
+    pub async fn start_postgres(upstream: SocketAddr) -> TlsProxy {
+        TlsProxy::start_speaking(upstream, true).await
+    }
+
+    async fn start_speaking(upstream: SocketAddr, postgres: bool) -> TlsProxy {
         let ca_key = KeyPair::generate().expect("CA key");
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -69,6 +79,18 @@ impl TlsProxy {
                 let acceptor = acceptor.clone();
                 let counted = counted.clone();
                 tokio::spawn(async move {
+                    let mut client = client;
+                    if postgres {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        // SSLRequest: length 8, code 80877103.
+                        let mut request = [0u8; 8];
+                        if client.read_exact(&mut request).await.is_err()
+                            || request != [0, 0, 0, 8, 4, 210, 22, 47]
+                            || client.write_all(b"S").await.is_err()
+                        {
+                            return;
+                        }
+                    }
                     let Ok(mut tls) = acceptor.accept(client).await else {
                         return;
                     };

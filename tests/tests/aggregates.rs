@@ -550,9 +550,12 @@ impl RelaySink for RecordingSink {
             Ok(envelopes
                 .iter()
                 .filter(|envelope| refuse.contains(&envelope.id))
-                .map(|envelope| Unpublishable {
-                    id: envelope.id,
-                    detail: "refused for the test".to_owned(),
+                .map(|envelope| {
+                    Unpublishable::new(
+                        envelope.id,
+                        hexeract::Reason::PAYLOAD_INVALID,
+                        "refused for the test",
+                    )
                 })
                 .collect())
         })

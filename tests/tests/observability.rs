@@ -273,6 +273,7 @@ async fn every_panel_query_and_rule_reads_series_a_scraped_worker_serves() {
             url: hexeract_tests::amqp::amqp_url(),
             exchange: broker.exchange.clone(),
             queue_prefix: broker.prefix.clone(),
+            ..Amqp::new("")
         }),
         ..WorkerConfig::default()
     };

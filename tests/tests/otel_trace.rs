@@ -364,6 +364,7 @@ async fn one_trace_through_the_relay_and_rabbitmq() {
         url: hexeract_tests::amqp::amqp_url(),
         exchange: broker.exchange.clone(),
         queue_prefix: broker.prefix.clone(),
+        ..Amqp::new("")
     });
     let spans = one_order(&dir, config, "rabbitmq").await;
     assert_one_linked_trace(&spans, "rabbitmq");

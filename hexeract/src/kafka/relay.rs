@@ -18,6 +18,7 @@ use crate::envelope::Envelope;
 use crate::health::Probe;
 use crate::kafka::logged::{Logged, ProbeSlot};
 use crate::kafka::{wire, KafkaConfig, KafkaError};
+use crate::reason::Reason;
 use crate::store::{self, RelaySink, RelayStore, Unpublishable};
 
 /// Relays the transactional outbox to Kafka: takes the oldest rows, publishes each to its
@@ -322,8 +323,17 @@ fn judge(
         )
     );
     if permanent {
+        let too_large = matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
+        );
         never.push(Unpublishable {
             id: envelope.id,
+            reason: if too_large {
+                Reason::PAYLOAD_TOO_LARGE
+            } else {
+                Reason::PAYLOAD_INVALID
+            },
             detail: format!(
                 "{topic} refused the record ({} bytes of payload): {error}",
                 envelope.payload.len()
@@ -357,6 +367,7 @@ impl RelaySink for Sink {
             crate::metrics::relay_published("kafka", good.len() - never.len(), started.elapsed());
             never.extend(bad.into_iter().map(|envelope| Unpublishable {
                 id: envelope.id,
+                reason: Reason::PAYLOAD_INVALID,
                 detail: format!(
                     "message type {:?} declares no aggregate, so it has no Kafka topic: \
                          declare #[message(aggregate = \"…\")] with a #[message(key)] field",

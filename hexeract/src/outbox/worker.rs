@@ -408,6 +408,19 @@ impl OutboxWorker {
         }
         let verdicts = join_all(claimed.into_iter().map(|delivery| async move {
             let target = self.target(&delivery.handler);
+            if let Some(detail) = delivery.unreadable {
+                // A row another program wrote, which no call would read either: dead-lettered
+                // alone, the rest of the batch handled.
+                tracing::error!(message_id = %delivery.envelope.id, %detail, "stored message cannot be read; dead-lettered");
+                let verdict = self.engine.reject(
+                    target,
+                    &delivery.envelope,
+                    crate::reason::Reason::MESSAGE_UNREADABLE,
+                    detail,
+                    0,
+                );
+                return (delivery.id, verdict);
+            }
             let envelope = Arc::new(delivery.envelope);
             let verdict = self
                 .engine

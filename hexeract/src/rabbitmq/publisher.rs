@@ -176,8 +176,25 @@ impl RabbitMqPublisher {
     /// window, not per message. Fails if any was not confirmed (some may have been: publishing
     /// is at least once).
     pub async fn publish_all(&self, envelopes: &[Envelope]) -> Result<(), BusError> {
+        self.publish_each(envelopes.iter(), false, |envelope| {
+            wire::properties(envelope, 0)
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Publishes `envelopes` in order, each with the properties `properties` gives it, then
+    /// waits for every confirm; with `mandatory`, a message no queue is bound for comes back as
+    /// [`Confirmed::Returned`] in its place. Fails if any was nacked or not confirmed in time.
+    pub(crate) async fn publish_each<'e>(
+        &self,
+        envelopes: impl ExactSizeIterator<Item = &'e Envelope>,
+        mandatory: bool,
+        properties: impl Fn(&Envelope) -> BasicProperties,
+    ) -> Result<Vec<Confirmed>, BusError> {
         let mut pending: std::collections::VecDeque<(Pending, &Uuid)> =
             std::collections::VecDeque::with_capacity(envelopes.len());
+        let mut confirmed = Vec::with_capacity(envelopes.len());
         let mut first_error = None;
         for envelope in envelopes {
             // A full window: wait for this batch's oldest confirm, which frees a place. Only a
@@ -188,11 +205,12 @@ impl RabbitMqPublisher {
                     break permit;
                 }
                 match pending.pop_front() {
-                    Some((confirm, id)) => {
-                        if let Err(error) = self.confirmed(confirm, id).await {
+                    Some((confirm, id)) => match self.confirm_of(confirm, id).await {
+                        Ok(outcome) => confirmed.push(outcome),
+                        Err(error) => {
                             first_error.get_or_insert(error);
                         }
-                    }
+                    },
                     None => break self.place().await,
                 }
             };
@@ -202,18 +220,21 @@ impl RabbitMqPublisher {
                     &self.exchange,
                     &envelope.message_type,
                     &envelope.payload,
-                    wire::properties(envelope, 0),
-                    false,
+                    properties(envelope),
+                    mandatory,
                 )
                 .await?;
             pending.push_back((confirm, &envelope.id));
         }
         for (confirm, id) in pending {
-            if let Err(error) = self.confirmed(confirm, id).await {
-                first_error.get_or_insert(error);
+            match self.confirm_of(confirm, id).await {
+                Ok(outcome) => confirmed.push(outcome),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
             }
         }
-        first_error.map_or(Ok(()), Err)
+        first_error.map_or(Ok(confirmed), Err)
     }
 
     /// Publishes raw bytes and properties and waits for the confirm.
@@ -313,13 +334,29 @@ impl RabbitMqPublisher {
         })
     }
 
-    /// Waits for `pending`'s confirm, up to the confirm timeout. `message_id` names the message
-    /// in the error.
+    /// Waits for `pending`'s confirm, up to the confirm timeout; a message the broker returned
+    /// (`mandatory`, no queue bound) is an error. `message_id` names the message in the error.
     async fn confirmed(
         &self,
         pending: Pending,
         message_id: &(dyn fmt::Display + Sync),
     ) -> Result<(), BusError> {
+        match self.confirm_of(pending, message_id).await? {
+            Confirmed::Routed => Ok(()),
+            Confirmed::Returned(detail) => Err(BusError::NotConfirmed {
+                message_id: message_id.to_string(),
+                detail,
+            }),
+        }
+    }
+
+    /// Waits for `pending`'s confirm, up to the confirm timeout. `message_id` names the message
+    /// in the error.
+    async fn confirm_of(
+        &self,
+        pending: Pending,
+        message_id: &(dyn fmt::Display + Sync),
+    ) -> Result<Confirmed, BusError> {
         let not_confirmed = |detail: String| BusError::NotConfirmed {
             message_id: message_id.to_string(),
             detail,
@@ -358,18 +395,31 @@ impl RabbitMqPublisher {
         let confirmation =
             confirmation.map_err(|error| BusError::transport("publisher confirm", error))?;
         match confirmation {
-            Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(not_confirmed(format!(
-                "returned as unroutable ({} {}): no queue is bound for routing key {:?}",
+            Confirmation::Ack(None) | Confirmation::NotRequested => Ok(Confirmed::Routed),
+            // The broker sends `basic.return` before the ack: a confirm alone does not mean
+            // that any queue has the message.
+            Confirmation::Ack(Some(returned)) => Ok(Confirmed::Returned(format!(
+                "returned as unroutable ({} {}): no queue is bound for routing key {:?} on \
+                 exchange {:?}",
                 returned.reply_code,
                 returned.reply_text,
-                returned.delivery.routing_key.as_str()
+                returned.delivery.routing_key.as_str(),
+                returned.delivery.exchange.as_str()
             ))),
             Confirmation::Nack(_) => Err(not_confirmed(
                 "the broker nacked it (it could not store the message)".to_owned(),
             )),
         }
     }
+}
+
+/// What the broker said of a confirmed publish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Confirmed {
+    /// Stored in at least one queue (or published without `mandatory`).
+    Routed,
+    /// Confirmed, but returned first: no queue is bound for its routing key. Why, as text.
+    Returned(String),
 }
 
 /// A publish waiting for its confirm, holding its place in the window.

@@ -12,7 +12,9 @@ use tracing::Instrument;
 use crate::delivery::Policy;
 use crate::envelope::Envelope;
 use crate::health::Probe;
-use crate::rabbitmq::{BusError, RabbitMqConnection, RabbitMqPublisher};
+use crate::rabbitmq::publisher::Confirmed;
+use crate::rabbitmq::{wire, BusError, RabbitMqConnection, RabbitMqPublisher};
+use crate::reason::Reason;
 use crate::store::{self, RelaySink, RelayStore, Unpublishable};
 
 /// Relays the transactional outbox to RabbitMQ: takes a batch of rows (locked, oldest first),
@@ -40,6 +42,8 @@ use crate::store::{self, RelaySink, RelayStore, Unpublishable};
 pub struct OutboxRelay {
     store: Arc<dyn RelayStore>,
     publisher: RabbitMqPublisher,
+    max_message_size: usize,
+    unrouted: Arc<Unrouted>,
     batch_size: u32,
     poll_interval: Duration,
     store_timeout: Duration,
@@ -57,6 +61,8 @@ impl OutboxRelay {
         Ok(OutboxRelay {
             store,
             publisher: RabbitMqPublisher::new(connection).await?,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            unrouted: Arc::new(Unrouted::default()),
             batch_size: Policy::library().batch_size,
             poll_interval: Policy::library().poll_interval,
             store_timeout: Policy::library().store_timeout,
@@ -68,6 +74,39 @@ impl OutboxRelay {
     /// Publishes to `exchange` instead of `hexeract`.
     pub fn exchange(mut self, exchange: impl Into<String>) -> OutboxRelay {
         self.publisher = self.publisher.exchange(exchange);
+        self
+    }
+
+    /// The largest payload the broker takes, in bytes (default 128 MiB, RabbitMQ's own
+    /// `max_message_size` default; `AMQP_MAX_MESSAGE_SIZE` for `run`). A client cannot read the
+    /// broker's setting, and a larger publish makes the broker close the channel, on every pass:
+    /// a row over it is dead-lettered as `payload_too_large` instead, and the rows behind it go
+    /// on. Set it to the broker's `max_message_size` when that is lower.
+    pub fn max_message_size(mut self, bytes: usize) -> OutboxRelay {
+        self.max_message_size = bytes.max(1);
+        self
+    }
+
+    /// Message types that may have no subscriber: when the broker has no queue for one of them
+    /// it is deleted from the outbox and counted (`hexeract_relay_unrouted_total`), not
+    /// dead-lettered. Every other message the broker returns as unroutable (no queue is bound
+    /// for its type: no handler anywhere subscribes to it) ends in the dead letters as
+    /// `unroutable`. `"*"` allows every type (`AMQP_ALLOW_UNROUTED` for `run`).
+    ///
+    /// ```no_run
+    /// # async fn example(store: std::sync::Arc<dyn hexeract::store::RelayStore>, connection: hexeract::rabbitmq::RabbitMqConnection) -> Result<(), hexeract::rabbitmq::BusError> {
+    /// use hexeract::rabbitmq::OutboxRelay;
+    ///
+    /// // An audit event some deployments consume and others do not.
+    /// let relay = OutboxRelay::new(store, &connection).await?.allow_unrouted(["AuditRecorded"]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn allow_unrouted<T: Into<String>>(
+        mut self,
+        types: impl IntoIterator<Item = T>,
+    ) -> OutboxRelay {
+        self.unrouted = Arc::new(Unrouted::new(types));
         self
     }
 
@@ -134,14 +173,19 @@ impl OutboxRelay {
         // The exchange may not exist yet (the bus worker declares the whole topology); a publish
         // to a missing exchange would close the channel.
         self.publisher.declare_exchange().await?;
-        let publisher = Arc::new(self.publisher.clone());
+        let sink: Arc<dyn RelaySink> = Arc::new(Sink {
+            publisher: self.publisher.clone(),
+            property_budget: wire::property_budget(
+                self.connection.lapin().configuration().frame_max(),
+            ),
+            max_message_size: self.max_message_size,
+            unrouted: self.unrouted.clone(),
+        });
         let mut passes =
             store::Passes::new(self.store.clone(), self.batch_size, self.store_timeout);
         tracing::info!(batch_size = self.batch_size, "outbox relay started");
         while !cancel.is_cancelled() {
-            let pass = passes
-                .next(|| Arc::new(Sink(publisher.clone())) as Arc<dyn RelaySink>)
-                .await;
+            let pass = passes.next(|| sink.clone()).await;
             match &pass {
                 Ok(_) => self.health.pass(),
                 Err(error) => self.health.fail(format!("a relay pass failed: {error}")),
@@ -163,7 +207,66 @@ impl OutboxRelay {
     }
 }
 
-struct Sink(Arc<RabbitMqPublisher>);
+/// RabbitMQ's default `max_message_size`: 128 MiB.
+pub(crate) const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
+
+/// The message types allowed to reach no queue.
+#[derive(Debug, Default)]
+struct Unrouted {
+    any: bool,
+    types: std::collections::HashSet<String>,
+}
+
+impl Unrouted {
+    fn new<T: Into<String>>(types: impl IntoIterator<Item = T>) -> Unrouted {
+        let types: std::collections::HashSet<String> = types.into_iter().map(Into::into).collect();
+        Unrouted {
+            any: types.contains("*"),
+            types,
+        }
+    }
+
+    fn allows(&self, message_type: &str) -> bool {
+        self.any || self.types.contains(message_type)
+    }
+}
+
+struct Sink {
+    publisher: RabbitMqPublisher,
+    /// The bytes of properties a message may take on this connection (`frame_max`).
+    property_budget: usize,
+    max_message_size: usize,
+    unrouted: Arc<Unrouted>,
+}
+
+impl Sink {
+    /// Why the broker would never take `envelope`, if it would not.
+    fn refusal(&self, envelope: &Envelope) -> Option<Unpublishable> {
+        if envelope.message_type.is_empty() || envelope.message_type.len() > 255 {
+            return Some(Unpublishable::new(
+                envelope.id,
+                Reason::PAYLOAD_INVALID,
+                format!(
+                    "message type of {} bytes cannot be a routing key (1 to 255 bytes)",
+                    envelope.message_type.len()
+                ),
+            ));
+        }
+        if envelope.payload.len() > self.max_message_size {
+            return Some(Unpublishable::new(
+                envelope.id,
+                Reason::PAYLOAD_TOO_LARGE,
+                format!(
+                    "payload of {} bytes is over the broker's limit of {} bytes \
+                     (AMQP_MAX_MESSAGE_SIZE, the broker's max_message_size)",
+                    envelope.payload.len(),
+                    self.max_message_size
+                ),
+            ));
+        }
+        None
+    }
+}
 
 impl RelaySink for Sink {
     fn publish<'a>(
@@ -171,38 +274,57 @@ impl RelaySink for Sink {
         envelopes: &'a [Envelope],
     ) -> BoxFuture<'a, Result<Vec<Unpublishable>, String>> {
         Box::pin(async move {
-            // A type that cannot be a routing key never will be: dead-letter it rather than
-            // hold back every row behind it.
-            let (good, bad): (Vec<&Envelope>, Vec<&Envelope>) =
-                envelopes.iter().partition(|envelope| {
-                    !envelope.message_type.is_empty() && envelope.message_type.len() <= 255
-                });
-            let started = std::time::Instant::now();
-            let published = good.len();
-            let span = crate::trace::relay("rabbitmq", &good);
-            if bad.is_empty() {
-                self.0.publish_all(envelopes).instrument(span).await
-            } else {
-                let good: Vec<Envelope> = good.into_iter().cloned().collect();
-                self.0.publish_all(&good).instrument(span).await
-            }
-            .map_err(|error| error.to_string())?;
-            crate::metrics::relay_published("rabbitmq", published, started.elapsed());
-            Ok(bad
-                .into_iter()
-                .map(|envelope| Unpublishable {
-                    id: envelope.id,
-                    detail: format!(
-                        "message type of {} bytes cannot be a routing key (1 to 255 bytes)",
-                        envelope.message_type.len()
-                    ),
+            // A row the broker will never take is dead-lettered rather than held back with
+            // every row behind it.
+            let mut never: Vec<Unpublishable> = Vec::new();
+            let good: Vec<&Envelope> = envelopes
+                .iter()
+                .filter(|envelope| match self.refusal(envelope) {
+                    Some(refused) => {
+                        never.push(refused);
+                        false
+                    }
+                    None => true,
                 })
-                .collect())
+                .collect();
+            let started = std::time::Instant::now();
+            let span = crate::trace::relay("rabbitmq", &good);
+            let budget = self.property_budget;
+            // Mandatory: the broker returns a message no queue is bound for, rather than
+            // confirming it into nowhere.
+            let confirmed = self
+                .publisher
+                .publish_each(good.iter().copied(), true, |envelope| {
+                    wire::relay_properties(envelope, budget)
+                })
+                .instrument(span)
+                .await
+                .map_err(|error| error.to_string())?;
+            let mut routed = 0;
+            for (envelope, confirmed) in good.iter().zip(confirmed) {
+                match confirmed {
+                    Confirmed::Routed => routed += 1,
+                    Confirmed::Returned(_) if self.unrouted.allows(&envelope.message_type) => {
+                        crate::metrics::relay_unrouted("rabbitmq");
+                    }
+                    Confirmed::Returned(detail) => never.push(Unpublishable::new(
+                        envelope.id,
+                        Reason::UNROUTABLE,
+                        format!(
+                            "{detail}: no handler subscribes to {:?} (a type meant to have \
+                             none is allowed with AMQP_ALLOW_UNROUTED)",
+                            envelope.message_type
+                        ),
+                    )),
+                }
+            }
+            crate::metrics::relay_published("rabbitmq", routed, started.elapsed());
+            Ok(never)
         })
     }
 
     fn publish_timeout(&self) -> Duration {
-        self.0.confirm_timeout_value()
+        self.publisher.confirm_timeout_value()
     }
 }
 
@@ -212,6 +334,8 @@ impl fmt::Debug for OutboxRelay {
             .field("publisher", &self.publisher)
             .field("batch_size", &self.batch_size)
             .field("poll_interval", &self.poll_interval)
+            .field("max_message_size", &self.max_message_size)
+            .field("unrouted", &self.unrouted)
             .finish_non_exhaustive()
     }
 }

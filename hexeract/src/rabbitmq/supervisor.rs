@@ -116,6 +116,12 @@ pub(crate) async fn run_on_broker(
             .poll_interval(poll_interval)
             .store_timeout(settings.policy.store_timeout)
             .health(relay_probe.clone());
+        let relay = match &settings.amqp {
+            Some(amqp) => relay
+                .max_message_size(amqp.max_message_size)
+                .allow_unrouted(amqp.allow_unrouted.iter().cloned()),
+            None => relay,
+        };
         relay.run(cancel.clone()).await
     });
     let consumers = supervise(&worker_probe, &cancel, || async {
@@ -240,7 +246,7 @@ impl BrokerReplay {
         letter: &crate::dead_letter::DeadLetter,
         store: &dyn Store,
     ) -> Result<String, Error> {
-        let properties = crate::rabbitmq::wire::properties(&letter.envelope, 0);
+        let properties = crate::rabbitmq::wire::replay_properties(&letter.envelope, letter.id);
         let (exchange, routing_key, place) = match &letter.handler {
             Some(handler) => {
                 let queue = crate::rabbitmq::topology::queue_name(&self.queue_prefix, handler);

@@ -42,6 +42,9 @@ pub mod headers {
     pub const HANDLER: &str = "x-hexeract-handler";
     /// On a parked message: the queue it was consumed from.
     pub const QUEUE: &str = "x-hexeract-queue";
+    /// On a copy sent back by `dead-letters replay`: the id of the dead letter it replays. A
+    /// copy parked again gets a dead letter of its own, not the one it was replayed from.
+    pub const REPLAY: &str = "x-hexeract-replay";
     /// On a retried or parked copy: the names (comma-separated) of the original's headers
     /// left out because with them the copy's properties would not fit in one AMQP frame
     /// (`frame_max`). The largest go first; Hexeract's own headers are kept.
@@ -101,6 +104,42 @@ pub(crate) fn properties(envelope: &Envelope, attempts_made: u32) -> BasicProper
         properties = properties.with_correlation_id(correlation.to_string().into());
     }
     properties
+}
+
+/// The properties of a dead letter's message sent back by `dead-letters replay`: its own, no
+/// attempts made, and `x-hexeract-replay` naming the dead letter, so that the copy, should it
+/// be parked again, gets a dead letter of its own.
+pub(crate) fn replay_properties(envelope: &Envelope, dead_letter: Uuid) -> BasicProperties {
+    let properties = properties(envelope, 0);
+    let mut table = properties
+        .headers()
+        .as_ref()
+        .map(|table| table.inner().clone())
+        .unwrap_or_default();
+    table.insert(headers::REPLAY.into(), text(&dead_letter.to_string()));
+    properties.with_headers(table.into())
+}
+
+/// The properties of `envelope` as the outbox relay publishes it: [`properties`], less the
+/// largest headers Hexeract did not write when they would not fit in `budget` bytes (see
+/// [`property_budget`]), their names in `x-hexeract-dropped-headers`. A row with headers over a
+/// frame would otherwise make the broker close the connection on every pass.
+pub(crate) fn relay_properties(envelope: &Envelope, budget: usize) -> BasicProperties {
+    let properties = properties(envelope, 0);
+    let size = other_properties_size(&properties)
+        + properties
+            .headers()
+            .as_ref()
+            .map_or(0, |table| table_size(table.inner()));
+    if size <= budget {
+        return properties;
+    }
+    let table = properties
+        .headers()
+        .as_ref()
+        .map(|table| table.inner().clone())
+        .unwrap_or_default();
+    fit(properties, table, budget)
 }
 
 fn text(value: &str) -> AMQPValue {
@@ -309,8 +348,13 @@ pub(crate) fn salvage_payload(delivery: &Delivery, payload: Bytes, exchange: &st
 
 /// A stable UUID for a producer's id that is not one (UUID v5 in a namespace of Hexeract's).
 fn derived_id(id: &str) -> Uuid {
+    derived_id_of(id.as_bytes())
+}
+
+/// [`derived_id`] of any bytes.
+fn derived_id_of(name: &[u8]) -> Uuid {
     const NAMESPACE: Uuid = Uuid::from_u128(0x6865_7865_7261_6374_2d61_6d71_702d_6964);
-    Uuid::new_v5(&NAMESPACE, id.as_bytes())
+    Uuid::new_v5(&NAMESPACE, name)
 }
 
 fn number(value: &AMQPValue) -> Option<u64> {
@@ -539,17 +583,29 @@ pub(crate) struct ParkedInfo<'a> {
 }
 
 impl ParkedInfo<'_> {
-    /// The same, as a record for the `dead_letters` table. Its id depends on the queue, the
-    /// message and the attempt only, so that writing it again (the delivery came back after a
-    /// park that failed) keeps one row; a delivery without a message id cannot be told from
-    /// another, and gets a fresh one.
-    pub(crate) fn dead_letter(&self, mut envelope: Envelope) -> DeadLetter {
+    /// The same, as a record for the `dead_letters` table, for the copy of the message whose
+    /// properties are `copy`. Its id depends on the queue, the message id, the attempt, the
+    /// replay that sent this copy (`x-hexeract-replay`) and the payload's bytes, so that writing
+    /// it again for the same copy (the delivery came back after a park that failed) keeps one
+    /// row, while a copy parked again after a replay, or another message reusing the id, gets a
+    /// row of its own. A delivery without a message id cannot be told from another, and gets a
+    /// fresh one.
+    pub(crate) fn dead_letter(&self, mut envelope: Envelope, copy: &BasicProperties) -> DeadLetter {
         envelope.attempt = self.attempts;
         let id = (*self.reason != Reason::MESSAGE_ID_MISSING).then(|| {
-            derived_id(&format!(
-                "dead-letter/{}/{}/{}",
+            let replay = copy
+                .headers()
+                .as_ref()
+                .and_then(|table| table.inner().get(headers::REPLAY))
+                .and_then(text_of)
+                .unwrap_or("");
+            let mut name = format!(
+                "dead-letter/{}/{}/{}/{replay}/",
                 self.queue, envelope.id, self.attempts
-            ))
+            )
+            .into_bytes();
+            name.extend_from_slice(&envelope.payload);
+            derived_id_of(&name)
         });
         let mut letter = DeadLetter::new(
             envelope,
@@ -797,6 +853,41 @@ mod tests {
         assert_eq!(inner.get(headers::REASON), Some(&text("handler_panicked")));
         let detail = string(inner.get(headers::DETAIL).unwrap()).unwrap();
         assert!(detail.len() <= MAX_HEADER_DETAIL_BYTES + "…".len());
+    }
+
+    /// One copy parked twice (its park failed, the delivery came back) keeps one dead-letter
+    /// row; a copy replayed and parked again, or another message reusing the id, gets its own.
+    #[test]
+    fn a_dead_letters_id_is_the_copys_own() {
+        let info = ParkedInfo {
+            reason: &Reason::PAYLOAD_INVALID,
+            detail: "no",
+            handler: Some("billing"),
+            queue: "orders.billing",
+            attempts: 0,
+        };
+        let envelope = Envelope::from_raw("OrderPlaced", &b"{\"order\": 1}"[..]);
+        let copy = properties(&envelope, 0);
+        let first = info.dead_letter(envelope.clone(), &copy);
+        assert_eq!(
+            first.id,
+            info.dead_letter(envelope.clone(), &copy).id,
+            "same copy, same row"
+        );
+        let replayed = replay_properties(&envelope, first.id);
+        let again = info.dead_letter(envelope.clone(), &replayed);
+        assert_ne!(
+            again.id, first.id,
+            "a replayed copy parked again gets a row of its own"
+        );
+        assert_eq!(again.id, info.dead_letter(envelope.clone(), &replayed).id);
+        let mut reused = envelope.clone();
+        reused.payload = bytes::Bytes::from_static(b"{\"order\": 2}");
+        assert_ne!(
+            info.dead_letter(reused, &copy).id,
+            first.id,
+            "another message under the same id gets a row of its own"
+        );
     }
 }
 

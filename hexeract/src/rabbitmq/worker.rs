@@ -1138,7 +1138,7 @@ impl ConsumeLoop<'_> {
         // The row first: a delivery leaves its queue only once its reason is in
         // `dead_letters`. While the store cannot take it, the delivery waits, unacked.
         if let Some(store) = &shared.dead_letters {
-            let letter = info.dead_letter(envelope);
+            let letter = info.dead_letter(envelope, &delivery.properties);
             if !self.write_dead_letter(&**store, &letter).await {
                 return Settled::Requeue;
             }

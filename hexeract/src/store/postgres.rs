@@ -27,6 +27,7 @@ use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::dead_letters::{dead_letter_queries, DeadLetterSql};
+use crate::store::unreadable::Problems;
 use crate::store::{
     millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, Deliveries, DeliveryId,
     DeliveryStore, Housekeeping, Identifier, Page, Pending, RelaySink, RelayStore, Routes,
@@ -89,9 +90,14 @@ impl PgStore {
     }
 
     /// Connects to `url` (a `postgres://` URL; TLS through `sslmode`) with a pool of 10
-    /// connections named `hexeract`, using the default schema.
+    /// connections named `hexeract`, using the default schema. To a host other than this
+    /// machine, an unset `sslmode` means `verify-full` (the server's certificate checked against
+    /// its name), not sqlx's `prefer`, which verifies nothing and falls back to plain text.
     pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
-        let options: PgConnectOptions = url.parse()?;
+        let mut options: PgConnectOptions = url.parse()?;
+        if crate::secure::postgres_ssl_mode(url).is_some() {
+            options = options.ssl_mode(sqlx::postgres::PgSslMode::VerifyFull);
+        }
         let options = options
             .application_name("hexeract")
             .log_statements(tracing::log::LevelFilter::Trace);
@@ -978,22 +984,25 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
 }
 
 /// Reads a message out of a `deliveries`, `dead_letters` or (with `id AS message_id`) `outbox`
-/// row: its [`MESSAGE_COLUMNS`] and `message_id`.
-fn envelope_from_row(row: &PgRow, attempts: i32) -> Result<Envelope, StoreError> {
-    let headers: Json<BTreeMap<String, String>> = row.try_get("headers")?;
+/// row: its [`MESSAGE_COLUMNS`] and `message_id`. A row Hexeract did not write (headers that are
+/// not a JSON object of strings) is read as far as it can be, with what was wrong: see
+/// [`Problems`](crate::store::unreadable::Problems).
+fn envelope_from_row(row: &PgRow, attempts: i32) -> Result<(Envelope, Option<String>), StoreError> {
+    let mut problems = Problems::default();
+    let headers = problems.headers_column(row.try_get("headers"), || row.try_get("headers"));
     let mut envelope = Envelope::from_raw(
         row.try_get::<String, _>("message_type")?,
         Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
     );
     envelope.id = row.try_get("message_id")?;
-    envelope.headers = headers.0;
+    envelope.headers = headers;
     envelope.correlation_id = row.try_get("correlation_id")?;
     envelope.causation_id = row.try_get("causation_id")?;
     envelope.aggregate = row.try_get("aggregate")?;
     envelope.aggregate_key = row.try_get("aggregate_key")?;
     envelope.created_at = row.try_get("created_at")?;
     envelope.attempt = u32::try_from(attempts).unwrap_or(0);
-    Ok(envelope)
+    Ok((envelope, problems.into_detail()))
 }
 
 /// A claimed delivery: a `deliveries` row, or an outbox row claimed in place (no `id`).
@@ -1002,11 +1011,13 @@ fn claimed_from_row(row: &PgRow) -> Result<Claimed, StoreError> {
         Some(id) => DeliveryId::Row(id),
         None => DeliveryId::Outbox(row.try_get("message_id")?),
     };
+    let (envelope, unreadable) = envelope_from_row(row, row.try_get("attempts")?)?;
     Ok(Claimed {
         id,
         handler: row.try_get("handler")?,
-        envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+        envelope,
         recovered: row.try_get("recovered")?,
+        unreadable,
     })
 }
 
@@ -1039,7 +1050,7 @@ fn dead_letter_from_row(row: &PgRow) -> Result<DeadLetter, StoreError> {
     let attempts: i32 = row.try_get("attempts")?;
     Ok(DeadLetter {
         id: row.try_get("id")?,
-        envelope: envelope_from_row(row, attempts)?,
+        envelope: envelope_from_row(row, attempts)?.0,
         handler: row.try_get("handler")?,
         reason: Reason::from(row.try_get::<String, _>("reason")?),
         detail: row.try_get("detail")?,
@@ -1229,10 +1240,12 @@ impl RelayStore for PgStore {
                 tx.rollback().await?;
                 return Ok(0);
             }
-            let envelopes = rows
-                .iter()
-                .map(|row| envelope_from_row(row, 0))
-                .collect::<Result<Vec<_>, _>>()?;
+            let mut taken = Vec::with_capacity(rows.len());
+            for row in &rows {
+                taken.push(envelope_from_row(row, 0)?);
+            }
+            let ids: Vec<Uuid> = taken.iter().map(|(envelope, _)| envelope.id).collect();
+            let (envelopes, unreadable) = crate::store::relay::readable(taken);
             let unpublishable = match sink.publish(&envelopes).await {
                 Ok(unpublishable) => unpublishable,
                 Err(error) => {
@@ -1240,12 +1253,14 @@ impl RelayStore for PgStore {
                     return Err(StoreError::Relay(error));
                 }
             };
-            for letter in crate::store::unpublishable_letters(&envelopes, &unpublishable) {
+            for letter in crate::store::unpublishable_letters(&envelopes, &unpublishable)
+                .into_iter()
+                .chain(unreadable)
+            {
                 insert_dead_letter(&self.sql.insert_dead_letter, &letter)
                     .execute(&mut *tx)
                     .await?;
             }
-            let ids: Vec<Uuid> = envelopes.iter().map(|envelope| envelope.id).collect();
             sqlx::query(&self.sql.relay_delete)
                 .bind(&ids)
                 .execute(&mut *tx)

@@ -33,9 +33,10 @@ pub trait RelayStore: DeliveryStore {
 /// once the broker confirmed every envelope it took.
 pub trait RelaySink: Send + Sync {
     /// Publishes `envelopes`, in order, and waits for the broker's confirms. Returns the ones
-    /// that can never be published (a message type that cannot be a routing key), with why:
-    /// the store dead-letters those instead of trying them again forever. `Err` when the
-    /// publish failed and may succeed later: every row stays.
+    /// the broker will not take (a message type that cannot be a routing key, a message over
+    /// the broker's size limit, one the broker could route to no queue), with why: the store
+    /// dead-letters those instead of trying them again forever. `Err` when the publish failed
+    /// and may succeed later: every row stays.
     fn publish<'a>(
         &'a self,
         envelopes: &'a [Envelope],
@@ -60,17 +61,41 @@ pub trait RelaySink: Send + Sync {
     }
 }
 
-/// An outbox row the broker can never take, and why.
+/// An outbox row the broker will not take, and why: the relay dead-letters it (in the pass's
+/// transaction, as the rows it published are deleted) instead of trying it again forever.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unpublishable {
     /// The message's id.
     pub id: Uuid,
+    /// The dead letter's reason: [`Reason::PAYLOAD_INVALID`] for a message type that cannot be
+    /// a routing key, [`Reason::PAYLOAD_TOO_LARGE`] for a message over the broker's limit,
+    /// [`Reason::UNROUTABLE`] for one the broker had no queue for.
+    pub reason: Reason,
     /// What is wrong with it.
     pub detail: String,
 }
 
-/// The dead letters of the outbox rows a relay could never publish (reason `payload_invalid`,
-/// no handler, no call made): what both stores' `relay` records.
+impl Unpublishable {
+    /// `id` refused for `reason`, with `detail`.
+    ///
+    /// ```
+    /// use hexeract::store::Unpublishable;
+    /// use hexeract::Reason;
+    ///
+    /// let refused = Unpublishable::new(uuid::Uuid::nil(), Reason::UNROUTABLE, "no queue is bound");
+    /// assert_eq!(refused.reason, Reason::UNROUTABLE);
+    /// ```
+    pub fn new(id: Uuid, reason: Reason, detail: impl Into<String>) -> Unpublishable {
+        Unpublishable {
+            id,
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// The dead letters of the outbox rows a relay could never publish (no handler, no call made):
+/// what both stores' `relay` records.
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn unpublishable_letters(
     envelopes: &[Envelope],
@@ -79,16 +104,50 @@ pub(crate) fn unpublishable_letters(
     unpublishable
         .iter()
         .filter_map(|rejected| {
-            let envelope = envelopes.iter().find(|envelope| envelope.id == rejected.id)?;
-            tracing::error!(message_id = %envelope.id, detail = %rejected.detail, "outbox row cannot be published; dead-lettered");
+            let envelope = envelopes
+                .iter()
+                .find(|envelope| envelope.id == rejected.id)?;
+            tracing::error!(
+                message_id = %envelope.id,
+                message_type = %envelope.message_type,
+                reason = %rejected.reason,
+                detail = %rejected.detail,
+                "outbox row not published; dead-lettered"
+            );
+            crate::metrics::dead_lettered_by_relay(&rejected.reason);
             Some(DeadLetter::new(
                 envelope.clone(),
                 None,
-                Reason::PAYLOAD_INVALID,
+                rejected.reason.clone(),
                 &rejected.detail,
             ))
         })
         .collect()
+}
+
+/// The rows of a relay pass split into the messages to publish and the dead letters of those
+/// that could not be read (rows Hexeract did not write): one such row is dead-lettered alone, as
+/// [`Reason::MESSAGE_UNREADABLE`], and the rows behind it are published.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn readable(taken: Vec<(Envelope, Option<String>)>) -> (Vec<Envelope>, Vec<DeadLetter>) {
+    let mut envelopes = Vec::with_capacity(taken.len());
+    let mut letters = Vec::new();
+    for (envelope, unreadable) in taken {
+        match unreadable {
+            None => envelopes.push(envelope),
+            Some(detail) => {
+                tracing::error!(message_id = %envelope.id, %detail, "outbox row cannot be read; dead-lettered");
+                crate::metrics::dead_lettered_by_relay(&Reason::MESSAGE_UNREADABLE);
+                letters.push(DeadLetter::new(
+                    envelope,
+                    None,
+                    Reason::MESSAGE_UNREADABLE,
+                    &detail,
+                ));
+            }
+        }
+    }
+    (envelopes, letters)
 }
 
 /// A relay's passes, each with a deadline that never cuts one in half: a pass holds a

@@ -13,7 +13,6 @@
 //! milliseconds since the epoch on the application's clock, so comparisons and `now + lease`
 //! are exact; a message's own `created_at` is RFC 3339 text, kept as published.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -37,6 +36,7 @@ use crate::dead_letter::DeadLetter;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::dead_letters::{dead_letter_queries, DeadLetterSql};
+use crate::store::unreadable::Problems;
 use crate::store::{
     millis, Claimed, Claims, DeadLetterFilter, DeadLetterStore, Deliveries, DeliveryId,
     DeliveryStore, Housekeeping, Identifier, Page, Pending, RelaySink, RelayStore, Routes,
@@ -421,11 +421,13 @@ fn claimed_from_row(row: &SqliteRow) -> Result<Claimed, StoreError> {
         Some(id) => DeliveryId::Row(id),
         None => DeliveryId::Outbox(uuid(row, "message_id")?),
     };
+    let (envelope, unreadable) = envelope_from_row(row, row.try_get("attempts")?);
     Ok(Claimed {
         id,
         handler: row.try_get("handler")?,
-        envelope: envelope_from_row(row, row.try_get("attempts")?)?,
+        envelope,
         recovered: row.try_get::<i64, _>("recovered")? != 0,
+        unreadable,
     })
 }
 
@@ -1207,22 +1209,44 @@ fn optional_uuid(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, StoreErr
 }
 
 /// Reads a message out of a `deliveries`, `dead_letters` or (with `id AS message_id`) outbox
-/// row: its [`MESSAGE_COLUMNS`] and `message_id`.
-fn envelope_from_row(row: &SqliteRow, attempts: i64) -> Result<Envelope, StoreError> {
-    let headers: Json<BTreeMap<String, String>> = row.try_get("headers")?;
-    let mut envelope = Envelope::from_raw(
-        row.try_get::<String, _>("message_type")?,
-        Bytes::from(row.try_get::<Vec<u8>, _>("payload")?),
+/// row: its [`MESSAGE_COLUMNS`] and `message_id`. A row Hexeract did not write (headers that are
+/// not a JSON object of strings, an id or a time that does not parse) is read as far as it can
+/// be, with what was wrong: see [`Problems`]. A message id that is not a UUID reads as one
+/// derived from it.
+fn envelope_from_row(row: &SqliteRow, attempts: i64) -> (Envelope, Option<String>) {
+    let mut problems = Problems::default();
+    let headers = problems.headers_column(row.try_get("headers"), || row.try_get("headers"));
+    let message_type = problems.or(
+        "message_type",
+        row.try_get::<String, _>("message_type"),
+        String::new(),
     );
-    envelope.id = uuid(row, "message_id")?;
-    envelope.headers = headers.0;
-    envelope.correlation_id = optional_uuid(row, "correlation_id")?;
-    envelope.causation_id = optional_uuid(row, "causation_id")?;
-    envelope.aggregate = row.try_get("aggregate")?;
-    envelope.aggregate_key = row.try_get("aggregate_key")?;
-    envelope.created_at = row.try_get("created_at")?;
+    let payload = problems.or("payload", row.try_get::<Vec<u8>, _>("payload"), Vec::new());
+    let mut envelope = Envelope::from_raw(message_type, Bytes::from(payload));
+    envelope.id = match uuid(row, "message_id") {
+        Ok(id) => id,
+        Err(error) => {
+            let raw: String = row.try_get("message_id").unwrap_or_default();
+            problems.note(format!("message_id {raw:?}: {error}"));
+            unreadable_id(&raw)
+        }
+    };
+    envelope.headers = headers;
+    envelope.correlation_id =
+        problems.or("correlation_id", optional_uuid(row, "correlation_id"), None);
+    envelope.causation_id = problems.or("causation_id", optional_uuid(row, "causation_id"), None);
+    envelope.aggregate = problems.or("aggregate", row.try_get("aggregate"), None);
+    envelope.aggregate_key = problems.or("aggregate_key", row.try_get("aggregate_key"), None);
+    envelope.created_at = problems.or("created_at", row.try_get("created_at"), Utc::now());
     envelope.attempt = u32::try_from(attempts).unwrap_or(0);
-    Ok(envelope)
+    (envelope, problems.into_detail())
+}
+
+/// The id a message whose stored id is not a UUID is known by (UUID v5 in a namespace of
+/// Hexeract's): stable, so that its dead letter is found again.
+fn unreadable_id(raw: &str) -> Uuid {
+    const NAMESPACE: Uuid = Uuid::from_u128(0x6865_7865_7261_6374_2d73_716c_6974_6521);
+    Uuid::new_v5(&NAMESPACE, raw.as_bytes())
 }
 
 fn dead_letter_from_row(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
@@ -1231,7 +1255,7 @@ fn dead_letter_from_row(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
     let dead_lettered_at: i64 = row.try_get("dead_lettered_at")?;
     Ok(DeadLetter {
         id,
-        envelope: envelope_from_row(row, attempts)?,
+        envelope: envelope_from_row(row, attempts).0,
         handler: row.try_get("handler")?,
         reason: Reason::from(row.try_get::<String, _>("reason")?),
         detail: row.try_get("detail")?,
@@ -1458,10 +1482,13 @@ impl RelayStore for SqliteStore {
                 tx.rollback().await?;
                 return Ok(0);
             }
-            let envelopes = rows
+            // Deleted by the id as stored, which need not be a UUID in a row written by hand.
+            let ids: Vec<String> = rows
                 .iter()
-                .map(|row| envelope_from_row(row, 0))
-                .collect::<Result<Vec<_>, _>>()?;
+                .map(|row| row.try_get("message_id"))
+                .collect::<Result<_, _>>()?;
+            let taken = rows.iter().map(|row| envelope_from_row(row, 0)).collect();
+            let (envelopes, unreadable) = crate::store::relay::readable(taken);
             let unpublishable = match sink.publish(&envelopes).await {
                 Ok(unpublishable) => unpublishable,
                 Err(error) => {
@@ -1469,15 +1496,14 @@ impl RelayStore for SqliteStore {
                     return Err(StoreError::Relay(error));
                 }
             };
-            for letter in crate::store::unpublishable_letters(&envelopes, &unpublishable) {
+            for letter in crate::store::unpublishable_letters(&envelopes, &unpublishable)
+                .into_iter()
+                .chain(unreadable)
+            {
                 insert_dead_letter(&self.sql.insert_dead_letter, &letter)
                     .execute(&mut *tx)
                     .await?;
             }
-            let ids: Vec<String> = envelopes
-                .iter()
-                .map(|envelope| envelope.id.hyphenated().to_string())
-                .collect();
             sqlx::query(&self.sql.relay_delete)
                 .bind(Json(&ids))
                 .execute(&mut *tx)

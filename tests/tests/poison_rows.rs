@@ -1,0 +1,439 @@
+//! Nothing lost at the edges of the outbox: a row another program wrote (a header that is not a
+//! string), a row the broker would never take (a payload over its size limit, headers over a
+//! frame) and a message no queue is bound for are each dead-lettered alone, with their reason, or
+//! published as well as they can be, and the rows behind them go on: on the outbox worker's take
+//! and on the RabbitMQ relay, over SQLite and PostgreSQL.
+//!
+//! Needs PostgreSQL at `TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
+//! RabbitMQ at `TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`). Each test has a
+//! schema, an SQLite file and a queue prefix of its own.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hexeract::health::Health;
+use hexeract::outbox::OutboxWorker;
+use hexeract::rabbitmq::{headers, OutboxRelay, Topology};
+use hexeract::store::sqlite::SqliteStore;
+use hexeract::store::{DeliveryStore, RelayStore};
+use hexeract::{
+    CancellationToken, Context, DeadLetter, Envelope, Handler, HandlerOptions, Message, Reason,
+    Registry,
+};
+use hexeract_tests::amqp::TestBroker;
+use hexeract_tests::pg::TestSchema;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "test.OrderPlaced")]
+struct OrderPlaced {
+    order_id: u32,
+}
+
+/// The orders each handler saw, by handler.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<(&'static str, u32)>>>);
+
+impl Seen {
+    fn of(&self, handler: &str) -> Vec<u32> {
+        let mut orders: Vec<u32> = self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| *name == handler)
+            .map(|(_, order)| *order)
+            .collect();
+        orders.sort_unstable();
+        orders
+    }
+}
+
+struct Record(Seen, &'static str);
+
+impl Handler<OrderPlaced> for Record {
+    type Error = std::convert::Infallible;
+
+    async fn handle(&self, message: OrderPlaced, _: &Context) -> Result<(), Self::Error> {
+        self.0 .0.lock().unwrap().push((self.1, message.order_id));
+        Ok(())
+    }
+}
+
+/// The order id of the row another program wrote: never handled, only dead-lettered.
+const POISON_ORDER: u32 = 999;
+
+/// Where the test's rows live: a store and a way to write a row around Hexeract's back.
+enum Backend {
+    Sqlite(SqliteStore, std::path::PathBuf),
+    Postgres(TestSchema),
+}
+
+impl Backend {
+    async fn sqlite() -> Backend {
+        let dir = std::env::temp_dir().join(format!("hexeract-poison-{}", Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("outbox.db")).await.unwrap();
+        store.migrate().await.unwrap();
+        Backend::Sqlite(store, dir)
+    }
+
+    async fn postgres() -> Backend {
+        let schema = TestSchema::new("hexeract-tests-poison-rows").await;
+        schema.migrated_store().await;
+        Backend::Postgres(schema)
+    }
+
+    fn store(&self) -> Arc<dyn hexeract::store::Store> {
+        match self {
+            Backend::Sqlite(store, _) => Arc::new(store.clone()),
+            Backend::Postgres(schema) => Arc::new(schema.store()),
+        }
+    }
+
+    /// Writes an outbox row as another program might: an `OrderPlaced` whose headers hold a
+    /// number where Hexeract writes only strings. Returns its id.
+    async fn write_poison_row(&self) -> Uuid {
+        let id = Uuid::now_v7();
+        let payload = serde_json::to_vec(&OrderPlaced {
+            order_id: POISON_ORDER,
+        })
+        .unwrap();
+        match self {
+            Backend::Sqlite(store, _) => {
+                sqlx::query(&format!(
+                    "INSERT INTO \"{}_outbox\" (id, message_type, payload, headers) \
+                     VALUES (?1, 'test.OrderPlaced', ?2, '{{\"retries\": 3, \"tenant\": \"acme\"}}')",
+                    store.prefix()
+                ))
+                .bind(id.hyphenated().to_string())
+                .bind(payload)
+                .execute(store.pool())
+                .await
+                .unwrap();
+            }
+            Backend::Postgres(schema) => {
+                sqlx::query(&format!(
+                    "INSERT INTO \"{}\".outbox (id, message_type, payload, headers) \
+                     VALUES ($1, 'test.OrderPlaced', $2, '{{\"retries\": 3, \"tenant\": \"acme\"}}'::jsonb)",
+                    schema.schema
+                ))
+                .bind(id)
+                .bind(payload)
+                .execute(&schema.pool)
+                .await
+                .unwrap();
+            }
+        }
+        id
+    }
+
+    async fn finish(self) {
+        match self {
+            Backend::Sqlite(_, dir) => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Backend::Postgres(schema) => schema.drop_schema().await,
+        }
+    }
+}
+
+/// Waits until `store` owes nothing (outbox and deliveries empty), up to 20 s.
+async fn drained(store: &dyn hexeract::store::Store) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let owed = store.backlog().await.unwrap();
+        if owed == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{owed} messages still owed after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Twenty good messages behind a row the take cannot read, for one handler (claimed in place)
+/// or two (expanded into deliveries): every good one handled by every handler, the poison row
+/// dead-lettered alone as `message_unreadable`, for each handler, with no call made and with
+/// what could be read of it.
+async fn the_take_dead_letters_a_poison_row_alone(backend: Backend, handlers: &[&'static str]) {
+    let poison = backend.write_poison_row().await;
+    let store = backend.store();
+    let good: Vec<Envelope> = (0..20)
+        .map(|order_id| Envelope::new(&OrderPlaced { order_id }).unwrap())
+        .collect();
+    store.publish(good).await.unwrap();
+
+    let seen = Seen::default();
+    let mut builder = OutboxWorker::builder_shared(store.clone()).registry(Registry::new());
+    for name in handlers {
+        builder = builder.register_handler_with::<OrderPlaced, _>(
+            Record(seen.clone(), name),
+            HandlerOptions::new().name(*name),
+        );
+    }
+    let health = Health::new();
+    let worker = builder
+        .poll_interval(Duration::from_millis(10))
+        .health(health.probe("outbox worker"))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    drained(&*store).await;
+    assert!(health.readiness().ready, "{}", health.readiness());
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+
+    for name in handlers {
+        assert_eq!(seen.of(name), (0..20).collect::<Vec<_>>(), "{name}");
+    }
+    let letters = store.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), handlers.len(), "{letters:?}");
+    for letter in &letters {
+        assert_unreadable(letter, poison);
+        assert_eq!(letter.attempts, 0, "no call was made");
+    }
+    let mut dead_handlers: Vec<Option<String>> = letters
+        .iter()
+        .map(|letter| letter.handler.clone())
+        .collect();
+    dead_handlers.sort();
+    let mut expected: Vec<Option<String>> =
+        handlers.iter().map(|name| Some(name.to_string())).collect();
+    expected.sort();
+    assert_eq!(dead_handlers, expected);
+    backend.finish().await;
+}
+
+/// A dead letter of the row [`Backend::write_poison_row`] wrote.
+fn assert_unreadable(letter: &DeadLetter, poison: Uuid) {
+    assert_eq!(letter.envelope.id, poison);
+    assert_eq!(letter.reason, Reason::MESSAGE_UNREADABLE);
+    assert!(
+        letter.detail.contains("header \"retries\" is not a string"),
+        "{}",
+        letter.detail
+    );
+    // What could be read is kept: the payload byte for byte, the string header as it was, the
+    // number as its JSON text.
+    let order: OrderPlaced = serde_json::from_slice(&letter.envelope.payload).unwrap();
+    assert_eq!(order.order_id, POISON_ORDER);
+    assert_eq!(letter.envelope.headers["tenant"], "acme");
+    assert_eq!(letter.envelope.headers["retries"], "3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_take_dead_letters_a_poison_row_claimed_in_place_on_sqlite() {
+    the_take_dead_letters_a_poison_row_alone(Backend::sqlite().await, &["only"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_take_dead_letters_a_poison_row_claimed_in_place_on_postgres() {
+    the_take_dead_letters_a_poison_row_alone(Backend::postgres().await, &["only"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_take_dead_letters_a_poison_row_expanded_on_sqlite() {
+    the_take_dead_letters_a_poison_row_alone(Backend::sqlite().await, &["first", "second"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_take_dead_letters_a_poison_row_expanded_on_postgres() {
+    the_take_dead_letters_a_poison_row_alone(Backend::postgres().await, &["first", "second"]).await;
+}
+
+/// A relay over `store` to the test broker's exchange, with `configure` applied, and the
+/// handler queue `relayed` for `test.OrderPlaced` declared.
+async fn relay_setup(broker: &TestBroker) -> (Topology, String) {
+    let mut registry = Registry::new();
+    registry
+        .register::<OrderPlaced, _>(
+            Record(Seen::default(), "relayed"),
+            HandlerOptions::new().name("relayed"),
+        )
+        .unwrap();
+    let topology = Topology::from_registry(&registry)
+        .exchange(broker.exchange.clone())
+        .prefix(broker.prefix.clone());
+    topology.declare(&broker.connection).await.unwrap();
+    let queue = topology.queue_for("relayed");
+    (topology, queue)
+}
+
+/// Runs `relay` until `store` owes nothing, and checks it stayed ready.
+async fn relay_until_drained(
+    relay: OutboxRelay,
+    health: &Health,
+    store: &dyn hexeract::store::Store,
+) {
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(relay.run(cancel.clone()));
+    drained(store).await;
+    assert!(health.readiness().ready, "{}", health.readiness());
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+}
+
+async fn relay(store: Arc<dyn RelayStore>, broker: &TestBroker, health: &Health) -> OutboxRelay {
+    OutboxRelay::new(store, &broker.connection)
+        .await
+        .unwrap()
+        .exchange(broker.exchange.clone())
+        .batch_size(100)
+        .poll_interval(Duration::from_millis(10))
+        .health(health.probe("outbox relay"))
+}
+
+/// The relay meets, in its oldest rows: a row it cannot read, a payload over the broker's limit,
+/// a message of a type no queue is bound for, one of a type allowed to have no subscriber, and
+/// one whose headers would not fit in a frame. Behind them, twenty good messages. Each good one
+/// reaches the queue once; the row with headers over a frame reaches it without its largest
+/// header; the unreadable, oversize and unroutable rows are dead-lettered with their reasons;
+/// the allowed one is deleted without a dead letter; the relay stays ready throughout.
+async fn the_relay_dead_letters_what_the_broker_will_not_take(backend: Backend) {
+    let broker = TestBroker::new().await;
+    let (topology, queue) = relay_setup(&broker).await;
+    let poison = backend.write_poison_row().await;
+    let store = backend.store();
+    let oversize = Envelope::new(&OrderPlaced { order_id: 1000 }).unwrap();
+    let mut oversize = oversize;
+    oversize.payload = format!("{{\"order_id\": 1000, \"pad\": \"{}\"}}", "x".repeat(4096))
+        .into_bytes()
+        .into();
+    let unroutable = Envelope::from_raw("test.NobodySubscribes", &b"{}"[..]);
+    let allowed = Envelope::from_raw("test.AuditRecorded", &b"{}"[..]);
+    let mut wide = Envelope::new(&OrderPlaced { order_id: 1001 }).unwrap();
+    wide.headers
+        .insert("x-app-blob".to_owned(), "y".repeat(200 * 1024));
+    wide.headers
+        .insert("x-app-small".to_owned(), "kept".to_owned());
+    let mut rows = vec![
+        oversize.clone(),
+        unroutable.clone(),
+        allowed.clone(),
+        wide.clone(),
+    ];
+    rows.extend((0..20).map(|order_id| Envelope::new(&OrderPlaced { order_id }).unwrap()));
+    store.publish(rows).await.unwrap();
+
+    let health = Health::new();
+    let relay_store: Arc<dyn RelayStore> = match &backend {
+        Backend::Sqlite(store, _) => Arc::new(store.clone()),
+        Backend::Postgres(schema) => Arc::new(schema.store()),
+    };
+    let relay = relay(relay_store, &broker, &health)
+        .await
+        .max_message_size(1024)
+        .allow_unrouted(["test.AuditRecorded"]);
+    relay_until_drained(relay, &health, &*store).await;
+
+    let arrived = broker.wait_for(&queue, 21, Duration::from_secs(10)).await;
+    let mut orders: Vec<u32> = arrived
+        .iter()
+        .map(|message| {
+            serde_json::from_slice::<OrderPlaced>(&message.delivery.data)
+                .unwrap()
+                .order_id
+        })
+        .collect();
+    orders.sort_unstable();
+    let mut expected: Vec<u32> = (0..20).collect();
+    expected.push(1001);
+    assert_eq!(orders, expected, "every good row once, the wide one too");
+    let wide_copy = arrived
+        .iter()
+        .find(|message| {
+            message
+                .delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str())
+                == Some(wide.id.to_string().as_str())
+        })
+        .expect("the row with wide headers was published");
+    let table = wide_copy.delivery.properties.headers().as_ref().unwrap();
+    assert!(
+        !table.inner().contains_key("x-app-blob"),
+        "the blob was left out"
+    );
+    assert!(
+        table.inner().contains_key("x-app-small"),
+        "the small header stayed"
+    );
+    let dropped = match table.inner().get(headers::DROPPED_HEADERS) {
+        Some(lapin::types::AMQPValue::LongString(names)) => names.to_string(),
+        other => panic!("no list of dropped headers: {other:?}"),
+    };
+    assert_eq!(dropped, "x-app-blob");
+
+    let letters = store.dead_letters(10).await.unwrap();
+    let reason_of = |id: Uuid| {
+        letters
+            .iter()
+            .find(|letter| letter.envelope.id == id)
+            .map(|letter| (letter.reason.clone(), letter.detail.clone()))
+    };
+    assert_eq!(letters.len(), 3, "{letters:?}");
+    let unreadable = letters
+        .iter()
+        .find(|letter| letter.envelope.id == poison)
+        .unwrap();
+    assert_unreadable(unreadable, poison);
+    let (reason, detail) = reason_of(oversize.id).expect("the oversize row was dead-lettered");
+    assert_eq!(reason, Reason::PAYLOAD_TOO_LARGE);
+    assert!(detail.contains("AMQP_MAX_MESSAGE_SIZE"), "{detail}");
+    let (reason, detail) = reason_of(unroutable.id).expect("the unroutable row was dead-lettered");
+    assert_eq!(reason, Reason::UNROUTABLE);
+    assert!(detail.contains("test.NobodySubscribes"), "{detail}");
+    assert_eq!(
+        reason_of(allowed.id),
+        None,
+        "an allowed type is not dead-lettered"
+    );
+    assert!(letters.iter().all(|letter| letter.handler.is_none()));
+    broker.delete(&topology).await;
+    backend.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_dead_letters_what_the_broker_will_not_take_on_sqlite() {
+    the_relay_dead_letters_what_the_broker_will_not_take(Backend::sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_dead_letters_what_the_broker_will_not_take_on_postgres() {
+    the_relay_dead_letters_what_the_broker_will_not_take(Backend::postgres().await).await;
+}
+
+/// `*` allows every type to reach no queue: the relay then deletes an unroutable message
+/// without a dead letter, as it did before it asked the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_type_may_be_allowed_to_have_no_subscriber() {
+    let broker = TestBroker::new().await;
+    let (topology, _) = relay_setup(&broker).await;
+    let backend = Backend::sqlite().await;
+    let store = backend.store();
+    store
+        .publish(vec![Envelope::from_raw(
+            "test.NobodySubscribes",
+            &b"{}"[..],
+        )])
+        .await
+        .unwrap();
+    let health = Health::new();
+    let relay_store: Arc<dyn RelayStore> = match &backend {
+        Backend::Sqlite(store, _) => Arc::new(store.clone()),
+        Backend::Postgres(schema) => Arc::new(schema.store()),
+    };
+    let relay = relay(relay_store, &broker, &health)
+        .await
+        .allow_unrouted(["*"]);
+    relay_until_drained(relay, &health, &*store).await;
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
+    broker.delete(&topology).await;
+    backend.finish().await;
+}
