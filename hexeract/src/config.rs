@@ -89,7 +89,7 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 /// | `WORKER_PORT`, `WORKER_ADDR` | `worker_port`, `worker_addr` |
 /// | `INBOX_RETENTION_DAYS`, `DEAD_LETTER_RETENTION_DAYS` | `inbox_retention`, `dead_letter_retention` |
 /// | `AMQP_URL`, `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX` | `amqp` |
-/// | `KAFKA_BROKERS`, `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS` | `kafka` |
+/// | `KAFKA_BROKERS`, `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS`, `KAFKA_REPLICATION_FACTOR` | `kafka` |
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
@@ -120,7 +120,8 @@ pub struct WorkerConfig {
     pub kafka: Option<Kafka>,
 }
 
-/// `KAFKA_BROKERS` with `KAFKA_TOPIC_PREFIX` and `KAFKA_TOPIC_PARTITIONS`.
+/// `KAFKA_BROKERS` with `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS` and
+/// `KAFKA_REPLICATION_FACTOR`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Kafka {
@@ -131,6 +132,9 @@ pub struct Kafka {
     /// `KAFKA_TOPIC_PARTITIONS`; `None` where unset (3).
     #[serde(default)]
     pub partitions: Option<u32>,
+    /// `KAFKA_REPLICATION_FACTOR`: replicas of the topics created; `None` where unset (3).
+    #[serde(default)]
+    pub replication_factor: Option<u32>,
 }
 
 /// The scheduler's own variables; `None` where unset (the scheduler's defaults).
@@ -441,11 +445,12 @@ impl WorkerConfig {
                 urls
             }
         };
-        let partitions = match &kafka_brokers {
-            Some(_) => {
-                read("KAFKA_TOPIC_PARTITIONS", |v| whole_number(v, 1, 10_000)).map(|n| n as u32)
-            }
-            None => None,
+        let (partitions, replication_factor) = match &kafka_brokers {
+            Some(_) => (
+                read("KAFKA_TOPIC_PARTITIONS", |v| whole_number(v, 1, 10_000)).map(|n| n as u32),
+                read("KAFKA_REPLICATION_FACTOR", |v| whole_number(v, 1, 100)).map(|n| n as u32),
+            ),
+            None => (None, None),
         };
         // Like the names below, read only when there is a broker to apply it to.
         if amqp_url.is_some() {
@@ -480,6 +485,7 @@ impl WorkerConfig {
                 brokers,
                 topic_prefix: lookup("KAFKA_TOPIC_PREFIX").unwrap_or_else(executable_name),
                 partitions,
+                replication_factor,
             });
         }
         problems.extend(transport_problems);
@@ -698,6 +704,15 @@ impl WorkerConfig {
                     .map(u64::from),
                 1,
                 10_000,
+            ),
+            (
+                "KAFKA_REPLICATION_FACTOR",
+                self.kafka
+                    .as_ref()
+                    .and_then(|kafka| kafka.replication_factor)
+                    .map(u64::from),
+                1,
+                100,
             ),
         ];
         numbers.extend(
@@ -1168,6 +1183,7 @@ mod tests {
             ("KAFKA_BROKERS", "localhost:9092, kafka-2:9093"),
             ("KAFKA_TOPIC_PREFIX", "shop"),
             ("KAFKA_TOPIC_PARTITIONS", "6"),
+            ("KAFKA_REPLICATION_FACTOR", "1"),
         ]))
         .unwrap();
         assert_eq!(
@@ -1176,15 +1192,21 @@ mod tests {
                 brokers: "localhost:9092, kafka-2:9093".to_owned(),
                 topic_prefix: "shop".to_owned(),
                 partitions: Some(6),
+                replication_factor: Some(1),
             })
         );
         let error = WorkerConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "http://localhost"),
             ("KAFKA_TOPIC_PARTITIONS", "0"),
+            ("KAFKA_REPLICATION_FACTOR", "three"),
         ]))
         .unwrap_err();
         let text = error.to_string();
-        assert_eq!(error.problems.len(), 2, "{text}");
+        assert_eq!(error.problems.len(), 3, "{text}");
+        assert!(
+            text.contains("KAFKA_REPLICATION_FACTOR = \"three\": a whole number from 1 to 100"),
+            "{text}"
+        );
         assert!(
             text.contains("KAFKA_BROKERS = \"http://localhost\": a list of brokers as host:port"),
             "{text}"
@@ -1224,7 +1246,11 @@ mod tests {
             "{bad_prefix}"
         );
         // Without brokers, the other Kafka variables are not read.
-        let unused = WorkerConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")])).unwrap();
+        let unused = WorkerConfig::from_lookup(lookup(&[
+            ("KAFKA_TOPIC_PARTITIONS", "0"),
+            ("KAFKA_REPLICATION_FACTOR", "0"),
+        ]))
+        .unwrap();
         assert_eq!(unused.kafka, None);
     }
 
@@ -1247,6 +1273,13 @@ mod tests {
             ("HEXERACT_QUEUE_PREFIX", &[("AMQP_URL", "amqp://localhost")]),
             (
                 "KAFKA_TOPIC_PARTITIONS",
+                &[
+                    ("KAFKA_BROKERS", "localhost:9092"),
+                    ("KAFKA_TOPIC_PREFIX", "shop"),
+                ],
+            ),
+            (
+                "KAFKA_REPLICATION_FACTOR",
                 &[
                     ("KAFKA_BROKERS", "localhost:9092"),
                     ("KAFKA_TOPIC_PREFIX", "shop"),
@@ -1388,6 +1421,7 @@ mod tests {
                 brokers: "localhost:9092".to_owned(),
                 topic_prefix: executable_name(),
                 partitions: None,
+                replication_factor: None,
             })
         );
         assert_eq!(kafka.amqp, None);

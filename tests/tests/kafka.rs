@@ -814,3 +814,86 @@ async fn a_handler_whose_message_has_no_aggregate_cannot_start() {
          field #[message(key)]"
     );
 }
+
+/// With the default replication factor (3), a cluster of one broker cannot hold the topics:
+/// the admin step fails naming `KAFKA_REPLICATION_FACTOR`, rather than running with records
+/// kept on one disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_smaller_than_the_replication_factor_is_an_error_naming_the_variable() {
+    let kafka = TestKafka::mock_of(1);
+    let config = hexeract::kafka::KafkaConfig::new(kafka.brokers(), kafka.prefix.clone());
+    let error = hexeract::kafka::ensure_topics(&config, &["account"])
+        .await
+        .expect_err("one broker cannot hold 3 replicas");
+    let text = error.to_string();
+    assert!(
+        text.contains("KAFKA_REPLICATION_FACTOR is 3")
+            && text.contains("lists 1 broker(s)")
+            && text.contains("set KAFKA_REPLICATION_FACTOR"),
+        "{text}"
+    );
+    // With a factor the cluster can hold, the same step passes (the topic made beforehand: the
+    // mock cluster has no CreateTopics).
+    kafka.create_topic_with("account", 3, 1).await;
+    hexeract::kafka::ensure_topics(&config.replication_factor(1), &["account"])
+        .await
+        .expect("one replica on one broker");
+}
+
+/// A topic that is missing is never created by the admin step's own metadata requests (which
+/// would create it with the broker's defaults: on the mock cluster 4 partitions, on Kafka
+/// often 1 partition and 1 replica): it is created as configured (the mock has no
+/// CreateTopics, so there it is not created at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_is_never_created_with_the_brokers_defaults() {
+    let kafka = TestKafka::mock();
+    // The mock answers no CreateTopics: give up on it after 5 s rather than 60.
+    let config = kafka.config(3).client_option("socket.timeout.ms", "5000");
+    let created = hexeract::kafka::ensure_topics(&config, &["account"]).await;
+    let probe: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .create()
+        .unwrap();
+    let topic = kafka.topic("account");
+    let metadata =
+        rdkafka::consumer::Consumer::fetch_metadata(&probe, Some(&topic), Duration::from_secs(10))
+            .unwrap();
+    let listed = &metadata.topics()[0];
+    if listed.error().is_none() {
+        assert_eq!(
+            listed.partitions().len(),
+            3,
+            "created with the configured partitions, not the broker's default ({created:?})"
+        );
+        for partition in listed.partitions() {
+            assert_eq!(partition.replicas().len(), 3, "3 replicas ({created:?})");
+        }
+    } else {
+        assert!(created.is_err(), "not listed, yet reported created");
+    }
+}
+
+/// An existing topic with fewer replicas than the factor is used, with a warning naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_topic_with_fewer_replicas_than_the_factor_is_warned_about() {
+    let logs = hexeract_tests::logs::Captured::install("hexeract=warn");
+    let kafka = TestKafka::mock();
+    kafka.create_topic_with("account", 3, 1).await;
+    kafka.create_topic_with("cart", 3, 3).await;
+    hexeract::kafka::ensure_topics(&kafka.config(3), &["account", "cart"])
+        .await
+        .expect("existing topics are used as they are");
+    let text = logs.text();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("fewer replicas than the replication factor"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(
+        warnings[0].contains(&kafka.topic("account"))
+            && warnings[0].contains("replicas=1")
+            && warnings[0].contains("replication_factor=3"),
+        "{}",
+        warnings[0]
+    );
+}
