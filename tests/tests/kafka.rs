@@ -256,6 +256,8 @@ on_both_brokers!(
     a_rebalance_during_consumption_loses_nothing,
     a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_on,
     a_partition_far_behind_is_paused_and_resumed,
+    a_forged_replay_header_makes_no_group_skip_a_new_record,
+    a_replay_is_handled_by_its_handler_alone,
 );
 
 async fn store(schema: &TestSchema) -> Arc<dyn Store> {
@@ -649,8 +651,9 @@ async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_o
         seq: 0,
     })
     .unwrap();
-    // Dead letters sent back by `dead-letters replay`: one for another handler of the topic
-    // (passed over here), one for this handler.
+    // Records addressed as `dead-letters replay` addresses them: one to another handler of the
+    // topic, but a new message rather than a copy of one this handler had (so handled here
+    // too), one to this handler.
     let for_another = Envelope::new(&Step {
         account: "acct-x".to_owned(),
         seq: 1,
@@ -699,8 +702,8 @@ async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_o
     let handled: Vec<u32> = seen.lock().unwrap().iter().map(|call| call.seq).collect();
     assert_eq!(
         handled,
-        [0, 2],
-        "the replay for another handler was passed over"
+        [0, 1, 2],
+        "a new record addressed to another handler is handled here too"
     );
     println!(
         "unreadable: dead-lettered as {}, offset {garbage_offset} passed",
@@ -896,4 +899,135 @@ async fn an_existing_topic_with_fewer_replicas_than_the_factor_is_warned_about()
         "{}",
         warnings[0]
     );
+}
+
+/// A producer that addresses a new record to another handler (`hexeract-replay-for`), even
+/// naming an earlier record as the one it copies (`hexeract-replay-of`), cannot make this
+/// handler skip it: only an exact copy of a record this group already passed is passed over.
+async fn a_forged_replay_header_makes_no_group_skip_a_new_record(kafka: TestKafka) {
+    let schema = TestSchema::new("kafka_forged_replay").await;
+    let store = store(&schema).await;
+    kafka.create_topic("account", 3).await;
+    let topic = kafka.topic("account");
+    let step = |seq| {
+        Envelope::new(&Step {
+            account: "acct-f".to_owned(),
+            seq,
+        })
+        .unwrap()
+    };
+    let first = step(0);
+    store.publish(vec![first.clone()]).await.unwrap();
+    let (stop_relay, relay) = start_relay(&kafka, 3, store.clone(), 10);
+    relayed_all(&*store, Duration::from_secs(30)).await;
+    let original = kafka.read_all(&topic, 1).remove(0);
+    let position = format!("{topic}/{}/{}", original.partition, original.offset);
+    store
+        .publish(vec![
+            // Addressed to another handler, naming nothing.
+            step(1).with_header("hexeract-replay-for", "another.handler"),
+            // Addressed to another handler, naming the first record, which it does not copy.
+            step(2)
+                .with_header("hexeract-replay-for", "another.handler")
+                .with_header("hexeract-replay-of", position.clone()),
+            // Naming the first record with its id, but another payload.
+            {
+                let mut same_id = step(3);
+                same_id.id = first.id;
+                same_id
+                    .with_header("hexeract-replay-for", "another.handler")
+                    .with_header("hexeract-replay-of", position)
+            },
+        ])
+        .await
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (stop, run) = start_worker(worker(&kafka, 3, store.clone(), Recorder::new(1, &seen)));
+    wait_until(Duration::from_secs(60), "every record handled", || {
+        seen.lock().unwrap().len() >= 4
+    })
+    .await;
+    stop.cancel();
+    stop_relay.cancel();
+    run.await.unwrap();
+    relay.await.unwrap();
+    // (The outbox relays in id order: the copy of the first id goes right after it.)
+    let mut handled: Vec<u32> = seen.lock().unwrap().iter().map(|call| call.seq).collect();
+    handled.sort_unstable();
+    assert_eq!(handled, [0, 1, 2, 3], "no record was skipped");
+    schema.drop_schema().await;
+}
+
+/// `dead-letters replay` of one handler's dead letter: the handler gets the record again, the
+/// topic's other handler of the type, which handled the original, passes over the copy.
+async fn a_replay_is_handled_by_its_handler_alone(kafka: TestKafka) {
+    const OTHER: &str = "kafka_test.other_steps";
+    let schema = TestSchema::new("kafka_replay").await;
+    let store = store(&schema).await;
+    kafka.create_topic("account", 3).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut failing = Recorder::new(1, &seen);
+    failing.fail = Arc::new(HashMap::from([(("acct-r".to_owned(), 0), u32::MAX)]));
+    let both = KafkaWorker::builder(kafka.config(3), store.clone())
+        .register_handler_with::<Step, _>(failing, HandlerOptions::new().name(HANDLER))
+        .register_handler_with::<Step, _>(
+            Recorder::new(2, &seen),
+            HandlerOptions::new().name(OTHER),
+        )
+        .max_deliveries(1)
+        .check_interval(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let (stop, run) = start_worker(both);
+    let (stop_relay, relay) = start_relay(&kafka, 3, store.clone(), 10);
+    let step = |seq| {
+        Envelope::new(&Step {
+            account: "acct-r".to_owned(),
+            seq,
+        })
+        .unwrap()
+    };
+    store.publish(vec![step(0)]).await.unwrap();
+    let calls = |instance: u32, seq: u32| {
+        let seen = seen.lock().unwrap();
+        seen.iter()
+            .filter(|call| call.instance == instance && call.seq == seq)
+            .count()
+    };
+    wait_until(Duration::from_secs(60), "both handlers called", || {
+        calls(1, 0) == 1 && calls(2, 0) == 1
+    })
+    .await;
+    let letter = loop {
+        let letters = store.dead_letters(10).await.unwrap();
+        if let Some(letter) = letters.into_iter().next() {
+            break letter;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(letter.handler.as_deref(), Some(HANDLER));
+    let replay = hexeract::kafka::wire::replay_envelope(&letter);
+    assert!(
+        replay
+            .headers
+            .get("hexeract-replay-of")
+            .is_some_and(|of| of.starts_with(&kafka.topic("account"))),
+        "{:?}",
+        replay.headers
+    );
+    // The replay, then a record behind it in the same partition: once the other handler has
+    // that one, it has passed the replay.
+    store.publish(vec![replay, step(1)]).await.unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the replay and the next step handled",
+        || calls(1, 0) == 2 && calls(2, 1) == 1,
+    )
+    .await;
+    stop.cancel();
+    stop_relay.cancel();
+    run.await.unwrap();
+    relay.await.unwrap();
+    assert_eq!(calls(2, 0), 1, "the other handler passed over the copy");
+    schema.drop_schema().await;
 }
