@@ -258,6 +258,7 @@ on_both_brokers!(
     a_partition_far_behind_is_paused_and_resumed,
     a_forged_replay_header_makes_no_group_skip_a_new_record,
     a_replay_is_handled_by_its_handler_alone,
+    a_record_no_handler_consumes_stays_for_a_handler_added_later,
 );
 
 async fn store(schema: &TestSchema) -> Arc<dyn Store> {
@@ -1029,5 +1030,68 @@ async fn a_replay_is_handled_by_its_handler_alone(kafka: TestKafka) {
     run.await.unwrap();
     relay.await.unwrap();
     assert_eq!(calls(2, 0), 1, "the other handler passed over the copy");
+    schema.drop_schema().await;
+}
+
+/// Counts the `Closed` records it handles.
+#[derive(Clone, Default)]
+struct CloseCounter(Arc<Mutex<Vec<String>>>);
+
+impl Handler<Closed> for CloseCounter {
+    type Error = String;
+    async fn handle(&self, closed: Closed, _ctx: &Context) -> Result<(), String> {
+        self.0.lock().unwrap().push(closed.account);
+        Ok(())
+    }
+}
+
+/// A record of a type no handler consumes (`Closed`) is passed over, and committed past, by the
+/// topic's groups, but stays on the topic: a handler of its type added later (a new group)
+/// receives it.
+async fn a_record_no_handler_consumes_stays_for_a_handler_added_later(kafka: TestKafka) {
+    let schema = TestSchema::new("kafka_unhandled_type").await;
+    let store = store(&schema).await;
+    kafka.create_topic("account", 3).await;
+    let closed = Envelope::new(&Closed {
+        account: "acct-u".to_owned(),
+    })
+    .unwrap();
+    let step = Envelope::new(&Step {
+        account: "acct-u".to_owned(),
+        seq: 0,
+    })
+    .unwrap();
+    store.publish(vec![closed, step]).await.unwrap();
+    let (stop_relay, relay) = start_relay(&kafka, 3, store.clone(), 10);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (stop, run) = start_worker(worker(&kafka, 3, store.clone(), Recorder::new(1, &seen)));
+    wait_until(Duration::from_secs(60), "the step handled", || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap();
+    let later = CloseCounter::default();
+    let closer = KafkaWorker::builder(kafka.config(3), store.clone())
+        .register_handler_with::<Closed, _>(
+            later.clone(),
+            HandlerOptions::new().name("kafka_test.closer"),
+        )
+        .check_interval(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let (stop, run) = start_worker(closer);
+    wait_until(
+        Duration::from_secs(60),
+        "the handler added later has the record",
+        || !later.0.lock().unwrap().is_empty(),
+    )
+    .await;
+    stop.cancel();
+    stop_relay.cancel();
+    run.await.unwrap();
+    relay.await.unwrap();
+    assert_eq!(*later.0.lock().unwrap(), ["acct-u"]);
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
     schema.drop_schema().await;
 }
