@@ -76,7 +76,7 @@ impl Brokers {
             let mock = rdkafka::mocking::MockCluster::new(3).expect("a mock cluster");
             servers_to.send(mock.bootstrap_servers()).expect("servers");
             for (topic, done) in requests {
-                mock.create_topic(&topic, PARTITIONS, 1).expect("a topic");
+                mock.create_topic(&topic, PARTITIONS, 3).expect("a topic");
                 let _ = done.send(());
             }
         });
@@ -88,9 +88,21 @@ impl Brokers {
     }
 
     pub(crate) fn config(&self, prefix: &str) -> KafkaConfig {
-        KafkaConfig::new(self.servers.clone(), prefix)
+        let config = KafkaConfig::new(self.servers.clone(), prefix)
             .partitions(PARTITIONS)
-            .client_option("batch.num.messages", self.batch)
+            .client_option("batch.num.messages", self.batch);
+        match self.mock {
+            // The mock cluster's 3 brokers hold the default 3 replicas.
+            Some(_) => config,
+            // tansu, or the one local Kafka of compose.yaml (`KAFKA_REPLICATION_FACTOR` for
+            // a cluster of more).
+            None => config.replication_factor(
+                std::env::var("KAFKA_REPLICATION_FACTOR")
+                    .ok()
+                    .and_then(|factor| factor.parse().ok())
+                    .unwrap_or(1),
+            ),
+        }
     }
 
     pub(crate) async fn create_topic(&self, prefix: &str) {

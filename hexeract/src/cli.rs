@@ -843,14 +843,7 @@ impl<'a> Resend<'a> {
         #[cfg(feature = "kafka")]
         if self.kafka {
             // Through the outbox and the relay to the aggregate's topic, for its handler alone.
-            let mut envelope = envelope.clone();
-            envelope.attempt = 0;
-            if let Some(handler) = &letter.handler {
-                envelope.headers.insert(
-                    crate::kafka::wire::headers::REPLAY_FOR.to_owned(),
-                    handler.clone(),
-                );
-            }
+            let envelope = crate::kafka::wire::replay_envelope(letter);
             self.store.publish(vec![envelope]).await?;
             if !self.store.delete_dead_letter(letter.id).await? {
                 return Ok(Some(format!(

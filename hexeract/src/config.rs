@@ -89,7 +89,7 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 /// | `WORKER_PORT`, `WORKER_ADDR` | `worker_port`, `worker_addr` |
 /// | `INBOX_RETENTION_DAYS`, `DEAD_LETTER_RETENTION_DAYS` | `inbox_retention`, `dead_letter_retention` |
 /// | `AMQP_URL`, `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX`, `AMQP_MAX_MESSAGE_SIZE`, `AMQP_ALLOW_UNROUTED` | `amqp` |
-/// | `KAFKA_BROKERS`, `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS` | `kafka` |
+/// | `KAFKA_BROKERS`, `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS`, `KAFKA_REPLICATION_FACTOR` | `kafka` |
 /// | `HEXERACT_ALLOW_INSECURE_CONNECTIONS` | `allow_insecure_connections` |
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -127,7 +127,8 @@ pub struct WorkerConfig {
     pub allow_insecure_connections: bool,
 }
 
-/// `KAFKA_BROKERS` with `KAFKA_TOPIC_PREFIX` and `KAFKA_TOPIC_PARTITIONS`.
+/// `KAFKA_BROKERS` with `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS` and
+/// `KAFKA_REPLICATION_FACTOR`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Kafka {
@@ -138,6 +139,9 @@ pub struct Kafka {
     /// `KAFKA_TOPIC_PARTITIONS`; `None` where unset (3).
     #[serde(default)]
     pub partitions: Option<u32>,
+    /// `KAFKA_REPLICATION_FACTOR`: replicas of the topics created; `None` where unset (3).
+    #[serde(default)]
+    pub replication_factor: Option<u32>,
 }
 
 /// The scheduler's own variables; `None` where unset (the scheduler's defaults).
@@ -474,6 +478,8 @@ impl WorkerConfig {
         // Checked with or without a broker, like AMQP_PREFETCH below.
         let partitions =
             read("KAFKA_TOPIC_PARTITIONS", |v| whole_number(v, 1, 10_000)).map(|n| n as u32);
+        let replication_factor =
+            read("KAFKA_REPLICATION_FACTOR", |v| whole_number(v, 1, 100)).map(|n| n as u32);
         // Checked whether or not a broker is set: a value that is wrong is wrong before the
         // broker is added too, and should not wait for that day to be found.
         if let Some(prefetch) = read("AMQP_PREFETCH", |v| whole_number(v, 1, 65_535)) {
@@ -522,6 +528,7 @@ impl WorkerConfig {
                 brokers,
                 topic_prefix: lookup("KAFKA_TOPIC_PREFIX").unwrap_or_else(executable_name),
                 partitions,
+                replication_factor,
             });
         }
         problems.extend(transport_problems);
@@ -779,6 +786,15 @@ impl WorkerConfig {
                     .map(u64::from),
                 1,
                 10_000,
+            ),
+            (
+                "KAFKA_REPLICATION_FACTOR",
+                self.kafka
+                    .as_ref()
+                    .and_then(|kafka| kafka.replication_factor)
+                    .map(u64::from),
+                1,
+                100,
             ),
         ];
         numbers.extend(
@@ -1299,6 +1315,7 @@ mod tests {
             ("KAFKA_BROKERS", "localhost:9092, kafka-2:9093"),
             ("KAFKA_TOPIC_PREFIX", "shop"),
             ("KAFKA_TOPIC_PARTITIONS", "6"),
+            ("KAFKA_REPLICATION_FACTOR", "1"),
         ]))
         .unwrap();
         assert_eq!(
@@ -1307,15 +1324,21 @@ mod tests {
                 brokers: "localhost:9092, kafka-2:9093".to_owned(),
                 topic_prefix: "shop".to_owned(),
                 partitions: Some(6),
+                replication_factor: Some(1),
             })
         );
         let error = WorkerConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "http://localhost"),
             ("KAFKA_TOPIC_PARTITIONS", "0"),
+            ("KAFKA_REPLICATION_FACTOR", "three"),
         ]))
         .unwrap_err();
         let text = error.to_string();
-        assert_eq!(error.problems.len(), 2, "{text}");
+        assert_eq!(error.problems.len(), 3, "{text}");
+        assert!(
+            text.contains("KAFKA_REPLICATION_FACTOR = \"three\": a whole number from 1 to 100"),
+            "{text}"
+        );
         assert!(
             text.contains("KAFKA_BROKERS = \"http://localhost\": a list of brokers as host:port"),
             "{text}"
@@ -1355,7 +1378,11 @@ mod tests {
             "{bad_prefix}"
         );
         // Without brokers a valid value changes nothing, and an invalid one is still an error.
-        let unused = WorkerConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "6")])).unwrap();
+        let unused = WorkerConfig::from_lookup(lookup(&[
+            ("KAFKA_TOPIC_PARTITIONS", "6"),
+            ("KAFKA_REPLICATION_FACTOR", "2"),
+        ]))
+        .unwrap();
         assert_eq!(unused.kafka, None);
         let invalid = WorkerConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")]))
             .unwrap_err()
@@ -1387,6 +1414,13 @@ mod tests {
             ("HEXERACT_QUEUE_PREFIX", &[("AMQP_URL", "amqp://localhost")]),
             (
                 "KAFKA_TOPIC_PARTITIONS",
+                &[
+                    ("KAFKA_BROKERS", "localhost:9092"),
+                    ("KAFKA_TOPIC_PREFIX", "shop"),
+                ],
+            ),
+            (
+                "KAFKA_REPLICATION_FACTOR",
                 &[
                     ("KAFKA_BROKERS", "localhost:9092"),
                     ("KAFKA_TOPIC_PREFIX", "shop"),
@@ -1529,6 +1563,7 @@ mod tests {
                 brokers: "localhost:9092".to_owned(),
                 topic_prefix: executable_name(),
                 partitions: None,
+                replication_factor: None,
             })
         );
         assert_eq!(kafka.amqp, None);

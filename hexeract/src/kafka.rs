@@ -10,7 +10,8 @@
 //! `dead_letters`). A record that fails is retried where it is (1 s → 300 s, `MAX_DELIVERIES`
 //! calls), holding back the records behind it in its partition and no other. The pieces:
 //!
-//! - [`KafkaConfig`]: brokers, topic prefix, partitions of the topics created, client options;
+//! - [`KafkaConfig`]: brokers, topic prefix, partitions and replicas of the topics created,
+//!   client options;
 //! - [`ensure_topics`]: creates the aggregates' topics (existing ones are left as they are);
 //! - [`KafkaRelay`]: moves the transactional outbox to the topics with an idempotent producer
 //!   (`acks=all`), a row deleted only once the broker acknowledged it; passes of several relays
@@ -37,6 +38,11 @@ pub use worker::{KafkaWorker, KafkaWorkerBuilder};
 /// otherwise (`KAFKA_TOPIC_PARTITIONS`).
 pub const DEFAULT_PARTITIONS: i32 = 3;
 
+/// Replicas of each topic Hexeract creates, unless [`KafkaConfig::replication_factor`] says
+/// otherwise (`KAFKA_REPLICATION_FACTOR`): with `min.insync.replicas` 2, a record the relay saw
+/// acknowledged (and whose outbox row it deleted) survives the loss of any one broker.
+pub const DEFAULT_REPLICATION_FACTOR: i32 = 3;
+
 /// Where the Kafka transport connects and how it names things.
 ///
 /// ```
@@ -45,6 +51,9 @@ pub const DEFAULT_PARTITIONS: i32 = 3;
 /// let config = KafkaConfig::new("localhost:9092", "shop").partitions(6);
 /// assert_eq!(config.topic("order"), "shop.order");
 /// assert_eq!(config.group("shop::reserve_stock"), "shop.shop.reserve_stock");
+///
+/// // A single local broker keeps one copy of each record.
+/// let local = KafkaConfig::new("localhost:9092", "shop").replication_factor(1);
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct KafkaConfig {
@@ -64,7 +73,7 @@ impl KafkaConfig {
             brokers: brokers.into(),
             prefix: prefix.into(),
             partitions: DEFAULT_PARTITIONS,
-            replication_factor: 1,
+            replication_factor: DEFAULT_REPLICATION_FACTOR,
             options: BTreeMap::new(),
             consumer_options: BTreeMap::new(),
         }
@@ -77,8 +86,17 @@ impl KafkaConfig {
         self
     }
 
-    /// Replicas of the topics [`ensure_topics`] creates (default 1, a single local broker; use
-    /// 3 on a production cluster).
+    /// Replicas of the topics [`ensure_topics`] creates (default 3, `KAFKA_REPLICATION_FACTOR`),
+    /// which it creates with `min.insync.replicas` 2 (1 when the factor is 1): with the
+    /// relay's `acks=all`, a record is acknowledged, and its outbox row deleted, only once two
+    /// brokers have it. [`ensure_topics`] fails when the cluster has fewer brokers than this,
+    /// and warns about existing topics with fewer replicas. A single local broker needs 1.
+    ///
+    /// ```
+    /// use hexeract::kafka::KafkaConfig;
+    ///
+    /// let local = KafkaConfig::new("127.0.0.1:9092", "shop").replication_factor(1);
+    /// ```
     pub fn replication_factor(mut self, replicas: i32) -> KafkaConfig {
         self.replication_factor = replicas;
         self
@@ -165,6 +183,12 @@ impl KafkaConfig {
     pub(crate) fn replicas(&self) -> i32 {
         self.replication_factor
     }
+
+    /// `min.insync.replicas` of the topics [`ensure_topics`] creates: 2, or the factor when it
+    /// is smaller (with one replica, the one must do).
+    pub(crate) fn min_insync_replicas(&self) -> i32 {
+        self.replication_factor.clamp(1, 2)
+    }
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -195,6 +219,20 @@ pub enum KafkaError {
         operation: String,
         /// What librdkafka said.
         detail: String,
+    },
+    /// The cluster lists fewer brokers than the replication factor of the topics: they could
+    /// not hold the copies of each record the deployment asked for.
+    #[error(
+        "KAFKA_REPLICATION_FACTOR is {factor}, but the Kafka cluster lists {brokers} broker(s): \
+         its topics cannot keep {factor} copies of each record; set KAFKA_REPLICATION_FACTOR \
+         (KafkaConfig::replication_factor) to at most {brokers}, such as 1 for a single local \
+         broker, or start the brokers that are missing"
+    )]
+    ReplicationFactor {
+        /// The replication factor configured.
+        factor: i32,
+        /// The brokers the cluster's metadata lists.
+        brokers: usize,
     },
     /// A handler's message type declares no aggregate: Kafka needs one to choose the topic and
     /// the partition.

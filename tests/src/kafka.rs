@@ -96,7 +96,12 @@ impl TestKafka {
     /// Kafka semantics tansu lacks (see `docs/kafka.md`), checked against librdkafka's own
     /// model of a broker.
     pub fn mock() -> TestKafka {
-        let mock = rdkafka::mocking::MockCluster::new(3).expect("a librdkafka mock cluster");
+        TestKafka::mock_of(3)
+    }
+
+    /// A librdkafka mock cluster of `brokers` brokers (see [`TestKafka::mock`]).
+    pub fn mock_of(brokers: i32) -> TestKafka {
+        let mock = rdkafka::mocking::MockCluster::new(brokers).expect("a librdkafka mock cluster");
         TestKafka {
             prefix: format!("t{}", Uuid::now_v7().simple()),
             brokers: mock.bootstrap_servers(),
@@ -106,11 +111,17 @@ impl TestKafka {
     }
 
     /// Creates the test's topic of `aggregate` with `partitions` (on the mock cluster, which
-    /// has no CreateTopics, through the mock's own call).
+    /// has no CreateTopics, through the mock's own call, with 3 replicas).
     pub async fn create_topic(&self, aggregate: &str, partitions: i32) {
+        self.create_topic_with(aggregate, partitions, 3).await;
+    }
+
+    /// [`TestKafka::create_topic`] with `replicas` on the mock cluster (elsewhere, the
+    /// configuration's).
+    pub async fn create_topic_with(&self, aggregate: &str, partitions: i32, replicas: i32) {
         match &self.mock {
             Some(mock) => mock
-                .create_topic(&self.topic(aggregate), partitions, 1)
+                .create_topic(&self.topic(aggregate), partitions, replicas)
                 .expect("a topic on the mock cluster"),
             None => hexeract::kafka::ensure_topics(&self.config(partitions), &[aggregate])
                 .await
@@ -128,7 +139,9 @@ impl TestKafka {
         &self.brokers
     }
 
-    /// The configuration of the test's prefix with `partitions` per topic.
+    /// The configuration of the test's prefix with `partitions` per topic: on the mock
+    /// cluster, the default replication factor (3, as many as its brokers); elsewhere 1 (tansu
+    /// and the Kafka of `compose.yaml` are single brokers).
     ///
     /// On tansu (unless `TEST_KAFKA_IS_KAFKA` is set) the producer sends one record per batch:
     /// tansu 0.6 answers a fetch at an offset inside a record batch with the batches after it,
@@ -144,6 +157,9 @@ impl TestKafka {
             .consumer_option("heartbeat.interval.ms", "500");
         if self.tansu {
             config = config.client_option("batch.num.messages", "1");
+        }
+        if self.mock.is_none() {
+            config = config.replication_factor(1);
         }
         match std::env::var("KAFKA_DEBUG") {
             Ok(debug) if !debug.is_empty() => config.client_option("debug", debug),

@@ -256,6 +256,9 @@ on_both_brokers!(
     a_rebalance_during_consumption_loses_nothing,
     a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_on,
     a_partition_far_behind_is_paused_and_resumed,
+    a_forged_replay_header_makes_no_group_skip_a_new_record,
+    a_replay_is_handled_by_its_handler_alone,
+    a_record_no_handler_consumes_stays_for_a_handler_added_later,
 );
 
 async fn store(schema: &TestSchema) -> Arc<dyn Store> {
@@ -649,8 +652,9 @@ async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_o
         seq: 0,
     })
     .unwrap();
-    // Dead letters sent back by `dead-letters replay`: one for another handler of the topic
-    // (passed over here), one for this handler.
+    // Records addressed as `dead-letters replay` addresses them: one to another handler of the
+    // topic, but a new message rather than a copy of one this handler had (so handled here
+    // too), one to this handler.
     let for_another = Envelope::new(&Step {
         account: "acct-x".to_owned(),
         seq: 1,
@@ -699,8 +703,8 @@ async fn a_record_that_cannot_be_read_is_dead_lettered_and_its_partition_moves_o
     let handled: Vec<u32> = seen.lock().unwrap().iter().map(|call| call.seq).collect();
     assert_eq!(
         handled,
-        [0, 2],
-        "the replay for another handler was passed over"
+        [0, 1, 2],
+        "a new record addressed to another handler is handled here too"
     );
     println!(
         "unreadable: dead-lettered as {}, offset {garbage_offset} passed",
@@ -813,4 +817,281 @@ async fn a_handler_whose_message_has_no_aggregate_cannot_start() {
          #[message(type = \"kafka.test.Ping\", aggregate = \"…\")] and mark the aggregate id \
          field #[message(key)]"
     );
+}
+
+/// With the default replication factor (3), a cluster of one broker cannot hold the topics:
+/// the admin step fails naming `KAFKA_REPLICATION_FACTOR`, rather than running with records
+/// kept on one disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_smaller_than_the_replication_factor_is_an_error_naming_the_variable() {
+    let kafka = TestKafka::mock_of(1);
+    let config = hexeract::kafka::KafkaConfig::new(kafka.brokers(), kafka.prefix.clone());
+    let error = hexeract::kafka::ensure_topics(&config, &["account"])
+        .await
+        .expect_err("one broker cannot hold 3 replicas");
+    let text = error.to_string();
+    assert!(
+        text.contains("KAFKA_REPLICATION_FACTOR is 3")
+            && text.contains("lists 1 broker(s)")
+            && text.contains("set KAFKA_REPLICATION_FACTOR"),
+        "{text}"
+    );
+    // With a factor the cluster can hold, the same step passes (the topic made beforehand: the
+    // mock cluster has no CreateTopics).
+    kafka.create_topic_with("account", 3, 1).await;
+    hexeract::kafka::ensure_topics(&config.replication_factor(1), &["account"])
+        .await
+        .expect("one replica on one broker");
+}
+
+/// A topic that is missing is never created by the admin step's own metadata requests (which
+/// would create it with the broker's defaults: on the mock cluster 4 partitions, on Kafka
+/// often 1 partition and 1 replica): it is created as configured (the mock has no
+/// CreateTopics, so there it is not created at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_is_never_created_with_the_brokers_defaults() {
+    let kafka = TestKafka::mock();
+    // The mock answers no CreateTopics: give up on it after 5 s rather than 60.
+    let config = kafka.config(3).client_option("socket.timeout.ms", "5000");
+    let created = hexeract::kafka::ensure_topics(&config, &["account"]).await;
+    let probe: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .create()
+        .unwrap();
+    let topic = kafka.topic("account");
+    let metadata =
+        rdkafka::consumer::Consumer::fetch_metadata(&probe, Some(&topic), Duration::from_secs(10))
+            .unwrap();
+    let listed = &metadata.topics()[0];
+    if listed.error().is_none() {
+        assert_eq!(
+            listed.partitions().len(),
+            3,
+            "created with the configured partitions, not the broker's default ({created:?})"
+        );
+        for partition in listed.partitions() {
+            assert_eq!(partition.replicas().len(), 3, "3 replicas ({created:?})");
+        }
+    } else {
+        assert!(created.is_err(), "not listed, yet reported created");
+    }
+}
+
+/// An existing topic with fewer replicas than the factor is used, with a warning naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_topic_with_fewer_replicas_than_the_factor_is_warned_about() {
+    let logs = hexeract_tests::logs::Captured::install("hexeract=warn");
+    let kafka = TestKafka::mock();
+    kafka.create_topic_with("account", 3, 1).await;
+    kafka.create_topic_with("cart", 3, 3).await;
+    hexeract::kafka::ensure_topics(&kafka.config(3), &["account", "cart"])
+        .await
+        .expect("existing topics are used as they are");
+    let text = logs.text();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("fewer replicas than the replication factor"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(
+        warnings[0].contains(&kafka.topic("account"))
+            && warnings[0].contains("replicas=1")
+            && warnings[0].contains("replication_factor=3"),
+        "{}",
+        warnings[0]
+    );
+}
+
+/// A producer that addresses a new record to another handler (`hexeract-replay-for`), even
+/// naming an earlier record as the one it copies (`hexeract-replay-of`), cannot make this
+/// handler skip it: only an exact copy of a record this group already passed is passed over.
+async fn a_forged_replay_header_makes_no_group_skip_a_new_record(kafka: TestKafka) {
+    let schema = TestSchema::new("kafka_forged_replay").await;
+    let store = store(&schema).await;
+    kafka.create_topic("account", 3).await;
+    let topic = kafka.topic("account");
+    let step = |seq| {
+        Envelope::new(&Step {
+            account: "acct-f".to_owned(),
+            seq,
+        })
+        .unwrap()
+    };
+    let first = step(0);
+    store.publish(vec![first.clone()]).await.unwrap();
+    let (stop_relay, relay) = start_relay(&kafka, 3, store.clone(), 10);
+    relayed_all(&*store, Duration::from_secs(30)).await;
+    let original = kafka.read_all(&topic, 1).remove(0);
+    let position = format!("{topic}/{}/{}", original.partition, original.offset);
+    store
+        .publish(vec![
+            // Addressed to another handler, naming nothing.
+            step(1).with_header("hexeract-replay-for", "another.handler"),
+            // Addressed to another handler, naming the first record, which it does not copy.
+            step(2)
+                .with_header("hexeract-replay-for", "another.handler")
+                .with_header("hexeract-replay-of", position.clone()),
+            // Naming the first record with its id, but another payload.
+            {
+                let mut same_id = step(3);
+                same_id.id = first.id;
+                same_id
+                    .with_header("hexeract-replay-for", "another.handler")
+                    .with_header("hexeract-replay-of", position)
+            },
+        ])
+        .await
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (stop, run) = start_worker(worker(&kafka, 3, store.clone(), Recorder::new(1, &seen)));
+    wait_until(Duration::from_secs(60), "every record handled", || {
+        seen.lock().unwrap().len() >= 4
+    })
+    .await;
+    stop.cancel();
+    stop_relay.cancel();
+    run.await.unwrap();
+    relay.await.unwrap();
+    // (The outbox relays in id order: the copy of the first id goes right after it.)
+    let mut handled: Vec<u32> = seen.lock().unwrap().iter().map(|call| call.seq).collect();
+    handled.sort_unstable();
+    assert_eq!(handled, [0, 1, 2, 3], "no record was skipped");
+    schema.drop_schema().await;
+}
+
+/// `dead-letters replay` of one handler's dead letter: the handler gets the record again, the
+/// topic's other handler of the type, which handled the original, passes over the copy.
+async fn a_replay_is_handled_by_its_handler_alone(kafka: TestKafka) {
+    const OTHER: &str = "kafka_test.other_steps";
+    let schema = TestSchema::new("kafka_replay").await;
+    let store = store(&schema).await;
+    kafka.create_topic("account", 3).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut failing = Recorder::new(1, &seen);
+    failing.fail = Arc::new(HashMap::from([(("acct-r".to_owned(), 0), u32::MAX)]));
+    let both = KafkaWorker::builder(kafka.config(3), store.clone())
+        .register_handler_with::<Step, _>(failing, HandlerOptions::new().name(HANDLER))
+        .register_handler_with::<Step, _>(
+            Recorder::new(2, &seen),
+            HandlerOptions::new().name(OTHER),
+        )
+        .max_deliveries(1)
+        .check_interval(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let (stop, run) = start_worker(both);
+    let (stop_relay, relay) = start_relay(&kafka, 3, store.clone(), 10);
+    let step = |seq| {
+        Envelope::new(&Step {
+            account: "acct-r".to_owned(),
+            seq,
+        })
+        .unwrap()
+    };
+    store.publish(vec![step(0)]).await.unwrap();
+    let calls = |instance: u32, seq: u32| {
+        let seen = seen.lock().unwrap();
+        seen.iter()
+            .filter(|call| call.instance == instance && call.seq == seq)
+            .count()
+    };
+    wait_until(Duration::from_secs(60), "both handlers called", || {
+        calls(1, 0) == 1 && calls(2, 0) == 1
+    })
+    .await;
+    let letter = loop {
+        let letters = store.dead_letters(10).await.unwrap();
+        if let Some(letter) = letters.into_iter().next() {
+            break letter;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(letter.handler.as_deref(), Some(HANDLER));
+    let replay = hexeract::kafka::wire::replay_envelope(&letter);
+    assert!(
+        replay
+            .headers
+            .get("hexeract-replay-of")
+            .is_some_and(|of| of.starts_with(&kafka.topic("account"))),
+        "{:?}",
+        replay.headers
+    );
+    // The replay, then a record behind it in the same partition: once the other handler has
+    // that one, it has passed the replay.
+    store.publish(vec![replay, step(1)]).await.unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the replay and the next step handled",
+        || calls(1, 0) == 2 && calls(2, 1) == 1,
+    )
+    .await;
+    stop.cancel();
+    stop_relay.cancel();
+    run.await.unwrap();
+    relay.await.unwrap();
+    assert_eq!(calls(2, 0), 1, "the other handler passed over the copy");
+    schema.drop_schema().await;
+}
+
+/// Counts the `Closed` records it handles.
+#[derive(Clone, Default)]
+struct CloseCounter(Arc<Mutex<Vec<String>>>);
+
+impl Handler<Closed> for CloseCounter {
+    type Error = String;
+    async fn handle(&self, closed: Closed, _ctx: &Context) -> Result<(), String> {
+        self.0.lock().unwrap().push(closed.account);
+        Ok(())
+    }
+}
+
+/// A record of a type no handler consumes (`Closed`) is passed over, and committed past, by the
+/// topic's groups, but stays on the topic: a handler of its type added later (a new group)
+/// receives it.
+async fn a_record_no_handler_consumes_stays_for_a_handler_added_later(kafka: TestKafka) {
+    let schema = TestSchema::new("kafka_unhandled_type").await;
+    let store = store(&schema).await;
+    kafka.create_topic("account", 3).await;
+    let closed = Envelope::new(&Closed {
+        account: "acct-u".to_owned(),
+    })
+    .unwrap();
+    let step = Envelope::new(&Step {
+        account: "acct-u".to_owned(),
+        seq: 0,
+    })
+    .unwrap();
+    store.publish(vec![closed, step]).await.unwrap();
+    let (stop_relay, relay) = start_relay(&kafka, 3, store.clone(), 10);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (stop, run) = start_worker(worker(&kafka, 3, store.clone(), Recorder::new(1, &seen)));
+    wait_until(Duration::from_secs(60), "the step handled", || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap();
+    let later = CloseCounter::default();
+    let closer = KafkaWorker::builder(kafka.config(3), store.clone())
+        .register_handler_with::<Closed, _>(
+            later.clone(),
+            HandlerOptions::new().name("kafka_test.closer"),
+        )
+        .check_interval(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let (stop, run) = start_worker(closer);
+    wait_until(
+        Duration::from_secs(60),
+        "the handler added later has the record",
+        || !later.0.lock().unwrap().is_empty(),
+    )
+    .await;
+    stop.cancel();
+    stop_relay.cancel();
+    run.await.unwrap();
+    relay.await.unwrap();
+    assert_eq!(*later.0.lock().unwrap(), ["acct-u"]);
+    assert!(store.dead_letters(10).await.unwrap().is_empty());
+    schema.drop_schema().await;
 }

@@ -133,6 +133,8 @@ async fn run_relays_the_outbox_to_kafka_and_each_handler_consumes_as_its_group()
             ("KAFKA_BROKERS", kafka.brokers()),
             ("KAFKA_TOPIC_PREFIX", &kafka.prefix),
             ("KAFKA_TOPIC_PARTITIONS", "2"),
+            // tansu is a single broker.
+            ("KAFKA_REPLICATION_FACTOR", "1"),
         ],
         &[],
     );
@@ -184,8 +186,9 @@ async fn run_relays_the_outbox_to_kafka_and_each_handler_consumes_as_its_group()
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `HEXERACT_TRANSPORT=kafka` and no other Kafka variable: `run` delivers through the broker at
-/// `localhost:9092`, its topics and groups prefixed with the executable's name.
+/// `HEXERACT_TRANSPORT=kafka` and no other Kafka variable but the replication factor of a
+/// single local broker: `run` delivers through the broker at `localhost:9092`, its topics and
+/// groups prefixed with the executable's name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hexeract_transport_kafka_alone_runs_on_the_local_broker() {
     let kafka = TestKafka::tansu();
@@ -196,7 +199,10 @@ async fn hexeract_transport_kafka_alone_runs_on_the_local_broker() {
         kafka.brokers()
     );
     let (dir, port) = run_env(
-        &[("HEXERACT_TRANSPORT", "kafka")],
+        &[
+            ("HEXERACT_TRANSPORT", "kafka"),
+            ("KAFKA_REPLICATION_FACTOR", "1"),
+        ],
         &[
             "KAFKA_BROKERS",
             "KAFKA_TOPIC_PREFIX",

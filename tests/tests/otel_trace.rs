@@ -381,6 +381,8 @@ async fn one_trace_through_the_relay_and_kafka() {
         brokers: kafka.brokers().to_owned(),
         topic_prefix: kafka.prefix.clone(),
         partitions: Some(1),
+        // tansu is a single broker.
+        replication_factor: Some(1),
     });
     let spans = one_order(&dir, config, "kafka").await;
     assert_one_linked_trace(&spans, "kafka");

@@ -175,6 +175,9 @@ fn producer(
         .client()
         .set("enable.idempotence", "true")
         .set("acks", "all")
+        // A topic is created only by `ensure_topics`, as configured, never by a metadata
+        // request with the broker's defaults (often a single replica).
+        .set("allow.auto.create.topics", "false")
         // Small batches, sent soon: the relay waits for each pass's acknowledgements.
         .set("linger.ms", "2")
         // A pass whose records the brokers never acknowledge fails after this and is tried

@@ -8,22 +8,26 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Kafka, WorkerConfig};
 use crate::error::Error;
 use crate::health::Health;
-use crate::kafka::{ensure_topics, KafkaConfig, KafkaRelay, KafkaWorkerBuilder};
+use crate::kafka::{ensure_topics, KafkaConfig, KafkaError, KafkaRelay, KafkaWorkerBuilder};
 use crate::retry::Backoff;
 use crate::store::Store;
 
 /// The client settings `hexeract::run` uses.
 pub(crate) fn config(kafka: &Kafka) -> KafkaConfig {
-    let config = KafkaConfig::new(kafka.brokers.clone(), kafka.topic_prefix.clone());
-    match kafka.partitions {
-        Some(partitions) => config.partitions(partitions as i32),
-        None => config,
+    let mut config = KafkaConfig::new(kafka.brokers.clone(), kafka.topic_prefix.clone());
+    if let Some(partitions) = kafka.partitions {
+        config = config.partitions(partitions as i32);
     }
+    if let Some(factor) = kafka.replication_factor {
+        config = config.replication_factor(factor as i32);
+    }
+    config
 }
 
 /// Runs the relay and the consumers until `cancel`. Invalid handlers (a message type without an
-/// aggregate) stop startup before any connection is made; unreachable brokers are waited for,
-/// with the probes failing meanwhile.
+/// aggregate) stop startup before any connection is made, and so does a cluster with fewer
+/// brokers than `KAFKA_REPLICATION_FACTOR`; unreachable brokers are waited for, with the probes
+/// failing meanwhile.
 pub(crate) async fn run_on_kafka(
     kafka: &Kafka,
     settings: &WorkerConfig,
@@ -59,6 +63,9 @@ pub(crate) async fn run_on_kafka(
     loop {
         match ensure_topics(&config, &aggregates).await {
             Ok(()) => break,
+            // A cluster smaller than the replication factor is a setting to change, not an
+            // outage to wait out.
+            Err(error @ KafkaError::ReplicationFactor { .. }) => return Err(error.into()),
             Err(error) => {
                 let delay = backoff.next_delay();
                 tracing::error!(%error, retry_in = ?delay, "could not create the Kafka topics; trying again");

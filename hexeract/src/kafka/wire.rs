@@ -41,8 +41,72 @@ pub mod headers {
     /// The payload's media type: `application/json`.
     pub const CONTENT_TYPE: &str = "content-type";
     /// On a dead letter sent back by `dead-letters replay`: the one handler it is for. The
-    /// consumer groups of the topic's other handlers pass over it.
+    /// consumer groups of the topic's other handlers pass over it only when it also carries
+    /// [`REPLAY_OF`] naming a record that they have already passed and of which it is an exact
+    /// copy; otherwise they handle it too, so that no producer can make a handler skip a
+    /// message it never received.
     pub const REPLAY_FOR: &str = "hexeract-replay-for";
+    /// On a dead letter sent back by `dead-letters replay`: the record it copies, as
+    /// `<topic>/<partition>/<offset>` (the [`RECORD`] of the letter).
+    pub const REPLAY_OF: &str = "hexeract-replay-of";
+    /// Kept with a dead letter written by a Kafka consumer, never sent: where the record was,
+    /// as `<topic>/<partition>/<offset>`.
+    pub const RECORD: &str = "hexeract-kafka-record";
+}
+
+/// The record a dead letter of `envelope` read at `topic`/`partition`/`offset` came from, as
+/// [`headers::RECORD`] keeps it.
+pub(crate) fn position(topic: &str, partition: i32, offset: i64) -> String {
+    format!("{topic}/{partition}/{offset}")
+}
+
+/// `<topic>/<partition>/<offset>` read back.
+pub(crate) fn parse_position(position: &str) -> Option<(&str, i32, i64)> {
+    let mut parts = position.rsplitn(3, '/');
+    let offset = parts.next()?.parse().ok()?;
+    let partition = parts.next()?.parse().ok()?;
+    let topic = parts.next().filter(|topic| !topic.is_empty())?;
+    Some((topic, partition, offset))
+}
+
+/// The message `dead-letters replay` sends back through the outbox for `letter` under
+/// `KAFKA_BROKERS`: the letter's message as it was (id, type, payload), attempts from 0,
+/// addressed to the letter's handler ([`headers::REPLAY_FOR`]) and naming the record it copies
+/// ([`headers::REPLAY_OF`]) when a Kafka consumer wrote the letter. The topic's other handlers
+/// pass over it only once they have checked that it is an exact copy of a record they have
+/// already passed; a letter without its record (written by a relay, or before this header
+/// existed) is handled again by every handler of its type.
+///
+/// ```
+/// use hexeract::kafka::wire::{headers, replay_envelope};
+/// use hexeract::{DeadLetter, Envelope, Reason};
+///
+/// let envelope = Envelope::from_raw("shop.OrderPlaced", &b"{}"[..])
+///     .with_header(headers::RECORD, "shop.order/2/41");
+/// let letter = DeadLetter::new(envelope, Some("shop::reserve_stock".into()), Reason::HANDLER_REJECTED, "");
+/// let replay = replay_envelope(&letter);
+/// assert_eq!(replay.id, letter.envelope.id);
+/// assert_eq!(replay.headers[headers::REPLAY_FOR], "shop::reserve_stock");
+/// assert_eq!(replay.headers[headers::REPLAY_OF], "shop.order/2/41");
+/// assert!(!replay.headers.contains_key(headers::RECORD));
+/// ```
+pub fn replay_envelope(letter: &crate::dead_letter::DeadLetter) -> Envelope {
+    let mut envelope = letter.envelope.clone();
+    envelope.attempt = 0;
+    envelope.headers.remove(headers::REPLAY_FOR);
+    envelope.headers.remove(headers::REPLAY_OF);
+    if let Some(handler) = &letter.handler {
+        envelope
+            .headers
+            .insert(headers::REPLAY_FOR.to_owned(), handler.clone());
+        if let Some(record) = envelope.headers.remove(headers::RECORD) {
+            envelope
+                .headers
+                .insert(headers::REPLAY_OF.to_owned(), record);
+        }
+    }
+    envelope.headers.remove(headers::RECORD);
+    envelope
 }
 
 /// The record headers of `envelope`, published by `source`.

@@ -674,13 +674,26 @@ impl PartitionTask {
             // Another message type of the same aggregate: another handler's.
             return Settled::Done;
         }
-        if envelope
+        if let Some(target) = envelope
             .headers
             .get(wire::headers::REPLAY_FOR)
-            .is_some_and(|target| *target != *group.name)
+            .filter(|target| **target != *group.name)
         {
-            // A dead letter of another handler, sent back for that handler alone.
-            return Settled::Done;
+            // A dead letter of another handler, sent back for that handler alone: passed over
+            // only when it copies a record this group has settled; anyone can write the header.
+            if self.copies_a_settled_record(record, &envelope).await {
+                return Settled::Done;
+            }
+            tracing::warn!(
+                handler = %group.name,
+                addressed_to = %target,
+                message_id = %envelope.id,
+                topic = %group.topic,
+                partition = record.partition(),
+                offset = record.offset(),
+                "a record addressed to another handler is not a copy of one this handler has \
+                 had: handled here too"
+            );
         }
         // Attempts are counted here, in memory: after a restart they start over.
         let mut attempt = 0;
@@ -700,6 +713,47 @@ impl PartitionTask {
                 Step::Again => {}
             }
         }
+    }
+
+    /// Whether `record` (read as `envelope`) names, in [`wire::headers::REPLAY_OF`], an
+    /// earlier record of this partition, which this task has therefore settled, and is an
+    /// exact copy of it (the same message id, type and payload): only then may this group pass
+    /// over a replay addressed to another handler. When the original cannot be read (gone
+    /// with the topic's retention, the brokers not answering within 10 s), the answer is no:
+    /// a duplicate is safe, a skip is not.
+    async fn copies_a_settled_record(&self, record: &OwnedMessage, envelope: &Envelope) -> bool {
+        let group = &*self.group;
+        let Some((topic, partition, offset)) = envelope
+            .headers
+            .get(wire::headers::REPLAY_OF)
+            .and_then(|position| wire::parse_position(position))
+        else {
+            return false;
+        };
+        if topic != record.topic() || partition != record.partition() || offset >= record.offset() {
+            return false;
+        }
+        let mut config = self.shared.config.consumer();
+        config
+            .set("group.id", format!("{}.replay-check", group.group_id))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true");
+        let topic = topic.to_owned();
+        let aggregate = group.aggregate;
+        let max_payload_bytes = self.shared.max_payload_bytes;
+        let replay = envelope.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            let original = read_one(&config, &topic, partition, offset)?;
+            let original = wire::read(&original, aggregate, max_payload_bytes).ok()?;
+            Some(
+                original.id == replay.id
+                    && original.message_type == replay.message_type
+                    && original.payload == replay.payload,
+            )
+        })
+        .await;
+        matches!(checked, Ok(Some(true)))
     }
 
     /// [`World::settle`] for one record of this task's partition.
@@ -739,6 +793,11 @@ impl PartitionTask {
             letter.envelope.id,
         );
         letter.attempts = calls;
+        // What a replay of the letter names as the record it copies.
+        letter.envelope.headers.insert(
+            wire::headers::RECORD.to_owned(),
+            wire::position(record.topic(), record.partition(), record.offset()),
+        );
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             match self.shared.store.insert_dead_letter(&letter).await {
@@ -757,6 +816,31 @@ impl PartitionTask {
             }
         }
     }
+}
+
+/// The record at `topic`/`partition`/`offset`, read by a consumer of its own (no group joined,
+/// nothing committed); `None` when it is not there (before the partition's start, compacted)
+/// or the brokers do not answer within 10 s.
+fn read_one(
+    config: &rdkafka::ClientConfig,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Option<OwnedMessage> {
+    let consumer: BaseConsumer = config.create().ok()?;
+    consumer
+        .assign(&one_partition(topic, partition, Offset::Offset(offset)))
+        .ok()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) if message.offset() == offset => return Some(message.detach()),
+            // Past it: the record is gone.
+            Some(Ok(_)) | Some(Err(ClientError::PartitionEOF(_))) => return None,
+            Some(Err(_)) | None => {}
+        }
+    }
+    None
 }
 
 /// What a verdict left a record at.
