@@ -128,6 +128,13 @@ impl Backend {
         id
     }
 
+    fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite(..) => "sqlite",
+            Backend::Postgres(_) => "postgresql",
+        }
+    }
+
     async fn finish(self) {
         match self {
             Backend::Sqlite(_, dir) => {
@@ -196,6 +203,17 @@ async fn the_take_dead_letters_a_poison_row_alone(backend: Backend, handlers: &[
         assert_unreadable(letter, poison);
         assert_eq!(letter.attempts, 0, "no call was made");
     }
+    let handled: usize = handlers.iter().map(|name| seen.of(name).len()).sum();
+    let lost = 21 * handlers.len() - handled - letters.len();
+    println!(
+        "scenario=poison_row_take backend={} handlers={} sent={} handled={handled} \
+         dead_lettered={} lost={lost}",
+        backend.name(),
+        handlers.len(),
+        21 * handlers.len(),
+        letters.len()
+    );
+    assert_eq!(lost, 0);
     let mut dead_handlers: Vec<Option<String>> = letters
         .iter()
         .map(|letter| letter.handler.clone())
@@ -395,6 +413,15 @@ async fn the_relay_dead_letters_what_the_broker_will_not_take(backend: Backend) 
         "an allowed type is not dead-lettered"
     );
     assert!(letters.iter().all(|letter| letter.handler.is_none()));
+    // Sent: the poison row, the oversize, unroutable, allowed and wide rows, and 20 good ones.
+    println!(
+        "scenario=relay_edges backend={} sent=25 published={} dead_lettered={} \
+         allowed_unrouted=1 lost={}",
+        backend.name(),
+        arrived.len(),
+        letters.len(),
+        25 - arrived.len() - letters.len() - 1
+    );
     broker.delete(&topology).await;
     backend.finish().await;
 }
