@@ -437,6 +437,14 @@ fn parse_selection(command: &str, options: &[&str]) -> Result<Selection, CliErro
         }
     }
     let filter = parse_filter(&filters)?;
+    if filter.older_than == Some(Duration::ZERO) {
+        // Everything was dead-lettered more than no time ago: `--older-than 0s` alone would
+        // mean every dead letter without saying so.
+        return Err(CliError::Usage(format!(
+            "--older-than 0s matches every dead letter: give a longer age (e.g. 1h) to \
+             {command} older letters only, or --all for every dead letter"
+        )));
+    }
     match (all, filter.is_empty()) {
         (true, true) => Ok(Selection::All),
         (true, false) => Err(CliError::Usage(
@@ -944,6 +952,22 @@ mod tests {
             assert!(problem.contains("--limit is for list"), "{problem}");
             usage_error(parse_selection(command, &["--handler"]));
             usage_error(parse_selection(command, &["--older-than", "soon"]));
+            // A zero age is older than nothing: it would quietly mean every dead letter.
+            for zero in ["0s", "0m", "0h", "0d", "00s"] {
+                let problem = usage_error(parse_selection(command, &["--older-than", zero]));
+                assert!(
+                    problem.contains("--older-than 0s") && problem.contains("--all"),
+                    "{problem}"
+                );
+                usage_error(parse_selection(
+                    command,
+                    &["--reason", "x", "--older-than", zero],
+                ));
+            }
+            assert!(matches!(
+                parse_selection(command, &["--older-than", "1s"]),
+                Ok(Selection::Matching(_))
+            ));
             usage_error(parse_selection(command, &["--colour", "red"]));
         }
         let Ok(Selection::Matching(filter)) = parse_selection(

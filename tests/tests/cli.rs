@@ -276,6 +276,10 @@ async fn purge_deletes_only_what_its_filters_match_and_nothing_without_one() {
             "1",
         ][..],
         &["dead-letters", "purge", "--reason"][..],
+        // A zero age filters nothing: it would have purged every dead letter.
+        &["dead-letters", "purge", "--older-than", "0s"][..],
+        &["dead-letters", "purge", "--older-than", "0d"][..],
+        &["dead-letters", "replay", "--older-than", "0s"][..],
     ] {
         assert!(
             matches!(run(refused).await, Err(CliError::Usage(_))),
