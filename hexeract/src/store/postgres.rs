@@ -1291,6 +1291,28 @@ impl DeadLetterStore for PgStore {
         })
     }
 
+    fn replay_dead_letter_as<'a>(
+        &'a self,
+        id: Uuid,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = crate::store::begin(&self.pool, None).await?;
+            let gone = sqlx::query(&self.sql.delete_dead_letters)
+                .bind([id].as_slice())
+                .execute(&mut *tx)
+                .await?;
+            if gone.rows_affected() != 1 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            insert_outbox(&mut tx, &self.schema, std::slice::from_ref(envelope)).await?;
+            tx.commit().await?;
+            self.wake.signal.notify_one();
+            Ok(true)
+        })
+    }
+
     fn delete_dead_letters<'a>(
         &'a self,
         ids: &'a [Uuid],

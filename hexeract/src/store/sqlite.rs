@@ -1534,6 +1534,33 @@ impl DeadLetterStore for SqliteStore {
         })
     }
 
+    fn replay_dead_letter_as<'a>(
+        &'a self,
+        id: Uuid,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
+            let gone = sqlx::query(&self.sql.replay_delete)
+                .bind(id.hyphenated())
+                .execute(&mut *tx)
+                .await?;
+            if gone.rows_affected() != 1 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            insert_rows(
+                &mut tx,
+                &self.sql.insert_outbox,
+                std::slice::from_ref(envelope),
+            )
+            .await?;
+            tx.commit().await?;
+            self.wake.notify_one();
+            Ok(true)
+        })
+    }
+
     fn delete_dead_letters<'a>(
         &'a self,
         ids: &'a [Uuid],
