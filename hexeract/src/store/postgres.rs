@@ -1347,6 +1347,19 @@ impl DeadLetterStore for PgStore {
 }
 
 impl Housekeeping for PgStore {
+    fn sampling_store(&self, timeout: Duration) -> Option<Arc<dyn crate::store::Store>> {
+        // The same database, user and settings as this store's connections.
+        let options = (*self.pool.connect_options()).clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(timeout)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .connect_lazy_with(options);
+        let store = PgStore::new(pool, self.schema.as_str()).ok()?;
+        Some(Arc::new(store))
+    }
+
     fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>> {
         Box::pin(async move {
             let rows: Vec<(String, i64, Option<DateTime<Utc>>)> = sqlx::query_as(&format!(

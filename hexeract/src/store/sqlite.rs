@@ -1593,6 +1593,23 @@ impl DeadLetterStore for SqliteStore {
 }
 
 impl Housekeeping for SqliteStore {
+    fn sampling_store(&self, timeout: Duration) -> Option<Arc<dyn crate::store::Store>> {
+        // Another pool on an in-memory database would open another database.
+        if self.keep_alive.is_some() {
+            return None;
+        }
+        let options = (*self.pool.connect_options()).clone();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .test_before_acquire(false)
+            .acquire_timeout(timeout)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .connect_lazy_with(options);
+        let store = SqliteStore::new(pool, self.prefix.as_str()).ok()?;
+        Some(Arc::new(store))
+    }
+
     fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>> {
         Box::pin(async move {
             // With min(), SQLite takes the bare column created_at from the row holding the
