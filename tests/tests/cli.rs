@@ -723,3 +723,40 @@ async fn replay_without_a_broker_refuses_the_dead_letters_of_a_service_on_one() 
     assert_eq!(store.backlog().await.unwrap(), 2);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Under `KAFKA_BROKERS` a letter goes back through the outbox, for its handler alone: it
+/// leaves the dead letters in the transaction that writes its outbox row (which the service's
+/// relay publishes), so nothing is contacted here and nothing is lost between the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_under_kafka_moves_the_letter_into_the_outbox_in_one_step() {
+    let dir = fresh_environment();
+    // Nothing listens there: the replay writes to the store only.
+    std::env::set_var("KAFKA_BROKERS", "127.0.0.1:1");
+    let store = hexeract::store::default_store().await.unwrap();
+    let mut parked = hexeract::DeadLetter::new(
+        hexeract::Envelope::new(&Invoice { number: 9 }).unwrap(),
+        Some("billing::book".to_owned()),
+        hexeract::Reason::from("ledger_closed"),
+        "closed",
+    );
+    // As a Kafka consumer names its letters.
+    parked.id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, b"dead-letter/billing/0/7");
+    store.insert_dead_letter(&parked).await.unwrap();
+
+    let replayed = run(&["dead-letters", "replay", &parked.id.to_string()])
+        .await
+        .unwrap();
+    assert!(
+        replayed.contains("through the outbox to its Kafka topic, for billing::book"),
+        "{replayed}"
+    );
+    listed(&[], 0).await;
+    assert_eq!(store.backlog().await.unwrap(), 1, "its outbox row");
+    let again = run(&["dead-letters", "replay", &parked.id.to_string()]).await;
+    assert!(
+        matches!(again, Err(CliError::Usage(_))),
+        "replayed once: {again:?}"
+    );
+    assert_eq!(store.backlog().await.unwrap(), 1, "not written twice");
+    let _ = std::fs::remove_dir_all(dir);
+}
