@@ -18,16 +18,22 @@
 //! - `migrate`: creates or upgrades the store's tables, then exits.
 //! - `dead-letters list [--handler NAME] [--reason REASON] [--older-than DURATION] [--limit N]`:
 //!   one line per dead letter, newest last.
-//! - `dead-letters show ID`: one dead letter in full, payload included.
+//! - `dead-letters show ID`: one dead letter in full, payload included. `list` and `show` print
+//!   control characters and bidirectional-text controls of a letter as escapes (`\u{1b}`):
+//!   what a message carries cannot drive the operator's terminal.
 //! - `dead-letters replay ID`, or `dead-letters replay` with filters (`--handler`, `--reason`,
 //!   `--older-than`, at least one) or `--all`: sends each back, attempts from 1: a new
 //!   delivery from the outbox, or under `AMQP_URL` a confirmed publish to the handler's queue.
 //!   A scheduled job's run becomes an occurrence of the job again, due now, with its own fire
 //!   time (under `AMQP_URL` too: the scheduler runs from the database); refused when this
 //!   program has no job of that name. A dead letter is deleted only once it was sent back;
-//!   one line per replayed letter, then (with filters) how many.
+//!   one line per replayed letter, then (with filters) how many. Without `AMQP_URL` or
+//!   `KAFKA_BROKERS`, dead letters of a service that delivers through a broker (the store
+//!   remembers its RabbitMQ queues, or a broker's consumer parked them) are refused, naming the
+//!   variable to set; `--to-store` sends them to the store's deliveries anyway.
 //! - `dead-letters purge` with the same filters (at least one) or `--all`: deletes the dead
-//!   letters they match, and says how many. Without either it deletes nothing: a usage error.
+//!   letters they match, and says how many. Without either it deletes nothing: a usage error,
+//!   as is `--older-than 0s` (it would match every dead letter).
 //!
 //! `replay` and `purge` with filters look at the oldest 100 000 dead letters (`purge` again
 //! after each page it deleted), and say so when there may be more.
@@ -126,11 +132,14 @@ const USAGE: &str = "usage:
   <binary> migrate                     create or upgrade the store's tables
   <binary> dead-letters list [--handler NAME] [--reason REASON] [--older-than 1h] [--limit 100]
   <binary> dead-letters show ID
-  <binary> dead-letters replay ID
+  <binary> dead-letters replay ID [--to-store]
   <binary> dead-letters replay [--handler NAME] [--reason REASON] [--older-than 1h] | --all
+                               [--to-store]
   <binary> dead-letters purge [--handler NAME] [--reason REASON] [--older-than 1h] | --all
 replay and purge without an ID act on every dead letter the filters match: give at least one
-filter, or --all for every dead letter";
+filter, or --all for every dead letter (--older-than 0s is not a filter).
+replay without AMQP_URL or KAFKA_BROKERS refuses dead letters of a service on a broker;
+--to-store sends them to the store's own deliveries anyway";
 
 /// Runs the command `args` (the arguments after the program name), writing what it prints to
 /// `out`: for tests and for programs with commands of their own.
@@ -168,7 +177,7 @@ pub async fn execute_with(
     // Those that know the program's handlers need them built (with their state); the others
     // need the settings and the store alone.
     let (config, registry) = match command {
-        Command::Handlers | Command::Replay(_) => {
+        Command::Handlers | Command::Replay(..) => {
             let (config, application) = worker.prepare()?;
             (config, Some(application.registry))
         }
@@ -195,7 +204,9 @@ pub async fn execute_with(
         }
         Command::List(options) => list(&program, options, out).await,
         Command::Show(id) => show(&program, &id, out).await,
-        Command::Replay(target) => replay(&program, registry(), &target, out).await,
+        Command::Replay(target, to_store) => {
+            replay(&program, registry(), &target, to_store, out).await
+        }
         Command::Purge(selection) => purge(&program, &selection, out).await,
     }
 }
@@ -215,7 +226,10 @@ fn parse<'a>(words: &'a [&'a str], args: &[String]) -> Result<Parsed<'a>, CliErr
         ["migrate"] => Command::Migrate,
         ["dead-letters", "list", options @ ..] => Command::List(options),
         ["dead-letters", "show", id] => Command::Show(parse_id(id)?),
-        ["dead-letters", "replay", options @ ..] => Command::Replay(parse_replay(options)?),
+        ["dead-letters", "replay", options @ ..] => {
+            let (options, to_store) = take_to_store(options);
+            Command::Replay(parse_replay(&options)?, to_store)
+        }
         ["dead-letters", "purge", options @ ..] => {
             Command::Purge(parse_selection("purge", options)?)
         }
@@ -238,7 +252,8 @@ enum Command<'a> {
     Migrate,
     List(&'a [&'a str]),
     Show(Uuid),
-    Replay(Replay),
+    /// What to replay, and whether `--to-store` was given.
+    Replay(Replay, bool),
     Purge(Selection),
 }
 
@@ -437,6 +452,14 @@ fn parse_selection(command: &str, options: &[&str]) -> Result<Selection, CliErro
         }
     }
     let filter = parse_filter(&filters)?;
+    if filter.older_than == Some(Duration::ZERO) {
+        // Everything was dead-lettered more than no time ago: `--older-than 0s` alone would
+        // mean every dead letter without saying so.
+        return Err(CliError::Usage(format!(
+            "--older-than 0s matches every dead letter: give a longer age (e.g. 1h) to \
+             {command} older letters only, or --all for every dead letter"
+        )));
+    }
     match (all, filter.is_empty()) {
         (true, true) => Ok(Selection::All),
         (true, false) => Err(CliError::Usage(
@@ -464,6 +487,29 @@ fn parse_replay(options: &[&str]) -> Result<Replay, CliError> {
         )),
         _ => Ok(Replay::Selected(parse_selection("replay", options)?)),
     }
+}
+
+/// The flag that lets `replay` put messages in the store's deliveries when the store was used
+/// with a broker (see [`StoreOnly`]).
+const TO_STORE: &str = "--to-store";
+
+/// `options` without [`TO_STORE`], and whether it was there (as an option: the value of a
+/// filter that looks like it stays a value).
+fn take_to_store<'a>(options: &[&'a str]) -> (Vec<&'a str>, bool) {
+    let mut rest = Vec::with_capacity(options.len());
+    let mut found = false;
+    let mut words = options.iter();
+    while let Some(word) = words.next() {
+        if *word == TO_STORE {
+            found = true;
+            continue;
+        }
+        rest.push(*word);
+        if matches!(*word, "--handler" | "--reason" | "--older-than" | "--limit") {
+            rest.extend(words.next());
+        }
+    }
+    (rest, found)
 }
 
 /// `30s`, `15m`, `12h`, `7d`.
@@ -517,11 +563,11 @@ async fn list(program: &Program, options: &[&str], out: &mut String) -> Result<(
                 "{}  {}  {}  {}  {}  {} attempt(s)  {}",
                 letter.id,
                 letter.dead_lettered_at.format("%Y-%m-%dT%H:%M:%SZ"),
-                letter.envelope.message_type,
-                letter.handler.as_deref().unwrap_or("(no handler)"),
-                letter.reason,
+                visible(&letter.envelope.message_type),
+                visible(handler_of(letter)),
+                visible(letter.reason.as_str()),
                 letter.attempts,
-                first_line(&letter.detail),
+                visible(first_line(&letter.detail)),
             );
         }
     };
@@ -581,6 +627,58 @@ fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
 }
 
+fn handler_of(letter: &DeadLetter) -> &str {
+    letter.handler.as_deref().unwrap_or("(no handler)")
+}
+
+/// `text` as it may reach an operator's terminal, on one line: control characters (`ESC`,
+/// carriage returns, line breaks, …) and the invisible controls of bidirectional text are
+/// written out as escapes (`\u{1b}`, `\r`, `\n`), so that what a dead letter carries cannot
+/// clear the screen, move the cursor, rewrite a line or reorder what is shown. Every other
+/// character, text in any script included, is shown as it is.
+fn visible(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped(text, false)
+}
+
+/// [`visible`] for text printed on lines of its own (a payload): line breaks and tabs stay.
+fn visible_lines(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped(text, true)
+}
+
+fn escaped(text: &str, keep_lines: bool) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        let layout = keep_lines && matches!(c, '\n' | '\t');
+        (c.is_control() && !layout) || is_bidi_control(c)
+    };
+    if !text.contains(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if !hidden(c) => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The characters that change the order in which text is shown, without showing themselves
+/// (Unicode's bidirectional formatting characters, "Trojan Source"), and the line and
+/// paragraph separators.
+fn is_bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+            | '\u{2028}' | '\u{2029}'
+    )
+}
+
 fn parse_id(text: &str) -> Result<Uuid, CliError> {
     text.parse()
         .map_err(|_| CliError::Usage(format!("{text:?} is not a dead letter id (a UUID)")))
@@ -608,28 +706,24 @@ async fn show(program: &Program, id: &Uuid, out: &mut String) -> Result<(), CliE
     let envelope = &letter.envelope;
     let _ = writeln!(out, "id:              {}", letter.id);
     let _ = writeln!(out, "dead-lettered:   {}", letter.dead_lettered_at);
-    let _ = writeln!(out, "reason:          {}", letter.reason);
-    let _ = writeln!(out, "detail:          {}", letter.detail);
-    let _ = writeln!(
-        out,
-        "handler:         {}",
-        letter.handler.as_deref().unwrap_or("(no handler)")
-    );
+    let _ = writeln!(out, "reason:          {}", visible(letter.reason.as_str()));
+    let _ = writeln!(out, "detail:          {}", visible(&letter.detail));
+    let _ = writeln!(out, "handler:         {}", visible(handler_of(&letter)));
     let _ = writeln!(out, "attempts:        {}", letter.attempts);
     let _ = writeln!(out, "message id:      {}", envelope.id);
-    let _ = writeln!(out, "message type:    {}", envelope.message_type);
+    let _ = writeln!(out, "message type:    {}", visible(&envelope.message_type));
     let _ = writeln!(out, "published:       {}", envelope.created_at);
     if let Some(correlation) = envelope.correlation_id {
         let _ = writeln!(out, "correlation id:  {correlation}");
     }
     for (name, value) in &envelope.headers {
-        let _ = writeln!(out, "header {name}: {value}");
+        let _ = writeln!(out, "header {}: {}", visible(name), visible(value));
     }
     let _ = writeln!(
         out,
         "payload ({} bytes):\n{}",
         envelope.payload.len(),
-        String::from_utf8_lossy(&envelope.payload)
+        visible_lines(&String::from_utf8_lossy(&envelope.payload))
     );
     Ok(())
 }
@@ -647,16 +741,28 @@ async fn replay(
     program: &Program,
     registry: &Registry,
     target: &Replay,
+    to_store: bool,
     out: &mut String,
 ) -> Result<(), CliError> {
     let settings = &program.config;
     let store = program.store.clone();
     let mut owners = Owners::of_this_program(registry)?;
+    // Without a broker, messages go to the store's deliveries: checked only then.
+    let broker = settings.amqp.is_some() || settings.kafka.is_some();
+    let mut store_only = if broker || to_store {
+        None
+    } else {
+        Some(StoreOnly::of(&*store).await?)
+    };
     let selection = match target {
         Replay::One(id) => {
             let letter = find(&*store, id).await?;
             owners.count(std::slice::from_ref(&letter));
             owners.refuse(target)?;
+            if let Some(store_only) = &mut store_only {
+                store_only.count(std::slice::from_ref(&letter));
+                store_only.refuse()?;
+            }
             let mut resend = Resend::new(settings, &*store);
             let sent = resend.send(&letter).await;
             resend.close().await;
@@ -679,8 +785,14 @@ async fn replay(
     let mut pages = Pages::new(&*store, filter.clone());
     while let Some(letters) = pages.next().await? {
         owners.count(&letters);
+        if let Some(store_only) = &mut store_only {
+            store_only.count(&letters);
+        }
     }
     owners.refuse(target)?;
+    if let Some(store_only) = &store_only {
+        store_only.refuse()?;
+    }
     let mut resend = Resend::new(settings, &*store);
     let mut replayed = 0;
     // Replayed letters leave the table; the next page starts after the last one read.
@@ -782,6 +894,82 @@ impl Owners {
     }
 }
 
+/// What a replay without a broker (neither `AMQP_URL` nor `KAFKA_BROKERS` set) would put in
+/// the store's deliveries, and whether the store shows that its service delivers through a
+/// broker: it remembers queues declared on RabbitMQ, or a letter was parked by a broker's
+/// consumer. Such a service never reads those deliveries, so the messages would leave the dead
+/// letters for nowhere. A scheduled job's run is not counted: it always goes back to the
+/// scheduler, which runs from the store.
+#[derive(Debug, Default)]
+struct StoreOnly {
+    /// The handler queues the store remembers declaring on RabbitMQ.
+    declared_queues: usize,
+    /// Messages (not job runs) to replay.
+    messages: usize,
+    /// Of those, the ones a RabbitMQ or Kafka consumer parked: the first, and how many.
+    parked: Option<Uuid>,
+    parked_count: usize,
+}
+
+impl StoreOnly {
+    async fn of(store: &dyn Store) -> Result<StoreOnly, CliError> {
+        Ok(StoreOnly {
+            declared_queues: store.declared_queues().await?.len(),
+            ..StoreOnly::default()
+        })
+    }
+
+    fn count(&mut self, letters: &[DeadLetter]) {
+        for letter in letters {
+            if letter.envelope.message_type == SCHEDULE_MESSAGE_TYPE {
+                continue;
+            }
+            self.messages += 1;
+            if parked_by_a_broker(letter) {
+                self.parked.get_or_insert(letter.id);
+                self.parked_count += 1;
+            }
+        }
+    }
+
+    /// Refuses, before anything is replayed, when the messages counted would go to the store
+    /// of a service that delivers through a broker.
+    fn refuse(&self) -> Result<(), CliError> {
+        const HOW: &str = "without AMQP_URL or KAFKA_BROKERS a replay puts messages in the \
+            store's deliveries, which a service on a broker never reads: they would leave the \
+            dead letters and be handled nowhere";
+        let problem = if self.messages == 0 {
+            return Ok(());
+        } else if self.declared_queues > 0 {
+            format!(
+                "nothing was replayed: this store remembers {} queue(s) its service declared on \
+                 RabbitMQ, and {HOW}. Set AMQP_URL as the service has it to replay to the \
+                 broker, or add {TO_STORE} if the service now runs from the store alone",
+                self.declared_queues
+            )
+        } else if let Some(first) = self.parked {
+            format!(
+                "nothing was replayed: {} of the dead letters ({first} first) were parked by a \
+                 RabbitMQ or Kafka consumer, and {HOW}. Set AMQP_URL (RabbitMQ) or \
+                 KAFKA_BROKERS (Kafka) as the service has it to replay to the broker, or add \
+                 {TO_STORE} if the service now runs from the store alone",
+                self.parked_count
+            )
+        } else {
+            return Ok(());
+        };
+        Err(CliError::Failed(Error::Unsupported(problem)))
+    }
+}
+
+/// Whether `letter` was written by a broker's consumer: RabbitMQ and Kafka workers give the
+/// letters they park a name-based id (UUID v5, from the queue or the record's position, so that
+/// a message parked twice is one letter); the store's own dead letters have time-ordered ids
+/// (v7).
+fn parked_by_a_broker(letter: &DeadLetter) -> bool {
+    letter.id.get_version() == Some(uuid::Version::Sha1)
+}
+
 /// Where `replay` sends dead letters back: job runs to the scheduler's occurrences; messages
 /// to the outbox, or under `AMQP_URL` to the broker (connected once, at the first message).
 struct Resend<'a> {
@@ -822,7 +1010,7 @@ impl<'a> Resend<'a> {
                 "replayed {} (the run of the scheduled job {} for {}): it runs again soon, \
                  attempts from 1",
                 letter.id,
-                letter.handler.as_deref().unwrap_or("?"),
+                visible(letter.handler.as_deref().unwrap_or("?")),
                 envelope.created_at.format("%Y-%m-%dT%H:%M:%S%.3fZ")
             )));
         }
@@ -836,31 +1024,36 @@ impl<'a> Resend<'a> {
             };
             let place = broker.replay(letter, self.store).await?;
             return Ok(Some(format!(
-                "replayed {} ({}) to {place}: attempts start over",
-                letter.id, envelope.message_type
+                "replayed {} ({}) to {}: attempts start over",
+                letter.id,
+                visible(&envelope.message_type),
+                visible(&place)
             )));
         }
         #[cfg(feature = "kafka")]
         if self.kafka {
             // Through the outbox and the relay to the aggregate's topic, for its handler alone.
             let envelope = crate::kafka::wire::replay_envelope(letter);
-            self.store.publish(vec![envelope]).await?;
-            if !self.store.delete_dead_letter(letter.id).await? {
-                return Ok(Some(format!(
-                    "{}: sent to the outbox, but it was no longer a dead letter (replayed or \
-                     purged meanwhile): it may be handled twice",
-                    letter.id
-                )));
+            // One transaction: the letter leaves with its message in the outbox, which the relay
+            // deletes only once Kafka acknowledged the record.
+            if !self
+                .store
+                .replay_dead_letter_as(letter.id, &envelope)
+                .await?
+            {
+                return Ok(None);
             }
             return Ok(Some(format!(
                 "replayed {} ({}) through the outbox to its Kafka topic, for {}: attempts start \
                  over, after the records of its aggregate published since",
                 letter.id,
-                letter.envelope.message_type,
-                letter
-                    .handler
-                    .as_deref()
-                    .unwrap_or("every handler of its type")
+                visible(&letter.envelope.message_type),
+                visible(
+                    letter
+                        .handler
+                        .as_deref()
+                        .unwrap_or("every handler of its type")
+                )
             )));
         }
         if !self.store.replay_dead_letter(letter.id).await? {
@@ -869,11 +1062,13 @@ impl<'a> Resend<'a> {
         Ok(Some(format!(
             "replayed {} ({} for {}): it goes to its handler again, attempts from 1",
             letter.id,
-            envelope.message_type,
-            letter
-                .handler
-                .as_deref()
-                .unwrap_or("every handler of its type")
+            visible(&envelope.message_type),
+            visible(
+                letter
+                    .handler
+                    .as_deref()
+                    .unwrap_or("every handler of its type")
+            )
         )))
     }
 
@@ -937,6 +1132,22 @@ mod tests {
             assert!(problem.contains("--limit is for list"), "{problem}");
             usage_error(parse_selection(command, &["--handler"]));
             usage_error(parse_selection(command, &["--older-than", "soon"]));
+            // A zero age is older than nothing: it would quietly mean every dead letter.
+            for zero in ["0s", "0m", "0h", "0d", "00s"] {
+                let problem = usage_error(parse_selection(command, &["--older-than", zero]));
+                assert!(
+                    problem.contains("--older-than 0s") && problem.contains("--all"),
+                    "{problem}"
+                );
+                usage_error(parse_selection(
+                    command,
+                    &["--reason", "x", "--older-than", zero],
+                ));
+            }
+            assert!(matches!(
+                parse_selection(command, &["--older-than", "1s"]),
+                Ok(Selection::Matching(_))
+            ));
             usage_error(parse_selection(command, &["--colour", "red"]));
         }
         let Ok(Selection::Matching(filter)) = parse_selection(
@@ -987,6 +1198,96 @@ mod tests {
         usage_error(parse_replay(&["--handler", "billing::book", &text]));
         usage_error(parse_replay(&["not-an-id"]));
         usage_error(parse_replay(&["--limit", "3"]));
+    }
+
+    #[test]
+    fn to_store_is_taken_wherever_it_stands_but_never_from_a_value() {
+        assert_eq!(
+            take_to_store(&["--to-store", "--all"]),
+            (vec!["--all"], true)
+        );
+        assert_eq!(
+            take_to_store(&["--reason", "x", "--to-store"]),
+            (vec!["--reason", "x"], true)
+        );
+        assert_eq!(
+            take_to_store(&["--handler", "--to-store"]),
+            (vec!["--handler", "--to-store"], false)
+        );
+        assert_eq!(take_to_store(&["--all"]), (vec!["--all"], false));
+    }
+
+    #[test]
+    fn control_and_bidi_characters_are_shown_as_escapes_and_text_as_it_is() {
+        for (text, one_line, on_lines) in [
+            (
+                "plain text, äöü, 日本語",
+                "plain text, äöü, 日本語",
+                "plain text, äöü, 日本語",
+            ),
+            ("\x1b[2Jgone", "\\u{1b}[2Jgone", "\\u{1b}[2Jgone"),
+            ("a\nb\tc\rd", "a\\nb\\tc\\rd", "a\nb\tc\\rd"),
+            (
+                "\u{7f}\u{9b}\0",
+                "\\u{7f}\\u{9b}\\u{0}",
+                "\\u{7f}\\u{9b}\\u{0}",
+            ),
+            ("abc\u{202e}fed", "abc\\u{202e}fed", "abc\\u{202e}fed"),
+            (
+                "\u{2066}x\u{2069}\u{2028}",
+                "\\u{2066}x\\u{2069}\\u{2028}",
+                "\\u{2066}x\\u{2069}\\u{2028}",
+            ),
+        ] {
+            assert_eq!(visible(text), one_line, "{text:?}");
+            assert_eq!(visible_lines(text), on_lines, "{text:?}");
+        }
+        assert!(matches!(visible("as is"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    fn letter(id: Uuid, message_type: &str) -> DeadLetter {
+        let mut letter = DeadLetter::new(
+            crate::Envelope::from_raw(message_type, &b"{}"[..]),
+            Some("billing::book".to_owned()),
+            crate::Reason::from_static("ledger_closed"),
+            "",
+        );
+        letter.id = id;
+        letter
+    }
+
+    #[test]
+    fn a_replay_to_the_store_is_refused_for_a_service_on_a_broker_only() {
+        let ours = letter(Uuid::now_v7(), "Invoice");
+        let parked = letter(Uuid::new_v5(&Uuid::nil(), b"parked"), "Invoice");
+        let job_run = letter(Uuid::new_v5(&Uuid::nil(), b"run"), SCHEDULE_MESSAGE_TYPE);
+        // (queues the store remembers, letters, refused naming)
+        let cases: [(usize, Vec<&DeadLetter>, Option<&str>); 6] = [
+            (0, vec![&ours], None),
+            (0, vec![], None),
+            (0, vec![&job_run], None),
+            (2, vec![&job_run], None),
+            (2, vec![&ours], Some("AMQP_URL")),
+            (0, vec![&ours, &parked], Some("KAFKA_BROKERS")),
+        ];
+        for (declared_queues, letters, refused) in cases {
+            let mut store_only = StoreOnly {
+                declared_queues,
+                ..StoreOnly::default()
+            };
+            let letters: Vec<DeadLetter> = letters.into_iter().cloned().collect();
+            store_only.count(&letters);
+            match (store_only.refuse(), refused) {
+                (Ok(()), None) => {}
+                (Err(CliError::Failed(error)), Some(variable)) => {
+                    let error = error.to_string();
+                    assert!(error.contains(variable), "{error}");
+                    assert!(error.contains("AMQP_URL"), "{error}");
+                    assert!(error.contains(TO_STORE), "{error}");
+                }
+                (other, _) => panic!("{declared_queues} queue(s), {letters:?}: {other:?}"),
+            }
+        }
     }
 
     #[tokio::test]

@@ -28,8 +28,9 @@
 //! assert!(health.readiness().ready);
 //! ```
 //!
-//! The reasons are the loops' own error texts, which never hold a password (URLs are redacted
-//! before they reach an error).
+//! The reasons are the loops' own error texts, as anyone who reaches the health port may read
+//! them: a URL in them is shown as the kind of server it names (`rabbitmq`, `postgresql`), an
+//! address as `(address)`; no credentials, user, host, vhost or database.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -196,11 +197,16 @@ impl Probe {
     }
 
     /// A pass failed (or the loop is down and restarting): not ready until the next
-    /// [`pass`](Probe::pass). `reason` is shown to operators on `/health/ready`: only its
-    /// first line is kept, at most 300 characters, with the password of any URL in it shown as
-    /// `***`, so an error that quotes a connection string or a backtrace leaks neither.
+    /// [`pass`](Probe::pass). `reason` is shown on `/health/ready`, to anyone who reaches the
+    /// port: only its first line is kept, at most 300 characters, with every URL in it
+    /// replaced by the kind of server it names (`rabbitmq`, `postgresql`) and every network
+    /// address by `(address)`, so an error that quotes a connection string or a backtrace
+    /// shows no credentials, user, host, vhost or database. The log line of the failure keeps
+    /// the URL, its password shown as `***`.
     pub fn fail(&self, reason: impl fmt::Display) {
-        let reason = scrub(&reason.to_string());
+        let reason = reason.to_string();
+        let logged = crate::redact::redact_text(first_line(&reason));
+        let reason = scrub(&reason);
         self.health.update(self.index, |component| {
             component.state = match &component.state {
                 State::Failing {
@@ -211,7 +217,7 @@ impl Probe {
                     failures: failures + 1,
                 },
                 _ => {
-                    tracing::warn!(component = %component.name, %reason, "not ready");
+                    tracing::warn!(component = %component.name, reason = %logged, "not ready");
                     State::Failing {
                         reason,
                         since: Instant::now(),
@@ -254,15 +260,20 @@ impl Probe {
     }
 }
 
-/// A reason as operators may see it: the first line, at most [`MAX_REASON`] characters, with
-/// the URLs in it redacted ([`redact_text`](crate::redact::redact_text): no password, no query).
+/// A reason as anyone who reaches the health port may see it: the first line, at most
+/// [`MAX_REASON`] characters, with URLs and addresses anonymized
+/// ([`anonymize_text`](crate::redact::anonymize_text): the server's kind, no user, host or
+/// vhost).
 fn scrub(reason: &str) -> String {
-    let line = reason.lines().next().unwrap_or("").trim_end();
-    let mut out = crate::redact::redact_text(line);
+    let mut out = crate::redact::anonymize_text(first_line(reason));
     if out.chars().count() > MAX_REASON {
         out = out.chars().take(MAX_REASON).collect::<String>() + "…";
     }
     out
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("").trim_end()
 }
 
 /// The longest reason `/health/ready` shows, in characters.
@@ -350,12 +361,9 @@ mod tests {
     fn reasons_lose_passwords_extra_lines_and_length() {
         assert_eq!(
             scrub("cannot reach amqp://app:s3cr:et@broker:5672/%2f: refused\n   at frame 1"),
-            "cannot reach amqp://app:***@broker:5672/%2f: refused"
+            "cannot reach rabbitmq: refused"
         );
-        assert_eq!(
-            scrub("postgres://app@db/x down"),
-            "postgres://app@db/x down"
-        );
+        assert_eq!(scrub("postgres://app@db/x down"), "postgresql down");
         assert_eq!(scrub("plain reason"), "plain reason");
         // A password in a query string is a password too.
         let queried = scrub("connect failed: postgres://db/app?user=u&password=hunter2: refused");
@@ -370,6 +378,47 @@ mod tests {
             !shown.contains("hunter2") && !shown.contains("backtrace"),
             "{shown}"
         );
+    }
+
+    /// `/health/ready` is served to whoever reaches the port (a probe comes from outside the
+    /// pod): it names the server, never who connects to which host and vhost.
+    #[test]
+    fn readiness_names_servers_without_user_host_or_vhost() {
+        let health = Health::new();
+        let relay = health.probe("outbox relay");
+        let worker = health.probe("bus worker");
+        let kafka = health.probe("kafka relay");
+        relay.fail(
+            "cannot connect to amqp://shop-app:s3cret@rabbit-7.prod.internal:5672/orders-vhost: \
+             Connection refused (os error 111)",
+        );
+        worker.fail(
+            "pool timed out on postgres://ledger@db.prod.internal/ledger_main?sslmode=require",
+        );
+        kafka.fail("kafka-1.prod.internal:9092/bootstrap: Connect to ipv4#10.4.0.7:9092 failed");
+        let shown = health.readiness().to_string();
+        for hidden in [
+            "shop-app",
+            "s3cret",
+            "rabbit-7",
+            "orders-vhost",
+            "5672",
+            "ledger@",
+            "db.prod",
+            "ledger_main",
+            "kafka-1",
+            "10.4.0.7",
+        ] {
+            assert!(!shown.contains(hidden), "{hidden:?} shown: {shown}");
+        }
+        for kept in [
+            "outbox relay: failing",
+            "cannot connect to rabbitmq: Connection refused (os error 111)",
+            "pool timed out on postgresql",
+            "Connect to (address) failed",
+        ] {
+            assert!(shown.contains(kept), "{kept:?} not shown: {shown}");
+        }
     }
 
     #[test]

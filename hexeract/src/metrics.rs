@@ -513,16 +513,102 @@ pub(crate) fn relay_published(transport: &'static str, rows: usize, took: Durati
 }
 
 /// Reads what the gauges show (each component's readiness; the store's backlog, oldest message
-/// owed and deliveries owed per handler) and sets them. `run` does it every 10 s and `/metrics`
-/// before each render, so a pushing recorder and a scrape both see fresh values. A store that
-/// cannot answer leaves its gauges as they were.
+/// owed and deliveries owed per handler) and sets them, now, on `store`'s own pool: for a
+/// process that drives its gauges itself. `run` and `/metrics` sample the store through a
+/// cache of their own instead, at most every [`STORE_SAMPLE_INTERVAL`] on a connection of its
+/// own ([`StoreGauges`]), so that scrapes cannot load the database or take the workers'
+/// connections. A store that cannot answer leaves its gauges as they were.
 pub async fn sample(health: &crate::health::Health, store: Option<&dyn crate::store::Store>) {
+    sample_health(health);
+    if let Some(store) = store {
+        sample_store(store).await;
+    }
+}
+
+/// Sets [`COMPONENT_READY`] of each component of `health`: no I/O, done at every scrape.
+pub(crate) fn sample_health(health: &crate::health::Health) {
     for component in health.readiness().components {
         let ready = component.status == crate::health::Status::Ready;
         metrics::gauge!(COMPONENT_READY, "component" => component.name)
             .set(f64::from(u8::from(ready)));
     }
-    let Some(store) = store else { return };
+}
+
+/// At most how often [`StoreGauges`] reads the store: a scrape within this long of the last
+/// sample renders that sample's values. Shorter than Prometheus' usual scrape interval (15 s
+/// or more), so that every scrape still sees values it has not seen, and long enough that a
+/// scrape loop (or many Prometheus replicas) costs the database one round of three queries
+/// per 5 s.
+pub(crate) const STORE_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The store's gauges ([`OUTBOX_BACKLOG`], [`OUTBOX_OLDEST_PENDING`], [`HANDLER_PENDING`],
+/// [`HANDLER_OLDEST_PENDING`]) as `/metrics` and `run`'s timer read them: sampled at most
+/// once per interval however often they are asked for, concurrent requests waiting for the one
+/// sample under way rather than starting their own, on a pool of one connection of its own
+/// ([`Housekeeping::sampling_store`](crate::store::Housekeeping::sampling_store), opened at the
+/// first sample) that waits at most [`SAMPLE_TIMEOUT`] for the database. A scrape loop thus
+/// never takes a connection the workers claim with, and a database that stalls holds a
+/// scrape for at most three timeouts.
+pub(crate) struct StoreGauges {
+    store: Arc<dyn crate::store::Store>,
+    interval: Duration,
+    state: tokio::sync::Mutex<Sampled>,
+    rounds: AtomicU64,
+}
+
+/// What [`StoreGauges`] keeps between samples.
+#[derive(Default)]
+struct Sampled {
+    /// When the last sample ended.
+    at: Option<std::time::Instant>,
+    /// The store on the samples' own pool, once the first sample opened it.
+    sampler: Option<Arc<dyn crate::store::Store>>,
+}
+
+impl StoreGauges {
+    /// The gauges of `store`, sampled at most every [`STORE_SAMPLE_INTERVAL`].
+    pub(crate) fn new(store: Arc<dyn crate::store::Store>) -> StoreGauges {
+        StoreGauges::every(store, STORE_SAMPLE_INTERVAL)
+    }
+
+    fn every(store: Arc<dyn crate::store::Store>, interval: Duration) -> StoreGauges {
+        StoreGauges {
+            store,
+            interval,
+            state: tokio::sync::Mutex::new(Sampled::default()),
+            rounds: AtomicU64::new(0),
+        }
+    }
+
+    /// Samples the store unless the last sample is younger than the interval; waits for a
+    /// sample under way.
+    pub(crate) async fn sample(&self) {
+        let mut state = self.state.lock().await;
+        if state.at.is_some_and(|at| at.elapsed() < self.interval) {
+            return;
+        }
+        let store = state
+            .sampler
+            .get_or_insert_with(|| {
+                self.store
+                    .sampling_store(SAMPLE_TIMEOUT)
+                    .unwrap_or_else(|| self.store.clone())
+            })
+            .clone();
+        sample_store(&*store).await;
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        state.at = Some(std::time::Instant::now());
+    }
+
+    /// How many samples read the store.
+    #[cfg(test)]
+    fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Relaxed)
+    }
+}
+
+/// Reads the store's gauges (three queries) and sets them.
+async fn sample_store(store: &dyn crate::store::Store) {
     let now = chrono::Utc::now();
     let age = |published: Option<chrono::DateTime<chrono::Utc>>| {
         published.map_or(0.0, |published| {
@@ -591,8 +677,9 @@ pub(crate) async fn sample_queue_depths(
     }
 }
 
-/// How long [`sample`] waits for each of the store's answers.
-const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`sample`] waits for each of the store's answers, and [`StoreGauges`]' pool for
+/// its connection.
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The store's answer to `query`, or `None` when it failed or took longer than
 /// [`SAMPLE_TIMEOUT`]: a store that stalls gives up its gauges for this sample, not the scrape
@@ -616,6 +703,42 @@ fn label_of(handler: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// However many scrapes come, at once or one after another, the store is read once per
+    /// interval.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rapid_and_concurrent_samples_read_the_store_once_per_interval() {
+        use crate::store::DeliveryStore;
+
+        let dir = std::env::temp_dir().join(format!("hexeract-gauges-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = crate::store::sqlite::SqliteStore::open(dir.join("outbox.db"))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let interval = Duration::from_millis(1_500);
+        let gauges = StoreGauges::every(Arc::new(store), interval);
+        let started = std::time::Instant::now();
+        futures_util::future::join_all((0..50).map(|_| gauges.sample())).await;
+        assert_eq!(gauges.rounds(), 1, "50 at once share one sample");
+        for _ in 0..50 {
+            gauges.sample().await;
+        }
+        assert!(
+            started.elapsed() < interval,
+            "the test ran too slowly to tell"
+        );
+        assert_eq!(
+            gauges.rounds(),
+            1,
+            "50 in a row within the interval read nothing"
+        );
+        tokio::time::sleep(interval).await;
+        futures_util::future::join_all((0..50).map(|_| gauges.sample())).await;
+        assert_eq!(gauges.rounds(), 2, "one more after the interval");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn every_framework_reason_is_its_own_label_and_the_rest_are_other() {

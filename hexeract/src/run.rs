@@ -65,7 +65,11 @@ pub(crate) async fn start(
     // and why) are logged too.
     let endpoints = application.endpoints.clone();
     let health = endpoints.health.clone();
-    let _ = endpoints.store.set(store.clone());
+    // One sampler for the scrapes and the timer below: they share its samples and its pool.
+    let gauges = endpoints
+        .store
+        .get_or_init(|| Arc::new(crate::metrics::StoreGauges::new(store.clone())))
+        .clone();
     // Not ready until every loop has added its component: served before they exist, an empty
     // list would read as ready.
     let startup = health.probe("startup");
@@ -90,7 +94,7 @@ pub(crate) async fn start(
         stop.clone(),
     ));
     crate::metrics::owing_nothing(application.registry.handlers().map(|info| &*info.name));
-    let gauges = tokio::spawn(sample_gauges(health.clone(), store.clone(), stop.clone()));
+    let gauges = tokio::spawn(sample_gauges(health.clone(), gauges, stop.clone()));
     let result = run_loops(&settings, &application, store, &health, startup, &stop).await;
     stop.cancel();
     let _ = hygiene.await;
@@ -143,11 +147,12 @@ async fn warn_about_unowned(store: &dyn crate::store::Housekeeping, registry: &R
 /// StatsD) sees them move without a scrape.
 async fn sample_gauges(
     health: crate::health::Health,
-    store: Arc<dyn crate::store::Store>,
+    store: Arc<crate::metrics::StoreGauges>,
     stop: CancellationToken,
 ) {
     loop {
-        crate::metrics::sample(&health, Some(&*store)).await;
+        crate::metrics::sample_health(&health);
+        store.sample().await;
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_secs(10)) => {}

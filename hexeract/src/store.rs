@@ -320,6 +320,16 @@ pub trait Housekeeping: Send + Sync + 'static {
     /// [`outbox::inbox`](crate::outbox::inbox)); what `run`'s retention task does with
     /// `INBOX_RETENTION_DAYS`.
     fn purge_inbox_before(&self, age: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// This store on a pool of its own, of one connection opened on first use that waits at
+    /// most `timeout` for the database, reading and writing the same tables: what the
+    /// `/metrics` gauges are sampled through, so that scrapes never take a connection the
+    /// workers claim with. `None` (the default) when the store has no such pool (an
+    /// in-memory database another pool would not see): the samples then use the store itself.
+    fn sampling_store(&self, timeout: Duration) -> Option<Arc<dyn Store>> {
+        let _ = timeout;
+        None
+    }
 }
 
 /// Every capability of a store at once: what `run`, the operations commands and

@@ -276,6 +276,10 @@ async fn purge_deletes_only_what_its_filters_match_and_nothing_without_one() {
             "1",
         ][..],
         &["dead-letters", "purge", "--reason"][..],
+        // A zero age filters nothing: it would have purged every dead letter.
+        &["dead-letters", "purge", "--older-than", "0s"][..],
+        &["dead-letters", "purge", "--older-than", "0d"][..],
+        &["dead-letters", "replay", "--older-than", "0s"][..],
     ] {
         assert!(
             matches!(run(refused).await, Err(CliError::Usage(_))),
@@ -588,5 +592,171 @@ async fn letters_past_the_first_hundred_thousand_are_shown_listed_and_purged() {
         .unwrap();
     assert_eq!(purged, "purged 100000 dead letter(s)\n");
     assert!(store.dead_letters(10).await.unwrap().is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// What a dead letter carries (message type, handler, reason, detail, headers, payload) reaches
+/// the operator's terminal escaped: no raw escape sequence or bidirectional override, the text
+/// itself readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_print_control_characters_as_escapes() {
+    let dir = fresh_environment();
+    let store = hexeract::store::default_store().await.unwrap();
+    let mut envelope = hexeract::Envelope::from_raw(
+        "cli.Invoice\x1b[2J",
+        "{\"number\":42}\x1b[2J\x1b]0;owned\x07\n\u{202e}txt.exe"
+            .as_bytes()
+            .to_vec(),
+    );
+    envelope.headers.insert(
+        "x-note\x1b[2J".to_owned(),
+        "hello\x1b[2J\u{202e}".to_owned(),
+    );
+    let letter = hexeract::DeadLetter::new(
+        envelope,
+        Some("billing::book\x1b[2J".to_owned()),
+        hexeract::Reason::from("ledger_closed\x1b[2J".to_owned()),
+        "the ledger\x1b[2J is closed\r\nfor good",
+    );
+    store.insert_dead_letter(&letter).await.unwrap();
+    let id = letter.id.to_string();
+
+    let listed = listed(&[], 1).await;
+    let shown = run(&["dead-letters", "show", &id]).await.unwrap();
+    for out in [&listed, &shown] {
+        assert!(!out.contains('\x1b'), "a raw ESC: {out:?}");
+        assert!(!out.contains('\x07'), "a raw BEL: {out:?}");
+        assert!(!out.contains('\r'), "a raw carriage return: {out:?}");
+        assert!(!out.contains('\u{202e}'), "a raw bidi override: {out:?}");
+        assert!(out.contains(r"cli.Invoice\u{1b}[2J"), "{out}");
+        assert!(out.contains(r"billing::book\u{1b}[2J"), "{out}");
+        assert!(out.contains(r"ledger_closed\u{1b}[2J"), "{out}");
+        assert!(out.contains(r"the ledger\u{1b}[2J is closed"), "{out}");
+    }
+    assert!(
+        shown.contains(r"header x-note\u{1b}[2J: hello\u{1b}[2J\u{202e}"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(r"the ledger\u{1b}[2J is closed\r\nfor good"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("{\"number\":42}\\u{1b}[2J\\u{1b}]0;owned\\u{7}\n\\u{202e}txt.exe"),
+        "the payload keeps its lines: {shown}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Without `AMQP_URL` or `KAFKA_BROKERS`, `replay` puts messages in the store's deliveries. A
+/// service on a broker never reads those: its dead letters are refused (naming the variable to
+/// set) and stay, unless the operator says `--to-store`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_without_a_broker_refuses_the_dead_letters_of_a_service_on_one() {
+    use hexeract::store::DeclaredQueue;
+
+    let dir = fresh_environment();
+    let store = hexeract::store::default_store().await.unwrap();
+    let dead = |number: u32| {
+        hexeract::DeadLetter::new(
+            hexeract::Envelope::new(&Invoice { number }).unwrap(),
+            Some("billing::book".to_owned()),
+            hexeract::Reason::from("ledger_closed"),
+            "closed",
+        )
+    };
+    let failed = |result: Result<String, CliError>| match result {
+        Err(CliError::Failed(error)) => error.to_string(),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // Parked by a RabbitMQ or Kafka consumer: a name-based id.
+    let mut parked = dead(1);
+    parked.id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, b"dead-letter/shop.billing.book");
+    store.insert_dead_letter(&parked).await.unwrap();
+    let parked_id = parked.id.to_string();
+    for args in [
+        &["dead-letters", "replay", &parked_id][..],
+        &["dead-letters", "replay", "--all"][..],
+        &["dead-letters", "replay", "--handler", "billing::book"][..],
+    ] {
+        let refused = failed(run(args).await);
+        for named in ["AMQP_URL", "KAFKA_BROKERS", "--to-store"] {
+            assert!(refused.contains(named), "{args:?}: {refused}");
+        }
+    }
+    listed(&[], 1).await;
+    assert_eq!(
+        store.backlog().await.unwrap(),
+        0,
+        "nothing went to the store"
+    );
+
+    // The store remembers queues its service declared on RabbitMQ: its own letters too.
+    store
+        .record_declared_queues(&[DeclaredQueue {
+            queue: "shop.billing.book".to_owned(),
+            handler: "billing::book".to_owned(),
+            message_type: "cli.Invoice".to_owned(),
+            declared_at: Utc::now(),
+        }])
+        .await
+        .unwrap();
+    let ours = dead(2);
+    store.insert_dead_letter(&ours).await.unwrap();
+    let refused = failed(run(&["dead-letters", "replay", &ours.id.to_string()]).await);
+    assert!(
+        refused.contains("AMQP_URL") && refused.contains("RabbitMQ"),
+        "{refused}"
+    );
+    listed(&[], 2).await;
+    assert_eq!(store.backlog().await.unwrap(), 0);
+
+    // The operator's word.
+    let replayed = run(&["dead-letters", "replay", "--all", "--to-store"])
+        .await
+        .unwrap();
+    assert!(
+        replayed.ends_with("replayed 2 dead letter(s)\n"),
+        "{replayed}"
+    );
+    listed(&[], 0).await;
+    assert_eq!(store.backlog().await.unwrap(), 2);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Under `KAFKA_BROKERS` a letter goes back through the outbox, for its handler alone: it
+/// leaves the dead letters in the transaction that writes its outbox row (which the service's
+/// relay publishes), so nothing is contacted here and nothing is lost between the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_under_kafka_moves_the_letter_into_the_outbox_in_one_step() {
+    let dir = fresh_environment();
+    // Nothing listens there: the replay writes to the store only.
+    std::env::set_var("KAFKA_BROKERS", "127.0.0.1:1");
+    let store = hexeract::store::default_store().await.unwrap();
+    let mut parked = hexeract::DeadLetter::new(
+        hexeract::Envelope::new(&Invoice { number: 9 }).unwrap(),
+        Some("billing::book".to_owned()),
+        hexeract::Reason::from("ledger_closed"),
+        "closed",
+    );
+    // As a Kafka consumer names its letters.
+    parked.id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, b"dead-letter/billing/0/7");
+    store.insert_dead_letter(&parked).await.unwrap();
+
+    let replayed = run(&["dead-letters", "replay", &parked.id.to_string()])
+        .await
+        .unwrap();
+    assert!(
+        replayed.contains("through the outbox to its Kafka topic, for billing::book"),
+        "{replayed}"
+    );
+    listed(&[], 0).await;
+    assert_eq!(store.backlog().await.unwrap(), 1, "its outbox row");
+    let again = run(&["dead-letters", "replay", &parked.id.to_string()]).await;
+    assert!(
+        matches!(again, Err(CliError::Usage(_))),
+        "replayed once: {again:?}"
+    );
+    assert_eq!(store.backlog().await.unwrap(), 1, "not written twice");
     let _ = std::fs::remove_dir_all(dir);
 }

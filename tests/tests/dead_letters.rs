@@ -111,6 +111,110 @@ async fn sqlite_deletes_exactly_the_dead_letters_listed() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A relay's sink that acknowledges what it takes, or refuses it all.
+#[derive(Default)]
+struct Sink {
+    refuse: bool,
+    taken: Mutex<Vec<Envelope>>,
+}
+
+impl hexeract::store::RelaySink for Sink {
+    fn publish<'a>(
+        &'a self,
+        envelopes: &'a [Envelope],
+    ) -> BoxFuture<'a, Result<Vec<hexeract::store::Unpublishable>, String>> {
+        Box::pin(async move {
+            if self.refuse {
+                return Err("the broker did not acknowledge it".to_owned());
+            }
+            self.taken.lock().unwrap().extend_from_slice(envelopes);
+            Ok(Vec::new())
+        })
+    }
+}
+
+/// `dead-letters replay` through a relay (Kafka): the letter leaves in the transaction that
+/// puts its message (changed for its way back) in the outbox, and the outbox row leaves only
+/// once the broker acknowledged it. Never both gone, never both there.
+async fn a_letter_replayed_through_the_outbox_leaves_with_its_message_there(store: Arc<dyn Store>) {
+    let letters = dead_messages(store.clone(), 2).await;
+    assert_eq!(store.backlog().await.unwrap(), 0);
+    let mut envelope = letters[0].envelope.clone();
+    envelope.attempt = 0;
+    envelope
+        .headers
+        .insert("hexeract-replay-for".to_owned(), "billing::book".to_owned());
+
+    assert!(
+        !store
+            .replay_dead_letter_as(Uuid::now_v7(), &envelope)
+            .await
+            .unwrap(),
+        "no such dead letter"
+    );
+    assert_eq!(store.backlog().await.unwrap(), 0, "nothing written for it");
+    assert!(store
+        .replay_dead_letter_as(letters[0].id, &envelope)
+        .await
+        .unwrap());
+    assert_eq!(store.backlog().await.unwrap(), 1);
+    assert!(
+        !store
+            .replay_dead_letter_as(letters[0].id, &envelope)
+            .await
+            .unwrap(),
+        "a second replay of the same letter finds it gone and writes nothing"
+    );
+    assert_eq!(store.backlog().await.unwrap(), 1);
+    let left: Vec<Uuid> = store
+        .dead_letters(100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|letter| letter.id)
+        .collect();
+    assert_eq!(left, [letters[1].id]);
+
+    let refusing = Sink {
+        refuse: true,
+        ..Sink::default()
+    };
+    let _ = store.relay(10, &refusing).await;
+    assert_eq!(
+        store.backlog().await.unwrap(),
+        1,
+        "not acknowledged: the message stays"
+    );
+    let sink = Sink::default();
+    assert_eq!(store.relay(10, &sink).await.unwrap(), 1);
+    assert_eq!(store.backlog().await.unwrap(), 0);
+    let taken = sink.taken.lock().unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].id, letters[0].envelope.id);
+    assert_eq!(taken[0].payload, letters[0].envelope.payload);
+    assert_eq!(
+        taken[0]
+            .headers
+            .get("hexeract-replay-for")
+            .map(String::as_str),
+        Some("billing::book")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_letter_replayed_through_the_outbox_leaves_with_its_message_there() {
+    let (schema, store) = pg_store().await;
+    a_letter_replayed_through_the_outbox_leaves_with_its_message_there(store).await;
+    schema.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_letter_replayed_through_the_outbox_leaves_with_its_message_there() {
+    let (dir, store) = sqlite_store().await;
+    a_letter_replayed_through_the_outbox_leaves_with_its_message_there(store).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The job fails (dead letter at once) until the test fixes it.
 static FIXED: AtomicBool = AtomicBool::new(false);
 

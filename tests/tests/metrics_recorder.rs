@@ -191,9 +191,19 @@ async fn without_a_recorder_metrics_serves_the_same_values_as_prometheus_text() 
     let scraped = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let into = scraped.clone();
     one_of_each(&dir, worker, || async move {
-        let (status, body) = hexeract_tests::http::get(port, "/metrics").await.unwrap();
-        assert_eq!(status, 200, "{body}");
-        *into.lock().unwrap() = body;
+        // The store's gauges are sampled at most every 5 s (the worker sampled them as it
+        // started): scraped until a sample taken after the work shows.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let (status, body) = hexeract_tests::http::get(port, "/metrics").await.unwrap();
+            assert_eq!(status, 200, "{body}");
+            let sampled = body.lines().any(|line| line == "hexeract_outbox_backlog 0");
+            if sampled || tokio::time::Instant::now() > deadline {
+                *into.lock().unwrap() = body;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     })
     .await;
     let text = scraped.lock().unwrap().clone();

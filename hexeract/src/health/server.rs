@@ -10,12 +10,13 @@ use axum::Router;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::Health;
+use crate::metrics::StoreGauges;
 use crate::store::Store;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-/// The store whose backlog `/metrics` reports, set once it is open: a [`Worker`](crate::Worker)
-/// hands out its router before it opens its store.
-pub(crate) type StoreSlot = Arc<OnceLock<Arc<dyn Store>>>;
+/// The gauges of the store whose backlog `/metrics` reports, set once the store is open: a
+/// [`Worker`](crate::Worker) hands out its router before it opens its store.
+pub(crate) type StoreSlot = Arc<OnceLock<Arc<StoreGauges>>>;
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -46,7 +47,7 @@ struct Served {
 pub fn router(health: Health, store: Option<Arc<dyn Store>>) -> Router {
     let slot = StoreSlot::default();
     if let Some(store) = store {
-        let _ = slot.set(store);
+        let _ = slot.set(Arc::new(StoreGauges::new(store)));
     }
     routes(health, slot)
 }
@@ -72,9 +73,10 @@ pub(crate) fn routes(health: Health, store: StoreSlot) -> Router {
 ///   connection string;
 /// - `GET /metrics`: the Prometheus text format: every series of
 ///   [`hexeract::metrics`](crate::metrics) from the recorder
-///   [`metrics::prometheus`](crate::metrics::prometheus) installed, with the gauges (each
-///   component's readiness; the backlog when a `store` is given) read just before; `404` when
-///   the application installed a recorder of its own.
+///   [`metrics::prometheus`](crate::metrics::prometheus) installed, with each component's
+///   readiness read just before, and the backlog (when a `store` is given) read at most every
+///   5 s, on a connection of its own: scrapes in between, however many, render the last
+///   sample; `404` when the application installed a recorder of its own.
 ///
 /// `hexeract::run` serves them on `WORKER_PORT` (8081). For a process of your own:
 ///
@@ -132,8 +134,10 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
                 .to_owned(),
         );
     };
-    let store = served.store.get().cloned();
-    crate::metrics::sample(&served.health, store.as_deref()).await;
+    crate::metrics::sample_health(&served.health);
+    if let Some(gauges) = served.store.get() {
+        gauges.sample().await;
+    }
     (
         StatusCode::OK,
         [(

@@ -8,6 +8,7 @@ use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::dead_letter::DeadLetter;
+use crate::envelope::Envelope;
 use crate::store::StoreError;
 
 /// A store's dead letters: recorded, found, replayed and deleted. Workers that park on a broker
@@ -58,6 +59,18 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     /// Sends a dead letter back to its handler with attempts reset (to every handler of its
     /// type when it had none). `false` when there is no dead letter with this id.
     fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Writes `envelope` (a dead letter's message, changed for its way back: attempts reset,
+    /// the handler it is for) to the outbox and deletes the dead letter `id`, in one
+    /// transaction: the letter leaves only when its message is in the outbox, from where the
+    /// relay publishes it (deleting the row once the broker acknowledged it). `false`, and
+    /// nothing written, when there is no dead letter with this id. How `dead-letters replay`
+    /// sends a letter back through a relay (Kafka).
+    fn replay_dead_letter_as<'a>(
+        &'a self,
+        id: Uuid,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Deletes the dead letters with these ids (an id with none is skipped) in one statement
     /// and returns how many it deleted.

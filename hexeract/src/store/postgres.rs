@@ -1306,6 +1306,28 @@ impl DeadLetterStore for PgStore {
         })
     }
 
+    fn replay_dead_letter_as<'a>(
+        &'a self,
+        id: Uuid,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = crate::store::begin(&self.pool, None).await?;
+            let gone = sqlx::query(&self.sql.delete_dead_letters)
+                .bind([id].as_slice())
+                .execute(&mut *tx)
+                .await?;
+            if gone.rows_affected() != 1 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            insert_outbox(&mut tx, &self.schema, std::slice::from_ref(envelope)).await?;
+            tx.commit().await?;
+            self.wake.signal.notify_one();
+            Ok(true)
+        })
+    }
+
     fn delete_dead_letters<'a>(
         &'a self,
         ids: &'a [Uuid],
@@ -1340,6 +1362,19 @@ impl DeadLetterStore for PgStore {
 }
 
 impl Housekeeping for PgStore {
+    fn sampling_store(&self, timeout: Duration) -> Option<Arc<dyn crate::store::Store>> {
+        // The same database, user and settings as this store's connections.
+        let options = (*self.pool.connect_options()).clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(timeout)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .connect_lazy_with(options);
+        let store = PgStore::new(pool, self.schema.as_str()).ok()?;
+        Some(Arc::new(store))
+    }
+
     fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>> {
         Box::pin(async move {
             let rows: Vec<(String, i64, Option<DateTime<Utc>>)> = sqlx::query_as(&format!(

@@ -1560,6 +1560,33 @@ impl DeadLetterStore for SqliteStore {
         })
     }
 
+    fn replay_dead_letter_as<'a>(
+        &'a self,
+        id: Uuid,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
+            let gone = sqlx::query(&self.sql.replay_delete)
+                .bind(id.hyphenated())
+                .execute(&mut *tx)
+                .await?;
+            if gone.rows_affected() != 1 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            insert_rows(
+                &mut tx,
+                &self.sql.insert_outbox,
+                std::slice::from_ref(envelope),
+            )
+            .await?;
+            tx.commit().await?;
+            self.wake.notify_one();
+            Ok(true)
+        })
+    }
+
     fn delete_dead_letters<'a>(
         &'a self,
         ids: &'a [Uuid],
@@ -1592,6 +1619,23 @@ impl DeadLetterStore for SqliteStore {
 }
 
 impl Housekeeping for SqliteStore {
+    fn sampling_store(&self, timeout: Duration) -> Option<Arc<dyn crate::store::Store>> {
+        // Another pool on an in-memory database would open another database.
+        if self.keep_alive.is_some() {
+            return None;
+        }
+        let options = (*self.pool.connect_options()).clone();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .test_before_acquire(false)
+            .acquire_timeout(timeout)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .connect_lazy_with(options);
+        let store = SqliteStore::new(pool, self.prefix.as_str()).ok()?;
+        Some(Arc::new(store))
+    }
+
     fn pending_by_handler(&self) -> BoxFuture<'_, Result<Vec<Pending>, StoreError>> {
         Box::pin(async move {
             // With min(), SQLite takes the bare column created_at from the row holding the
