@@ -90,6 +90,7 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 /// | `INBOX_RETENTION_DAYS`, `DEAD_LETTER_RETENTION_DAYS` | `inbox_retention`, `dead_letter_retention` |
 /// | `AMQP_URL`, `HEXERACT_EXCHANGE`, `HEXERACT_QUEUE_PREFIX`, `AMQP_MAX_MESSAGE_SIZE`, `AMQP_ALLOW_UNROUTED` | `amqp` |
 /// | `KAFKA_BROKERS`, `KAFKA_TOPIC_PREFIX`, `KAFKA_TOPIC_PARTITIONS`, `KAFKA_REPLICATION_FACTOR` | `kafka` |
+/// | `KAFKA_SECURITY_PROTOCOL`, `KAFKA_SASL_*`, `KAFKA_SSL_CA_LOCATION` | `kafka.security` |
 /// | `HEXERACT_ALLOW_INSECURE_CONNECTIONS` | `allow_insecure_connections` |
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -142,6 +143,151 @@ pub struct Kafka {
     /// `KAFKA_REPLICATION_FACTOR`: replicas of the topics created; `None` where unset (3).
     #[serde(default)]
     pub replication_factor: Option<u32>,
+    /// `KAFKA_SECURITY_PROTOCOL` and the SASL and TLS settings beside it.
+    #[serde(default)]
+    pub security: KafkaSecurity,
+}
+
+/// How Kafka clients reach the brokers: `KAFKA_SECURITY_PROTOCOL`, `KAFKA_SASL_MECHANISM`,
+/// `KAFKA_SASL_USERNAME`, `KAFKA_SASL_PASSWORD`, `KAFKA_SSL_CA_LOCATION`; `None` where unset.
+/// Unset, the protocol is `plaintext` to brokers on this machine and `ssl` (verified) to any
+/// other. TLS and SASL PLAIN or SCRAM need the `kafka-tls` feature, GSSAPI `kafka-gssapi`.
+#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaSecurity {
+    /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl` (librdkafka's `security.protocol`).
+    pub protocol: Option<String>,
+    /// `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `GSSAPI` (`sasl.mechanism`).
+    pub sasl_mechanism: Option<String>,
+    /// `sasl.username`.
+    pub sasl_username: Option<String>,
+    /// `sasl.password`; never shown by `Debug`.
+    pub sasl_password: Option<String>,
+    /// A PEM file of the certificate authorities to trust (`ssl.ca.location`), for brokers
+    /// whose certificates a private authority issued.
+    pub ssl_ca_location: Option<String>,
+}
+
+impl std::fmt::Debug for KafkaSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSecurity")
+            .field("protocol", &self.protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &self.sasl_password.as_ref().map(|_| "***"))
+            .field("ssl_ca_location", &self.ssl_ca_location)
+            .finish()
+    }
+}
+
+impl KafkaSecurity {
+    /// The librdkafka options these settings make for `brokers`: `security.protocol` always
+    /// (see [`KafkaSecurity`]), the others where set.
+    pub(crate) fn client_options(&self, brokers: &str) -> Vec<(&'static str, String)> {
+        let (protocol, _) = crate::secure::kafka(brokers, self.protocol.as_deref());
+        let mut options = vec![("security.protocol", protocol)];
+        for (key, value) in [
+            ("sasl.mechanism", &self.sasl_mechanism),
+            ("sasl.username", &self.sasl_username),
+            ("sasl.password", &self.sasl_password),
+            ("ssl.ca.location", &self.ssl_ca_location),
+        ] {
+            if let Some(value) = value {
+                options.push((key, value.clone()));
+            }
+        }
+        options
+    }
+
+    /// What is wrong with these settings for `brokers`, each with the variable to change.
+    fn problems(&self, brokers: &str) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        let problem = |setting: &str, value: &str, expected: String| ConfigProblem {
+            setting: setting.to_owned(),
+            value: value.to_owned(),
+            expected,
+        };
+        let protocol = self.protocol.as_deref().map(str::to_ascii_lowercase);
+        if let Some(given) = &protocol {
+            if !["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"].contains(&given.as_str()) {
+                problems.push(problem(
+                    "KAFKA_SECURITY_PROTOCOL",
+                    given,
+                    "plaintext, ssl, sasl_plaintext or sasl_ssl".to_owned(),
+                ));
+                return problems;
+            }
+        }
+        let (effective, _) = crate::secure::kafka(brokers, protocol.as_deref());
+        if effective.ends_with("ssl") && !cfg!(feature = "kafka-tls") {
+            problems.push(problem(
+                "KAFKA_SECURITY_PROTOCOL",
+                &effective,
+                format!(
+                    "a protocol this build has: TLS needs hexeract's `kafka-tls` feature \
+                     (librdkafka with OpenSSL){}",
+                    if protocol.is_none() {
+                        "; it is the default because a broker is on another machine (set \
+                         plaintext and HEXERACT_ALLOW_INSECURE_CONNECTIONS=1 only on a trusted \
+                         network)"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        let sasl = effective.starts_with("sasl");
+        match (&self.sasl_mechanism, sasl) {
+            (Some(mechanism), false) => problems.push(problem(
+                "KAFKA_SASL_MECHANISM",
+                mechanism,
+                format!("no mechanism with security protocol {effective}: set KAFKA_SECURITY_PROTOCOL to sasl_ssl"),
+            )),
+            (None, true) => problems.push(problem(
+                "KAFKA_SASL_MECHANISM",
+                "",
+                "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or GSSAPI, with a sasl_* protocol".to_owned(),
+            )),
+            (Some(mechanism), true) => match mechanism.as_str() {
+                "PLAIN" | "SCRAM-SHA-256" | "SCRAM-SHA-512" => {
+                    if mechanism.starts_with("SCRAM") && !cfg!(feature = "kafka-tls") {
+                        problems.push(problem(
+                            "KAFKA_SASL_MECHANISM",
+                            mechanism,
+                            "a mechanism this build has: SCRAM needs hexeract's `kafka-tls` \
+                             feature (librdkafka with OpenSSL)"
+                                .to_owned(),
+                        ));
+                    }
+                    if self.sasl_username.is_none() || self.sasl_password.is_none() {
+                        problems.push(problem(
+                            "KAFKA_SASL_USERNAME",
+                            self.sasl_username.as_deref().unwrap_or(""),
+                            format!(
+                                "a user name and a password (KAFKA_SASL_USERNAME and \
+                                 KAFKA_SASL_PASSWORD) for {mechanism}"
+                            ),
+                        ));
+                    }
+                }
+                "GSSAPI" if !cfg!(feature = "kafka-gssapi") => problems.push(problem(
+                    "KAFKA_SASL_MECHANISM",
+                    mechanism,
+                    "a mechanism this build has: GSSAPI needs hexeract's `kafka-gssapi` feature \
+                     (librdkafka with Cyrus SASL)"
+                        .to_owned(),
+                )),
+                "GSSAPI" => {}
+                _ => problems.push(problem(
+                    "KAFKA_SASL_MECHANISM",
+                    mechanism,
+                    "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or GSSAPI".to_owned(),
+                )),
+            },
+            (None, false) => {}
+        }
+        problems
+    }
 }
 
 /// The scheduler's own variables; `None` where unset (the scheduler's defaults).
@@ -529,6 +675,13 @@ impl WorkerConfig {
                 topic_prefix: lookup("KAFKA_TOPIC_PREFIX").unwrap_or_else(executable_name),
                 partitions,
                 replication_factor,
+                security: KafkaSecurity {
+                    protocol: lookup("KAFKA_SECURITY_PROTOCOL"),
+                    sasl_mechanism: lookup("KAFKA_SASL_MECHANISM"),
+                    sasl_username: lookup("KAFKA_SASL_USERNAME"),
+                    sasl_password: lookup("KAFKA_SASL_PASSWORD"),
+                    ssl_ca_location: lookup("KAFKA_SSL_CA_LOCATION"),
+                },
             });
         }
         problems.extend(transport_problems);
@@ -565,6 +718,14 @@ impl WorkerConfig {
         if let Some(amqp) = &self.amqp {
             if let crate::secure::Security::Insecure(why) = crate::secure::amqp(&amqp.url) {
                 insecure.push(("AMQP_URL", (amqp.url.as_str(), why)));
+            }
+        }
+        if let Some(kafka) = &self.kafka {
+            let protocol = kafka.security.protocol.as_deref();
+            if let (_, crate::secure::Security::Insecure(why)) =
+                crate::secure::kafka(&kafka.brokers, protocol)
+            {
+                insecure.push(("KAFKA_BROKERS", (kafka.brokers.as_str(), why)));
             }
         }
         insecure
@@ -623,11 +784,16 @@ impl WorkerConfig {
                          {}, or set HEXERACT_ALLOW_INSECURE_CONNECTIONS=1 if the network \
                          between is trusted (logged at startup)",
                         url.1,
-                        if setting == "DATABASE_URL" {
-                            "leave sslmode unset (it then means verify-full) or set \
-                             sslmode=verify-full"
-                        } else {
-                            "use an amqps:// URL (with ?cacertfile=… for a private CA)"
+                        match setting {
+                            "DATABASE_URL" => {
+                                "leave sslmode unset (it then means verify-full) or set \
+                                 sslmode=verify-full"
+                            }
+                            "KAFKA_BROKERS" => {
+                                "set KAFKA_SECURITY_PROTOCOL to ssl or sasl_ssl (or leave it \
+                                 unset)"
+                            }
+                            _ => "use an amqps:// URL (with ?cacertfile=… for a private CA)",
                         }
                     ),
                 });
@@ -661,6 +827,7 @@ impl WorkerConfig {
                     expected,
                 });
             }
+            problems.extend(kafka.security.problems(&kafka.brokers));
             if let Err(expected) = topic_prefix_ok(&kafka.topic_prefix) {
                 problems.push(ConfigProblem {
                     setting: "KAFKA_TOPIC_PREFIX".to_owned(),
@@ -1289,6 +1456,85 @@ mod tests {
         assert!(WorkerConfig::from_lookup(lookup(fine)).is_ok());
     }
 
+    /// Kafka brokers on another machine are reached over verified TLS by default, which needs
+    /// the `kafka-tls` feature; plaintext to them is insecure; SASL needs its mechanism and
+    /// credentials; the password never shows.
+    #[test]
+    fn kafka_security_follows_the_brokers_and_the_features() {
+        let local =
+            WorkerConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "127.0.0.1:9092")])).unwrap();
+        let kafka = local.kafka.unwrap();
+        assert_eq!(
+            kafka.security.client_options(&kafka.brokers),
+            [("security.protocol", "plaintext".to_owned())]
+        );
+        let remote =
+            WorkerConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "kafka-1.internal:9093")]));
+        if cfg!(feature = "kafka-tls") {
+            let kafka = remote.unwrap().kafka.unwrap();
+            assert_eq!(
+                kafka.security.client_options(&kafka.brokers)[0],
+                ("security.protocol", "ssl".to_owned())
+            );
+        } else {
+            let error = remote.unwrap_err().to_string();
+            assert!(
+                error.contains("KAFKA_SECURITY_PROTOCOL = \"ssl\""),
+                "{error}"
+            );
+            assert!(error.contains("`kafka-tls` feature"), "{error}");
+        }
+        let plaintext = WorkerConfig::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "kafka-1.internal:9093"),
+            ("KAFKA_SECURITY_PROTOCOL", "plaintext"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(plaintext.contains("KAFKA_BROKERS"), "{plaintext}");
+        assert!(
+            plaintext.contains("HEXERACT_ALLOW_INSECURE_CONNECTIONS=1"),
+            "{plaintext}"
+        );
+        let sasl = WorkerConfig::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "127.0.0.1:9092"),
+            ("KAFKA_SECURITY_PROTOCOL", "sasl_plaintext"),
+            ("KAFKA_SASL_MECHANISM", "PLAIN"),
+            ("KAFKA_SASL_USERNAME", "app"),
+            ("KAFKA_SASL_PASSWORD", "s3cret"),
+        ]))
+        .unwrap();
+        let kafka = sasl.kafka.unwrap();
+        assert!(kafka
+            .security
+            .client_options(&kafka.brokers)
+            .contains(&("sasl.password", "s3cret".to_owned())));
+        assert!(!format!("{kafka:?}").contains("s3cret"));
+        let incomplete = WorkerConfig::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "127.0.0.1:9092"),
+            ("KAFKA_SECURITY_PROTOCOL", "sasl_plaintext"),
+            ("KAFKA_SASL_MECHANISM", "PLAIN"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(incomplete.contains("KAFKA_SASL_PASSWORD"), "{incomplete}");
+        let gssapi = WorkerConfig::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "127.0.0.1:9092"),
+            ("KAFKA_SECURITY_PROTOCOL", "sasl_plaintext"),
+            ("KAFKA_SASL_MECHANISM", "GSSAPI"),
+        ]));
+        assert_eq!(gssapi.is_ok(), cfg!(feature = "kafka-gssapi"), "{gssapi:?}");
+        let unknown = WorkerConfig::from_lookup(lookup(&[
+            ("KAFKA_BROKERS", "127.0.0.1:9092"),
+            ("KAFKA_SECURITY_PROTOCOL", "tls"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            unknown.contains("plaintext, ssl, sasl_plaintext or sasl_ssl"),
+            "{unknown}"
+        );
+    }
+
     #[test]
     fn amqp_url_selects_the_broker_with_default_names() {
         let settings =
@@ -1312,7 +1558,7 @@ mod tests {
     #[test]
     fn kafka_brokers_need_a_topic_prefix_and_valid_names() {
         let settings = WorkerConfig::from_lookup(lookup(&[
-            ("KAFKA_BROKERS", "localhost:9092, kafka-2:9093"),
+            ("KAFKA_BROKERS", "localhost:9092, 127.0.0.2:9093"),
             ("KAFKA_TOPIC_PREFIX", "shop"),
             ("KAFKA_TOPIC_PARTITIONS", "6"),
             ("KAFKA_REPLICATION_FACTOR", "1"),
@@ -1321,10 +1567,11 @@ mod tests {
         assert_eq!(
             settings.kafka,
             Some(Kafka {
-                brokers: "localhost:9092, kafka-2:9093".to_owned(),
+                brokers: "localhost:9092, 127.0.0.2:9093".to_owned(),
                 topic_prefix: "shop".to_owned(),
                 partitions: Some(6),
                 replication_factor: Some(1),
+                security: KafkaSecurity::default(),
             })
         );
         let error = WorkerConfig::from_lookup(lookup(&[
@@ -1434,6 +1681,13 @@ mod tests {
                 ],
             ),
             ("KAFKA_BROKERS", &[("KAFKA_TOPIC_PREFIX", "shop")]),
+            (
+                "KAFKA_SECURITY_PROTOCOL",
+                &[
+                    ("KAFKA_BROKERS", "localhost:9092"),
+                    ("KAFKA_TOPIC_PREFIX", "shop"),
+                ],
+            ),
         ];
         for name in documented {
             let value = match name {
@@ -1441,7 +1695,8 @@ mod tests {
                 "DATABASE_URL" => "postgres://localhost/app",
                 "HEXERACT_SQLITE_PATH" => "other.db",
                 "HEXERACT_EXCHANGE" | "HEXERACT_QUEUE_PREFIX" | "KAFKA_TOPIC_PREFIX" => "other",
-                "KAFKA_BROKERS" => "broker:9093",
+                "KAFKA_BROKERS" => "127.0.0.3:9093",
+                "KAFKA_SECURITY_PROTOCOL" => "plaintext",
                 "HEXERACT_TRANSPORT" => "kafka",
                 "WORKER_PORT" => "9999",
                 "WORKER_ADDR" => "127.0.0.1",
@@ -1564,6 +1819,7 @@ mod tests {
                 topic_prefix: executable_name(),
                 partitions: None,
                 replication_factor: None,
+                security: KafkaSecurity::default(),
             })
         );
         assert_eq!(kafka.amqp, None);
@@ -1575,11 +1831,11 @@ mod tests {
         );
         let named = WorkerConfig::from_lookup(lookup(&[
             ("HEXERACT_TRANSPORT", "kafka"),
-            ("KAFKA_BROKERS", "kafka-1:9092"),
+            ("KAFKA_BROKERS", "127.0.0.2:9092"),
             ("KAFKA_TOPIC_PREFIX", "shop"),
         ]))
         .unwrap();
-        assert_eq!(named.kafka.unwrap().brokers, "kafka-1:9092");
+        assert_eq!(named.kafka.unwrap().brokers, "127.0.0.2:9092");
         let store = WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "store")])).unwrap();
         assert_eq!((store.amqp, store.kafka), (None, None));
     }

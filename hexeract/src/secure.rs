@@ -103,6 +103,45 @@ pub(crate) fn amqp(url: &str) -> Security {
     }
 }
 
+/// The `security.protocol` a Kafka client gets, and its security: `protocol` as set
+/// (`KAFKA_SECURITY_PROTOCOL`, any case), or where unset `plaintext` when every broker of
+/// `brokers` (`host:port,…`) is on this machine and `ssl` when one is not. librdkafka verifies
+/// a broker's certificate and name by default.
+pub(crate) fn kafka(brokers: &str, protocol: Option<&str>) -> (String, Security) {
+    let hosts: Vec<&str> = brokers
+        .split(',')
+        .map(str::trim)
+        .filter(|broker| !broker.is_empty())
+        .map(|broker| {
+            let broker = broker.split_once("://").map_or(broker, |(_, rest)| rest);
+            host_of(broker)
+        })
+        .collect();
+    let remote = hosts.iter().find(|host| !is_local(host));
+    let protocol = match protocol {
+        Some(protocol) => protocol.to_ascii_lowercase(),
+        None if remote.is_some() => "ssl".to_owned(),
+        None => "plaintext".to_owned(),
+    };
+    let security = if protocol.ends_with("ssl") {
+        Security::Verified
+    } else {
+        match remote {
+            None => Security::Local,
+            Some(host) => Security::Insecure(format!(
+                "security.protocol {protocol} to {host} sends {} every record in plain text; use \
+                 ssl or sasl_ssl",
+                if protocol.starts_with("sasl") {
+                    "the SASL credentials (with PLAIN) and"
+                } else {
+                    ""
+                }
+            )),
+        }
+    };
+    (protocol, security)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +201,53 @@ mod tests {
             postgres_ssl_mode("postgres://app@db.internal/app?sslmode=verify-ca"),
             None
         );
+    }
+
+    #[test]
+    fn kafka_brokers() {
+        let table: &[(&str, Option<&str>, &str, Security)] = &[
+            ("127.0.0.1:9092", None, "plaintext", Security::Local),
+            (
+                "localhost:9092,127.0.0.1:9093",
+                None,
+                "plaintext",
+                Security::Local,
+            ),
+            ("kafka-1.internal:9093", None, "ssl", Security::Verified),
+            (
+                "127.0.0.1:9092,kafka-1.internal:9093",
+                None,
+                "ssl",
+                Security::Verified,
+            ),
+            (
+                "kafka-1.internal:9093",
+                Some("SASL_SSL"),
+                "sasl_ssl",
+                Security::Verified,
+            ),
+            ("127.0.0.1:9092", Some("ssl"), "ssl", Security::Verified),
+            (
+                "127.0.0.1:9092",
+                Some("sasl_plaintext"),
+                "sasl_plaintext",
+                Security::Local,
+            ),
+        ];
+        for (brokers, protocol, effective, security) in table {
+            assert_eq!(
+                kafka(brokers, *protocol),
+                (effective.to_string(), security.clone()),
+                "{brokers} {protocol:?}"
+            );
+        }
+        for protocol in ["plaintext", "sasl_plaintext"] {
+            let (_, security) = kafka("kafka-1.internal:9092", Some(protocol));
+            let Security::Insecure(why) = security else {
+                panic!("{protocol} to another machine is insecure")
+            };
+            assert!(why.contains("kafka-1.internal"), "{why}");
+        }
     }
 
     #[test]

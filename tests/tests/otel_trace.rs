@@ -383,6 +383,7 @@ async fn one_trace_through_the_relay_and_kafka() {
         partitions: Some(1),
         // tansu is a single broker.
         replication_factor: Some(1),
+        security: Default::default(),
     });
     let spans = one_order(&dir, config, "kafka").await;
     assert_one_linked_trace(&spans, "kafka");

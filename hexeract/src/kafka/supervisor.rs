@@ -21,6 +21,9 @@ pub(crate) fn config(kafka: &Kafka) -> KafkaConfig {
     if let Some(factor) = kafka.replication_factor {
         config = config.replication_factor(factor as i32);
     }
+    for (key, value) in kafka.security.client_options(&kafka.brokers) {
+        config = config.client_option(key, value);
+    }
     config
 }
 
