@@ -680,6 +680,7 @@ async fn pg_rabbitmq_hexeract(clock: Arc<Clock>, producers: PgPool) -> Pipeline 
         .exchange(&prefix)
         .prefix(&prefix)
         .prefetch(u32::from(PREFETCH))
+        .park_without_rows()
         .build()
         .expect("worker");
     let place = Place::whole(worker.topology());

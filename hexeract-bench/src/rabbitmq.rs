@@ -399,6 +399,7 @@ pub(crate) fn consume_worker(
         .prefetch(u32::from(prefetch))
         // Declared before the clock starts, to fill the queue.
         .skip_declare()
+        .park_without_rows()
         .build()
         .expect("worker");
     (worker, done)

@@ -353,6 +353,7 @@ async fn run(messages: u64) -> bool {
         .prefix(&prefix)
         .prefetch(PREFETCH)
         .max_payload_bytes(MAX_PAYLOAD)
+        .park_without_rows()
         .build()
         .expect("worker");
     // Declared before the relay starts, so that no message reaches the exchange before its

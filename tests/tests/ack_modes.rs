@@ -108,6 +108,7 @@ async fn worker(
         .ack_mode(mode)
         .shutdown_grace(Duration::from_secs(5))
         .register_handler_with::<Tick, _>(recorder.clone(), HandlerOptions::new().name("acks.tick"))
+        .park_without_rows()
         .build()
         .expect("the worker builds")
 }

@@ -105,6 +105,8 @@ fn worker(
             Duration::from_millis(200),
         ])
         .retry_delays(Duration::from_millis(50), Duration::from_millis(200))
+        // The tests that read rows give a store; the others read the parking queues.
+        .park_without_rows()
 }
 
 struct Running {
@@ -577,6 +579,34 @@ async fn typeless_deliveries_given_back_at_shutdown_keep_their_type() {
     assert_eq!(parked, 0, "nothing parked as unknown_message_type");
 }
 
+/// A worker that would park messages with no row anywhere a person looks is refused at build,
+/// naming both ways to build it.
+#[tokio::test]
+async fn build_requires_a_dead_letter_store_or_parking_without_rows() {
+    let broker = TestBroker::new().await;
+    let error = RabbitMqWorkerBuilder::new(broker.connection.clone())
+        .registry(Registry::new())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("dead_letters"), "{error}");
+    assert!(error.contains(".park_without_rows()"), "{error}");
+    let dir = hexeract_tests::temp::TempDir::new("rabbitmq-dead-letters");
+    let store = hexeract::store::sqlite::SqliteStore::open(dir.path().join("dead.db"))
+        .await
+        .unwrap();
+    RabbitMqWorkerBuilder::new(broker.connection.clone())
+        .registry(Registry::new())
+        .dead_letters(Arc::new(store))
+        .build()
+        .expect("with a store");
+    RabbitMqWorkerBuilder::new(broker.connection.clone())
+        .registry(Registry::new())
+        .park_without_rows()
+        .build()
+        .expect("parking without rows, said so");
+}
+
 #[tokio::test]
 async fn build_rejects_invalid_knobs_all_at_once() {
     let broker = TestBroker::new().await;
@@ -587,6 +617,7 @@ async fn build_rejects_invalid_knobs_all_at_once() {
         .max_payload_bytes(0)
         .wait_tiers([])
         .dead_letter_routing_key("parked")
+        .park_without_rows()
         .build()
         .unwrap_err()
         .to_string();
@@ -602,6 +633,7 @@ async fn build_rejects_invalid_knobs_all_at_once() {
     let error = RabbitMqWorkerBuilder::new(broker.connection.clone())
         .registry(Registry::new())
         .prefetch(70_000)
+        .park_without_rows()
         .build()
         .unwrap_err()
         .to_string();
@@ -614,6 +646,7 @@ async fn build_rejects_invalid_knobs_all_at_once() {
     .unwrap();
     let error = RabbitMqWorkerBuilder::new(recovering.clone())
         .registry(Registry::new())
+        .park_without_rows()
         .build()
         .unwrap_err()
         .to_string();

@@ -290,6 +290,7 @@ async fn queues_that_are_not_what_the_worker_needs_stop_it_with_their_names() {
         .exchange(broker.exchange.clone())
         .prefix(broker.prefix.clone())
         .register_handler::<OrderPlaced, _>(MyHandler)
+        .park_without_rows()
         .build()
         .unwrap();
     let queue = worker.queues()[0].to_owned();
@@ -331,6 +332,7 @@ async fn queues_that_are_not_what_the_worker_needs_stop_it_with_their_names() {
         .exchange(broker.exchange.clone())
         .prefix(broker.prefix.clone())
         .register_handler::<OrderPlaced, _>(MyHandler)
+        .park_without_rows()
         .build()
         .unwrap()
         .run(CancellationToken::new())

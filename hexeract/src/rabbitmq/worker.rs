@@ -50,7 +50,7 @@ use crate::store::DeadLetterStore;
 /// #     type Error = std::io::Error;
 /// #     async fn handle(&self, _: OrderPlaced, _: &Context) -> Result<(), Self::Error> { Ok(()) }
 /// # }
-/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn example(store: std::sync::Arc<dyn hexeract::store::DeadLetterStore>) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use hexeract::rabbitmq::{RabbitMqConnection, RabbitMqWorkerBuilder};
 /// use hexeract::CancellationToken;
@@ -62,6 +62,7 @@ use crate::store::DeadLetterStore;
 ///         RabbitMqConnection::connect_with_retry(uri, 5, Duration::from_millis(500)).await?;
 ///     let worker = RabbitMqWorkerBuilder::new(connection)
 ///         .register_handler::<OrderPlaced, _>(MyHandler)
+///         .dead_letters(store.clone())
 ///         .build()?;
 ///     match worker.run(cancel.clone()).await {
 ///         Ok(()) => break,
@@ -89,6 +90,7 @@ pub struct RabbitMqWorkerBuilder {
     ack_mode: AckMode,
     declare: bool,
     dead_letters: Option<Arc<dyn DeadLetterStore>>,
+    park_without_rows: bool,
     publisher: Option<Arc<dyn Publish>>,
     health: Option<Probe>,
 }
@@ -118,6 +120,7 @@ impl RabbitMqWorkerBuilder {
             ack_mode: AckMode::Manual,
             declare: true,
             dead_letters: None,
+            park_without_rows: false,
             publisher: None,
             health: None,
         }
@@ -236,9 +239,20 @@ impl RabbitMqWorkerBuilder {
         self
     }
 
-    /// Also records every parked message in this store's `dead_letters` table.
+    /// Records every parked message in this store's `dead_letters` table, with its reason,
+    /// before the park: where operators list, replay and purge them. Required, unless
+    /// [`park_without_rows`](RabbitMqWorkerBuilder::park_without_rows) says otherwise.
     pub fn dead_letters(mut self, store: Arc<dyn DeadLetterStore>) -> RabbitMqWorkerBuilder {
         self.dead_letters = Some(store);
+        self
+    }
+
+    /// Parks messages in the parking queues only, with their reason in the headers but no
+    /// `dead_letters` row: for a program whose operators read the parking queues themselves.
+    /// Without this or [`dead_letters`](RabbitMqWorkerBuilder::dead_letters), `build` fails,
+    /// so that no message is parked without the row a person looks for.
+    pub fn park_without_rows(mut self) -> RabbitMqWorkerBuilder {
+        self.park_without_rows = true;
         self
     }
 
@@ -254,13 +268,14 @@ impl RabbitMqWorkerBuilder {
     /// (`connection.blocked`: retries and parking cannot publish).
     ///
     /// ```no_run
-    /// # async fn example(connection: hexeract::rabbitmq::RabbitMqConnection) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn example(connection: hexeract::rabbitmq::RabbitMqConnection, store: std::sync::Arc<dyn hexeract::store::DeadLetterStore>) -> Result<(), Box<dyn std::error::Error>> {
     /// use hexeract::health::Health;
     /// use hexeract::rabbitmq::RabbitMqWorkerBuilder;
     ///
     /// let health = Health::new();
     /// let worker = RabbitMqWorkerBuilder::new(connection)
     ///     .from_registry()
+    ///     .dead_letters(store)
     ///     .health(health.probe("bus worker"))
     ///     .build()?;
     /// # Ok(())
@@ -308,6 +323,15 @@ impl RabbitMqWorkerBuilder {
                 "a connection from connect_named or connect_named_with_retry: a recovered \
                  channel starts its delivery tags again, and acks would reach the wrong \
                  deliveries",
+            );
+        }
+        if self.dead_letters.is_none() && !self.park_without_rows {
+            checks = checks.problem(
+                "dead_letters",
+                "not set".to_owned(),
+                "a store for the rows of parked messages, .dead_letters(store) (as \
+                 hexeract::run gives it), or .park_without_rows() to keep them in the parking \
+                 queues alone",
             );
         }
         if self.dead_letter_routing_key.is_some() && self.queue.is_none() {
@@ -464,6 +488,7 @@ pub struct RabbitMqWorker {
 /// let worker = RabbitMqWorkerBuilder::new(connection)
 ///     .from_registry()
 ///     .ack_mode(AckMode::Automatic)
+///     .park_without_rows()
 ///     .build()?;
 /// # Ok(())
 /// # }

@@ -106,7 +106,10 @@ async fn main() -> ExitCode {
     if let Some((prefetch, _)) = tuning {
         builder = builder.prefetch(prefetch);
     }
-    let worker = builder.build().expect("the worker builds");
+    let worker = builder
+        .park_without_rows()
+        .build()
+        .expect("the worker builds");
     let cancel = CancellationToken::new();
     let running = tokio::spawn(worker.run(cancel.clone()));
     say("ready");
