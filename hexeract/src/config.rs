@@ -183,6 +183,7 @@ impl std::fmt::Debug for KafkaSecurity {
 impl KafkaSecurity {
     /// The librdkafka options these settings make for `brokers`: `security.protocol` always
     /// (see [`KafkaSecurity`]), the others where set.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(crate) fn client_options(&self, brokers: &str) -> Vec<(&'static str, String)> {
         let (protocol, _) = crate::secure::kafka(brokers, self.protocol.as_deref());
         let mut options = vec![("security.protocol", protocol)];

@@ -501,6 +501,7 @@ pub(crate) fn dead_lettered_by_relay(reason: &Reason) {
 
 /// A message of `message_type` the broker could route to no queue, deleted from the outbox as
 /// allowed (`AMQP_ALLOW_UNROUTED`) rather than dead-lettered.
+#[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
 pub(crate) fn relay_unrouted(transport: &'static str) {
     metrics::counter!(RELAY_UNROUTED, "transport" => transport).increment(1);
 }

@@ -82,6 +82,7 @@ pub(crate) fn postgres(url: &str) -> Security {
 
 /// The `sslmode` a connection to `url` gets when its URL sets none: `verify-full` to another
 /// machine, where sqlx would pick `prefer`; `None` where the URL's own (or sqlx's) stands.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn postgres_ssl_mode(url: &str) -> Option<&'static str> {
     (parameter(url, "sslmode").is_none() && postgres(url) == Security::Verified)
         .then_some("verify-full")

@@ -56,7 +56,7 @@ pub(crate) use relay::Passes;
 pub use relay::{RelaySink, RelayStore, Unpublishable};
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) mod unreadable;
 
 /// The handler name a delivery gets when no handler knows its message type: it follows the

@@ -563,6 +563,8 @@ fn worker(
         .retry_delays(Duration::from_millis(50), Duration::from_millis(200))
         .max_attempts(MAX_ATTEMPTS)
         .max_payload_bytes(MAX_PAYLOAD)
+        // The scenarios that count rows give a store; the others read the parking queues.
+        .park_without_rows()
 }
 
 /// Waits until the worker consumes `queue` (it declares its topology first).

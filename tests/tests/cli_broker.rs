@@ -208,6 +208,32 @@ async fn dead_letters_replayed_under_a_broker_go_back_to_their_handlers_queues()
     assert_eq!(CHARGEBACK_CALLS.load(Ordering::SeqCst), 1);
     assert_eq!(HANDLED.lock().unwrap().len(), 2);
 
+    // Replayed, the chargeback is dead-lettered again: the copy gets a row of its own (not
+    // the replayed row's id, which the replay then deletes), so it is never parked without
+    // one.
+    let replayed = run(&["dead-letters", "replay", &chargebacks[0]]).await;
+    assert!(
+        replayed.contains("replayed 1 dead letter(s)") || replayed.contains("to queue"),
+        "{replayed}"
+    );
+    wait_for("the chargeback called again", || {
+        CHARGEBACK_CALLS.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        let again = ids(&run(&["dead-letters", "list", "--handler", "payments::chargeback"]).await);
+        if again.len() == 1 && again != chargebacks {
+            break again;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the chargeback parked again has a row of its own: {again:?} (was {chargebacks:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_ne!(again, chargebacks);
+
     cancel.cancel();
     service.await.unwrap().unwrap();
     let registry = hexeract::Registry::from_inventory().unwrap();

@@ -25,6 +25,7 @@ impl Problems {
     }
 
     /// Notes a problem.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) fn note(&mut self, problem: String) {
         self.0.push(problem);
     }
