@@ -516,9 +516,8 @@ pub(crate) fn relay_published(transport: &'static str, rows: usize, took: Durati
 /// Reads what the gauges show (each component's readiness; the store's backlog, oldest message
 /// owed and deliveries owed per handler) and sets them, now, on `store`'s own pool: for a
 /// process that drives its gauges itself. `run` and `/metrics` sample the store through a
-/// cache of their own instead, at most every [`STORE_SAMPLE_INTERVAL`] on a connection of its
-/// own ([`StoreGauges`]), so that scrapes cannot load the database or take the workers'
-/// connections. A store that cannot answer leaves its gauges as they were.
+/// cache of their own instead, at most every 5 s on a connection of its own, so that scrapes
+/// cannot load the database or take the workers' connections. A store that cannot answer leaves its gauges as they were.
 pub async fn sample(health: &crate::health::Health, store: Option<&dyn crate::store::Store>) {
     sample_health(health);
     if let Some(store) = store {
