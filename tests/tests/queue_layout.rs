@@ -444,3 +444,64 @@ async fn a_park_a_full_parking_queue_refuses_leaves_the_message_in_its_queue() {
     running.await.unwrap().unwrap();
     broker.delete(&topology).await;
 }
+
+/// `queues upgrade`: the command moves the program's queues of the old layout (here its wait
+/// tiers: this test binary has no `#[handler]`), says what it moved, and a second run moves
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queues_upgrade_command_moves_the_program_s_queues() {
+    let broker = TestBroker::new().await;
+    let (dir, _port) =
+        hexeract_tests::amqp::run_env(&broker, &hexeract_tests::amqp::amqp_url(), 50);
+    // The wait tiers `run` declares by default, as classic queues.
+    let tiers = hexeract::rabbitmq::DEFAULT_WAIT_TIERS;
+    let topology = Topology::from_registry(&Registry::new())
+        .exchange(broker.exchange.clone())
+        .prefix(broker.prefix.clone())
+        .wait_tiers(tiers);
+    let mut old = old_layout(&topology);
+    old.retain(|queue| queue.message_ttl.is_some());
+    ensure_topology(
+        &broker.connection,
+        &topology.exchanges(),
+        &old,
+        &topology.bindings(),
+    )
+    .await
+    .unwrap();
+    let wait = topology.wait_queue(tiers[9]);
+    for n in 0..10 {
+        broker
+            .publish_to(
+                &wait,
+                "somewhere",
+                b"{}",
+                properties(&format!("w-{n}"), true),
+            )
+            .await;
+    }
+
+    let args = |words: &[&str]| {
+        words
+            .iter()
+            .map(|word| (*word).to_owned())
+            .collect::<Vec<_>>()
+    };
+    let mut out = String::new();
+    hexeract::cli::execute(&args(&["queues", "upgrade"]), &mut out)
+        .await
+        .unwrap_or_else(|error| panic!("{error:?}"));
+    assert!(
+        out.contains(&format!("{wait}: 10 message(s) moved out, 10 back")),
+        "{out}"
+    );
+    assert!(out.contains("10 queue(s) moved"), "{out}");
+    let mut again = String::new();
+    hexeract::cli::execute(&args(&["queues", "upgrade"]), &mut again)
+        .await
+        .unwrap_or_else(|error| panic!("{error:?}"));
+    assert!(again.contains("0 queue(s) moved"), "{again}");
+    assert_eq!(broker.drain(&wait).await.len(), 10);
+    broker.delete(&topology).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
