@@ -147,6 +147,9 @@ fn main() -> ExitCode {
     if wanted("rabbitmq_publish") {
         multi.block_on(rabbitmq::publish(20_000 * scale));
     }
+    if wanted("rabbitmq_retry_tiers") {
+        multi.block_on(rabbitmq::retry_tiers(5_000 * scale));
+    }
     if wanted("rabbitmq_relay") {
         multi.block_on(rabbitmq::relay(10_000 * scale));
     }

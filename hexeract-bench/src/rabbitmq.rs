@@ -895,3 +895,112 @@ async fn run_relay(messages: u64) {
     let _ = connection.close().await;
     let _ = setup.close().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// rabbitmq_retry_tiers
+
+/// The one wait tier of `rabbitmq_retry_tiers`: short, so that a run measures the broker's
+/// work on the retry path rather than the delay.
+const RETRY_TIER: Duration = Duration::from_millis(50);
+/// (quorum, classic) pairs of the retry scenario.
+const RETRY_PAIRS: usize = 3;
+
+/// Fails each message's first call and counts the second.
+struct FailFirst(Count);
+
+impl Handler<StockReserved> for FailFirst {
+    type Error = String;
+    async fn handle(&self, item: StockReserved, ctx: &Context) -> Result<(), Self::Error> {
+        if ctx.attempt() == 1 {
+            return Err("first call".to_owned());
+        }
+        let _ = self.0.handle(item, ctx).await;
+        Ok(())
+    }
+}
+
+/// The retry path through quorum wait tiers (at-least-once dead-lettering, what the worker
+/// declares) against classic ones (what it declared before): the same worker, each message
+/// failing once, republished to the tier, dead-lettered back by the broker after 50 ms and
+/// handled again; msgs/s of messages handled twice.
+pub(crate) async fn retry_tiers(messages: u64) {
+    tokio::spawn(run_retry_tiers(messages)).await.expect("join");
+}
+
+async fn run_retry_tiers(messages: u64) {
+    let setup = connect("retry-setup").await;
+    let payloads = envelopes(messages);
+    let (mut quorum, mut classic) = (Vec::new(), Vec::new());
+    for pair in 0..RETRY_PAIRS {
+        // Alternate which side goes first: the broker's state after a run favours neither.
+        let sides = if pair % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for quorum_tiers in sides {
+            let rate = retry_run(&setup, &payloads, quorum_tiers).await;
+            if quorum_tiers {
+                quorum.push(rate);
+            } else {
+                classic.push(rate);
+            }
+        }
+    }
+    report(
+        "rabbitmq_retry_tiers",
+        &quorum,
+        &classic,
+        messages,
+        " hexeract=quorum_wait_tiers baseline=classic_wait_tiers",
+    );
+    let _ = setup.close().await;
+}
+
+/// One run: the handler queue preloaded, then the worker until every message was handled a
+/// second time; msgs/s.
+async fn retry_run(setup: &RabbitMqConnection, payloads: &[Envelope], quorum_tiers: bool) -> f64 {
+    let prefix = fresh_prefix();
+    let topology = topology(&prefix).wait_tiers([RETRY_TIER]);
+    let mut place = Place::whole(&topology);
+    if !quorum_tiers {
+        // The wait tier as Hexeract declared it before: classic, dead-lettering at most once.
+        for queue in &mut place.queues {
+            if queue.message_ttl.is_some() {
+                *queue = Queue {
+                    message_ttl: queue.message_ttl,
+                    dead_letter_exchange: Some(String::new()),
+                    ..Queue::classic(queue.name.clone())
+                };
+            }
+        }
+    }
+    place.declare(setup).await;
+    preload(setup, &place.queue, payloads).await;
+    tokio::time::sleep(SETTLE).await;
+    let connection = connect(if quorum_tiers {
+        "retry-quorum"
+    } else {
+        "retry-classic"
+    })
+    .await;
+    let count = Count::new(payloads.len() as u64);
+    let done = count.done.clone();
+    let worker = RabbitMqWorkerBuilder::new(connection.clone())
+        .registry(Registry::new())
+        .register_handler_with::<StockReserved, _>(
+            FailFirst(count),
+            HandlerOptions::new().name(HANDLER),
+        )
+        .exchange(prefix.as_str())
+        .prefix(prefix.as_str())
+        .wait_tiers([RETRY_TIER])
+        .skip_declare()
+        .park_without_rows()
+        .build()
+        .expect("worker");
+    let elapsed = run_worker(worker, done).await;
+    let _ = connection.close().await;
+    place.delete(setup).await;
+    rate(payloads.len() as u64, elapsed)
+}

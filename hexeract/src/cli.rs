@@ -16,6 +16,9 @@
 //! - `handlers`: every registered handler (message type, queue under `AMQP_URL`, source
 //!   location) and scheduled job (schedule, catch-up, location).
 //! - `migrate`: creates or upgrades the store's tables, then exits.
+//! - `queues upgrade` (under `AMQP_URL`): moves every queue of this program's topology that
+//!   exists with an older layout to the current one, its messages kept (what every start does
+//!   too); one line per queue moved. Refused while a program still consumes a queue.
 //! - `dead-letters list [--handler NAME] [--reason REASON] [--older-than DURATION] [--limit N]`:
 //!   one line per dead letter, newest last.
 //! - `dead-letters show ID`: one dead letter in full, payload included. `list` and `show` print
@@ -130,6 +133,7 @@ const USAGE: &str = "usage:
   <binary> [run]                       run the service
   <binary> handlers                    list handlers and scheduled jobs
   <binary> migrate                     create or upgrade the store's tables
+  <binary> queues upgrade              move queues of an older layout to the current one
   <binary> dead-letters list [--handler NAME] [--reason REASON] [--older-than 1h] [--limit 100]
   <binary> dead-letters show ID
   <binary> dead-letters replay ID [--to-store]
@@ -177,7 +181,7 @@ pub async fn execute_with(
     // Those that know the program's handlers need them built (with their state); the others
     // need the settings and the store alone.
     let (config, registry) = match command {
-        Command::Handlers | Command::Replay(..) => {
+        Command::Handlers | Command::Replay(..) | Command::UpgradeQueues => {
             let (config, application) = worker.prepare()?;
             (config, Some(application.registry))
         }
@@ -208,6 +212,7 @@ pub async fn execute_with(
             replay(&program, registry(), &target, to_store, out).await
         }
         Command::Purge(selection) => purge(&program, &selection, out).await,
+        Command::UpgradeQueues => upgrade_queues(&program, registry(), out).await,
     }
 }
 
@@ -224,6 +229,7 @@ fn parse<'a>(words: &'a [&'a str], args: &[String]) -> Result<Parsed<'a>, CliErr
         ["help" | "--help" | "-h"] => return Ok(Parsed::Help),
         ["handlers"] => Command::Handlers,
         ["migrate"] => Command::Migrate,
+        ["queues", "upgrade"] => Command::UpgradeQueues,
         ["dead-letters", "list", options @ ..] => Command::List(options),
         ["dead-letters", "show", id] => Command::Show(parse_id(id)?),
         ["dead-letters", "replay", options @ ..] => {
@@ -255,6 +261,7 @@ enum Command<'a> {
     /// What to replay, and whether `--to-store` was given.
     Replay(Replay, bool),
     Purge(Selection),
+    UpgradeQueues,
 }
 
 /// What the commands work on: the worker's settings and its store.
@@ -329,6 +336,60 @@ async fn handlers(
         }
     }
     Ok(())
+}
+
+/// `queues upgrade`: the topology `run` declares, every queue of an older layout moved to the
+/// current one.
+async fn upgrade_queues(
+    program: &Program,
+    registry: &Registry,
+    out: &mut String,
+) -> Result<(), CliError> {
+    #[cfg(feature = "rabbitmq")]
+    if let Some(amqp) = &program.config.amqp {
+        let connection = crate::rabbitmq::RabbitMqConnection::connect_named(
+            &amqp.url,
+            &format!("{}.cli", amqp.queue_prefix),
+        )
+        .await
+        .map_err(Error::from)?;
+        let topology = crate::rabbitmq::supervisor::run_topology(
+            &program.config,
+            &amqp.exchange,
+            &amqp.queue_prefix,
+            registry,
+        );
+        let moved = topology.migrate(&connection).await;
+        let _ = connection.close().await;
+        let moved = moved.map_err(Error::from)?;
+        for queue in &moved {
+            let _ = writeln!(
+                out,
+                "{}: {} message(s) moved out, {} back{}",
+                queue.queue,
+                queue.moved_out,
+                queue.moved_back,
+                if queue.deleted_with_queue > 0 {
+                    format!(
+                        "; {} arrived after the last look and were deleted with the old queue",
+                        queue.deleted_with_queue
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{} queue(s) moved; every queue of this program has the current layout",
+            moved.len()
+        );
+        return Ok(());
+    }
+    let _ = registry;
+    Err(CliError::Usage(
+        "queues upgrade works on RabbitMQ: set AMQP_URL".to_owned(),
+    ))
 }
 
 /// Under `AMQP_URL`: the queues an earlier version declared for handlers this program does not

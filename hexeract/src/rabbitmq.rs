@@ -10,6 +10,8 @@
 //! - [`RabbitMqConnection`]: a named connection (`connect`, `connect_with_retry`);
 //! - [`Topology`] and [`ensure_topology`]: the exchange, queues and bindings, derived from the
 //!   registry, declared idempotently;
+//! - [`migrate_queue`]: moves a queue that exists with another layout to a new one, its
+//!   messages kept (what [`Topology::declare`] does for its own queues);
 //! - [`RabbitMqWorker`]: consumes handler queues, acks after the outcome, retries through the
 //!   wait queues, parks what cannot be handled;
 //! - [`RabbitMqPublisher`]: publishes envelopes with publisher confirms;
@@ -27,6 +29,7 @@
 
 mod acks;
 pub(crate) mod connection;
+mod migration;
 pub(crate) mod ownership;
 mod publisher;
 mod relay;
@@ -40,11 +43,13 @@ pub use connection::{redact_url, RabbitMqConnection};
 /// The kind of an [`Exchange`] (`Topic`, `Fanout`, `Direct`, `Headers`), re-exported from lapin
 /// so that an application declares its topology with `hexeract` alone.
 pub use lapin::ExchangeKind;
+pub use migration::{holding_queue, migrate_queue, QueueMigration};
 pub use publisher::RabbitMqPublisher;
 pub use relay::OutboxRelay;
 pub use topology::{
-    ensure_topology, tiers_for, Binding, Exchange, Queue, QueueKind, Topology,
-    DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PREFIX, DEFAULT_WAIT_TIERS,
+    ensure_topology, tiers_for, Binding, DeadLetterStrategy, Exchange, Overflow, Queue, QueueKind,
+    Topology, DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PARKING_MAX_LENGTH, DEFAULT_PREFIX,
+    DEFAULT_WAIT_TIERS,
 };
 pub use transport::RabbitMqTransport;
 pub use wire::headers;

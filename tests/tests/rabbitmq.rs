@@ -144,7 +144,7 @@ async fn declared(broker: &TestBroker, topology: &Topology) {
     let queues: Vec<String> = topology
         .queues()
         .into_iter()
-        .filter(|queue| queue.kind == hexeract::rabbitmq::QueueKind::Quorum)
+        .filter(|queue| queue.delivery_limit.is_some())
         .map(|queue| queue.name)
         .collect();
     for _ in 0..400 {

@@ -222,19 +222,22 @@ async fn run_relays_the_outbox_and_survives_its_consumer_connection_being_closed
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// A handler queue that exists with other arguments (declared by hand as a classic queue)
-/// stops `run` with an error naming the queue and the argument, rather than restarting for
-/// ever against the same refusal.
+/// An exchange that exists with other arguments (declared by hand as a fanout exchange) stops
+/// `run` with an error naming it and the argument, rather than restarting for ever against the
+/// same refusal. (A queue of another layout is moved to the current one instead:
+/// `queue_layout.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queue_declared_with_other_arguments_stops_run_with_its_name() {
+async fn an_exchange_declared_with_other_arguments_stops_run_with_its_name() {
     let broker = TestBroker::new().await;
     let (dir, _port) =
         hexeract_tests::amqp::run_env(&broker, &hexeract_tests::amqp::amqp_url(), 50);
-    let queue = format!("{}.billing.invoice", broker.prefix);
     hexeract::rabbitmq::ensure_topology(
         &broker.connection,
+        &[hexeract::rabbitmq::Exchange {
+            name: broker.exchange.clone(),
+            kind: hexeract::rabbitmq::ExchangeKind::Fanout,
+        }],
         &[],
-        &[hexeract::rabbitmq::Queue::classic(queue.clone())],
         &[],
     )
     .await
@@ -245,10 +248,13 @@ async fn a_queue_declared_with_other_arguments_stops_run_with_its_name() {
     )
     .await
     .expect("run stops by itself");
-    let text = stopped.expect_err("a queue it cannot declare").to_string();
+    let text = stopped
+        .expect_err("an exchange it cannot declare")
+        .to_string();
     assert!(
         text.contains(&format!(
-            "queue {queue:?} exists on the broker with another x-"
+            "exchange {:?} exists on the broker with another type",
+            broker.exchange
         )),
         "{text}"
     );

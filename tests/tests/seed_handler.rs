@@ -155,7 +155,12 @@ async fn the_documents_handler_is_retried_then_parked_by_a_rabbitmq_worker() {
     let cancel = CancellationToken::new();
     let running = tokio::spawn(worker.run(cancel.clone()));
     // The queues exist once the worker consumes; publishing before would route nowhere.
-    let queue = topology.queues().into_iter().next().unwrap().name;
+    let queue = topology
+        .queues()
+        .into_iter()
+        .find(|queue| queue.delivery_limit.is_some())
+        .unwrap()
+        .name;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while broker.consumers(&queue).await != Some(1) {
         assert!(

@@ -279,11 +279,12 @@ async fn the_documented_loop_runs_on_the_application_s_topology_and_survives_a_c
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A queue of the worker's that exists with other arguments stops `run` with an error naming
-/// the queue and the argument (retrying would not help); with `queue(…)`, a queue the
-/// application has not declared stops it with an error naming the queue.
+/// An exchange of the worker's that exists with other arguments stops `run` with an error
+/// naming it and the argument (retrying would not help; a queue of the worker's that exists
+/// with another layout is moved to its own instead: `queue_layout.rs`); with `queue(…)`, a
+/// queue the application has not declared stops it with an error naming the queue.
 #[tokio::test]
-async fn queues_that_are_not_what_the_worker_needs_stop_it_with_their_names() {
+async fn objects_that_are_not_what_the_worker_needs_stop_it_with_their_names() {
     let broker = TestBroker::new().await;
     let connection = broker.connect(&format!("{}.mismatch", broker.prefix)).await;
     let worker = RabbitMqWorkerBuilder::new(connection.clone())
@@ -293,12 +294,14 @@ async fn queues_that_are_not_what_the_worker_needs_stop_it_with_their_names() {
         .park_without_rows()
         .build()
         .unwrap();
-    let queue = worker.queues()[0].to_owned();
-    // Someone declared the handler's queue by hand, as a classic queue.
+    // Someone declared the worker's exchange by hand, as a fanout exchange.
     ensure_topology(
         &broker.connection,
+        &[Exchange {
+            name: broker.exchange.clone(),
+            kind: ExchangeKind::Fanout,
+        }],
         &[],
-        &[Queue::classic(queue.clone())],
         &[],
     )
     .await
@@ -308,20 +311,16 @@ async fn queues_that_are_not_what_the_worker_needs_stop_it_with_their_names() {
         Err(BusError::Mismatch {
             object, argument, ..
         }) => {
-            assert_eq!(object, &format!("queue {queue:?}"));
-            // The first argument the broker finds different (it checks the dead-letter
-            // settings before the queue type).
-            assert!(
-                ["x-dead-letter-exchange", "x-queue-type"].contains(&argument.as_str()),
-                "{argument}"
-            );
+            assert_eq!(object, &format!("exchange {:?}", broker.exchange));
+            assert_eq!(argument, "type");
         }
         other => panic!("{other:?}"),
     }
     let text = stopped.unwrap_err().to_string();
     assert!(
         text.contains(&format!(
-            "queue {queue:?} exists on the broker with another x-"
+            "exchange {:?} exists on the broker with another type",
+            broker.exchange
         )) && text.contains("delete it"),
         "{text}"
     );

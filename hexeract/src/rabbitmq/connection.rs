@@ -210,6 +210,13 @@ impl RabbitMqConnection {
             .map_err(|error| BusError::transport("channel.open", error))
     }
 
+    /// A second connection to the same broker, named `<name>.<suffix>`: for work whose
+    /// refused passive declares (each closes its channel) should not touch this one's
+    /// channels.
+    pub(crate) async fn sibling(&self, suffix: &str) -> Result<RabbitMqConnection, BusError> {
+        RabbitMqConnection::open(&self.url, &format!("{}.{suffix}", self.name), false).await
+    }
+
     /// Closes the connection (200, "closed by the application").
     pub async fn close(&self) -> Result<(), BusError> {
         self.inner

@@ -76,6 +76,11 @@ impl RabbitMqPublisher {
         })
     }
 
+    /// Closes the channel; for a publisher made for one task.
+    pub(crate) async fn close(&self) {
+        let _ = self.channel.close(200, "done".into()).await;
+    }
+
     /// Publishes to `exchange` instead of `hexeract`.
     pub fn exchange(mut self, exchange: impl Into<String>) -> RabbitMqPublisher {
         self.exchange = exchange.into();

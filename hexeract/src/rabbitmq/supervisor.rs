@@ -27,6 +27,21 @@ pub(crate) struct BrokerSettings {
     pub(crate) prefix: String,
 }
 
+/// The topology `hexeract::run` declares: the worker's own wait tiers are the default
+/// backoff's, up to `RETRY_MAX_DELAY_MS`.
+pub(crate) fn run_topology(
+    settings: &WorkerConfig,
+    exchange: &str,
+    prefix: &str,
+    registry: &Registry,
+) -> Topology {
+    let longest = settings.policy.retry.delays().1;
+    Topology::from_registry(registry)
+        .exchange(exchange)
+        .prefix(prefix)
+        .wait_tiers(crate::rabbitmq::tiers_for(Duration::from_secs(1), longest))
+}
+
 /// Runs the relay and the bus worker until `cancel`, restarting either after a connection
 /// loss. Returns `Ok(())` once both stopped after the cancellation; an error only when the
 /// handlers or names are invalid, found before anything started.
@@ -57,12 +72,7 @@ pub(crate) async fn run_on_broker(
             .build()
     };
     // Invalid handlers or names stop startup before any connection is made.
-    // The worker's own wait tiers: the default backoff's, up to RETRY_MAX_DELAY_MS.
-    let longest = settings.policy.retry.delays().1;
-    let topology = Topology::from_registry(registry)
-        .exchange(broker.exchange.clone())
-        .prefix(broker.prefix.clone())
-        .wait_tiers(crate::rabbitmq::tiers_for(Duration::from_secs(1), longest));
+    let topology = run_topology(settings, &broker.exchange, &broker.prefix, registry);
     topology.validate().map_err(|error| {
         Error::Config(ConfigError {
             problems: vec![ConfigProblem {

@@ -24,6 +24,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::ExchangeKind;
 
+use crate::rabbitmq::migration::{migrate_queue_with, MigrationOptions, QueueMigration};
 use crate::rabbitmq::{BusError, RabbitMqConnection};
 use crate::registry::Registry;
 
@@ -94,11 +95,42 @@ pub struct Exchange {
 /// What kind of queue to declare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueKind {
-    /// A replicated queue that counts deliveries (`x-delivery-count`): handler queues.
+    /// A replicated queue that counts deliveries (`x-delivery-count`) and can dead-letter at
+    /// least once: every queue of a [`Topology`].
     Quorum,
-    /// A classic durable queue: wait and parking queues.
+    /// A classic durable queue.
     Classic,
 }
+
+/// `x-overflow`: what a queue at its `x-max-length` does with one more message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Overflow {
+    /// Refuse it: the publisher gets a `basic.nack`, a dead-lettering source keeps it. What
+    /// at-least-once dead-lettering requires of its source queue.
+    RejectPublish,
+    /// Drop (or dead-letter) the oldest message to make room: the broker's default.
+    DropHead,
+}
+
+/// `x-dead-letter-strategy` (quorum queues): how the broker moves what a queue dead-letters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadLetterStrategy {
+    /// The source keeps the message until its dead-letter target confirmed it (RabbitMQ 3.10
+    /// and later; only with [`Overflow::RejectPublish`], else the broker falls back to at most
+    /// once).
+    AtLeastOnce,
+    /// Moved without confirms (the broker's default): a target that refuses it, or a broker
+    /// that fails meanwhile, loses it.
+    AtMostOnce,
+}
+
+/// The parking queues' `x-max-length` unless another is set: a full parking queue refuses a
+/// park (the delivery stays in its handler queue) rather than dropping the oldest dead letter.
+/// Like the delivery limit, it is part of the queues' arguments: changing it means migrating
+/// every parking queue ([`migrate_queue`](crate::rabbitmq::migrate_queue)).
+pub const DEFAULT_PARKING_MAX_LENGTH: u64 = 1_000_000;
 
 /// A queue to declare (durable).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +149,13 @@ pub struct Queue {
     /// `x-delivery-limit` (quorum queues): deliveries without an ack before the broker
     /// dead-letters the message.
     pub delivery_limit: Option<u32>,
+    /// `x-max-length`: messages the queue holds at most.
+    pub max_length: Option<u64>,
+    /// `x-overflow`: what the queue does at `max_length`, and whether it can dead-letter at
+    /// least once.
+    pub overflow: Option<Overflow>,
+    /// `x-dead-letter-strategy` (quorum queues).
+    pub dead_letter_strategy: Option<DeadLetterStrategy>,
 }
 
 impl Queue {
@@ -129,10 +168,32 @@ impl Queue {
             dead_letter_exchange: None,
             dead_letter_routing_key: None,
             delivery_limit: None,
+            max_length: None,
+            overflow: None,
+            dead_letter_strategy: None,
         }
     }
 
-    fn arguments(&self) -> FieldTable {
+    /// A durable quorum queue with no other arguments.
+    pub fn quorum(name: impl Into<String>) -> Queue {
+        Queue {
+            kind: QueueKind::Quorum,
+            ..Queue::classic(name)
+        }
+    }
+
+    /// The same queue, dead-lettering at least once: `x-dead-letter-strategy = at-least-once`
+    /// and the `x-overflow = reject-publish` it requires.
+    pub fn at_least_once(self) -> Queue {
+        Queue {
+            overflow: Some(Overflow::RejectPublish),
+            dead_letter_strategy: Some(DeadLetterStrategy::AtLeastOnce),
+            ..self
+        }
+    }
+
+    /// The arguments the queue is declared with.
+    pub(crate) fn arguments(&self) -> FieldTable {
         let mut arguments = FieldTable::default();
         let text = |value: &str| AMQPValue::LongString(LongString::from(value.as_bytes()));
         if self.kind == QueueKind::Quorum {
@@ -153,6 +214,24 @@ impl Queue {
                 "x-delivery-limit".into(),
                 AMQPValue::LongLongInt(i64::from(limit)),
             );
+        }
+        if let Some(length) = self.max_length {
+            let length = i64::try_from(length).unwrap_or(i64::MAX);
+            arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(length));
+        }
+        if let Some(overflow) = self.overflow {
+            let value = match overflow {
+                Overflow::RejectPublish => "reject-publish",
+                Overflow::DropHead => "drop-head",
+            };
+            arguments.insert("x-overflow".into(), text(value));
+        }
+        if let Some(strategy) = self.dead_letter_strategy {
+            let value = match strategy {
+                DeadLetterStrategy::AtLeastOnce => "at-least-once",
+                DeadLetterStrategy::AtMostOnce => "at-most-once",
+            };
+            arguments.insert("x-dead-letter-strategy".into(), text(value));
         }
         arguments
     }
@@ -206,6 +285,7 @@ pub struct Topology {
     prefix: String,
     wait_tiers: Vec<Duration>,
     delivery_limit: u32,
+    parking_max_length: u64,
     handlers: Vec<(String, String)>,
 }
 
@@ -218,6 +298,7 @@ impl Topology {
             prefix: DEFAULT_PREFIX.to_owned(),
             wait_tiers: DEFAULT_WAIT_TIERS.to_vec(),
             delivery_limit: DEFAULT_DELIVERY_LIMIT,
+            parking_max_length: DEFAULT_PARKING_MAX_LENGTH,
             handlers: registry
                 .handlers()
                 .map(|info| (info.name.to_string(), info.message_type.to_owned()))
@@ -252,6 +333,14 @@ impl Topology {
     /// parks the message.
     pub fn delivery_limit(mut self, limit: u32) -> Topology {
         self.delivery_limit = limit;
+        self
+    }
+
+    /// The parking queues' `x-max-length` (default [`DEFAULT_PARKING_MAX_LENGTH`]): a full
+    /// parking queue refuses further parks, and what would have been parked stays in its
+    /// handler queue.
+    pub fn parking_max_length(mut self, length: u64) -> Topology {
+        self.parking_max_length = length;
         self
     }
 
@@ -319,28 +408,47 @@ impl Topology {
         exchanges
     }
 
-    /// The queues: per handler its queue and parking queue, then the wait tiers.
+    /// The queues: the wait tiers, then per handler its parking queue and its queue. All are
+    /// quorum queues, and the two that dead-letter (a wait tier when a retry's delay is over, a
+    /// handler queue past its delivery limit) do it at least once: the broker keeps the
+    /// message in its source until the target confirmed it. The order is the order of a
+    /// migration: each dead-letter target is moved to its new layout before its sources.
     pub fn queues(&self) -> Vec<Queue> {
-        let mut queues = Vec::new();
+        let mut queues: Vec<Queue> = self
+            .wait_tiers
+            .iter()
+            .map(|tier| self.wait_queue_layout(*tier))
+            .collect();
         for handler in self.handler_queues() {
+            queues.push(self.parking_queue_layout(&handler.parking));
             queues.push(Queue {
-                name: handler.queue.clone(),
-                kind: QueueKind::Quorum,
-                message_ttl: None,
                 dead_letter_exchange: Some(String::new()),
                 dead_letter_routing_key: Some(handler.parking.clone()),
                 delivery_limit: Some(self.delivery_limit),
+                ..Queue::quorum(handler.queue).at_least_once()
             });
-            queues.push(Queue::classic(handler.parking));
         }
-        queues.extend(self.wait_tiers.iter().map(|tier| Queue {
-            message_ttl: Some(*tier),
-            // No routing key: an expired retry keeps its own, the handler queue's name, and the
-            // default exchange delivers it there.
-            dead_letter_exchange: Some(String::new()),
-            ..Queue::classic(self.wait_queue(*tier))
-        }));
         queues
+    }
+
+    /// The wait tier of `tier`: its TTL is the delay; then the broker dead-letters the retry
+    /// through the default exchange by its own routing key (the handler queue's name).
+    fn wait_queue_layout(&self, tier: Duration) -> Queue {
+        Queue {
+            message_ttl: Some(tier),
+            dead_letter_exchange: Some(String::new()),
+            ..Queue::quorum(self.wait_queue(tier)).at_least_once()
+        }
+    }
+
+    /// A parking queue named `name`: bounded, refusing once full rather than dropping the
+    /// oldest dead letter.
+    pub(crate) fn parking_queue_layout(&self, name: &str) -> Queue {
+        Queue {
+            max_length: Some(self.parking_max_length),
+            overflow: Some(Overflow::RejectPublish),
+            ..Queue::quorum(name)
+        }
     }
 
     /// The bindings: each handler queue by its message type, each wait queue to its exchange.
@@ -401,9 +509,13 @@ impl Topology {
         }
     }
 
-    /// Declares everything with [`ensure_topology`].
+    /// Declares everything with [`ensure_topology`], first moving to this layout every queue
+    /// that exists with another one (or whose migration a crash interrupted): see
+    /// [`migrate_queue`](crate::rabbitmq::migrate_queue).
     pub async fn declare(&self, connection: &RabbitMqConnection) -> Result<(), BusError> {
         self.validate()?;
+        ensure_topology(connection, &self.exchanges(), &[], &[]).await?;
+        self.upgrade(connection, |_| true).await?;
         ensure_topology(
             connection,
             &self.exchanges(),
@@ -411,6 +523,56 @@ impl Topology {
             &self.bindings(),
         )
         .await
+    }
+
+    /// Moves to this layout every queue of `self.queues()` that `which` selects and that
+    /// exists with another layout or was left half-moved by a crash; the exchanges must exist.
+    /// One report per queue moved.
+    pub(crate) async fn upgrade(
+        &self,
+        connection: &RabbitMqConnection,
+        which: impl Fn(&Queue) -> bool,
+    ) -> Result<Vec<QueueMigration>, BusError> {
+        let bindings = self.bindings();
+        let own = connection.sibling("migration").await?;
+        let moved = self.upgrade_on(&own, &bindings, which).await;
+        let _ = own.close().await;
+        moved
+    }
+
+    async fn upgrade_on(
+        &self,
+        connection: &RabbitMqConnection,
+        bindings: &[Binding],
+        which: impl Fn(&Queue) -> bool,
+    ) -> Result<Vec<QueueMigration>, BusError> {
+        let mut moved = Vec::new();
+        for queue in self.queues().into_iter().filter(|queue| which(queue)) {
+            let own: Vec<Binding> = bindings
+                .iter()
+                .filter(|binding| binding.queue == queue.name)
+                .cloned()
+                .collect();
+            let options = MigrationOptions {
+                message_exchange: Some(self.exchange.clone()),
+            };
+            if let Some(report) = migrate_queue_with(connection, &queue, &own, &options).await? {
+                moved.push(report);
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Moves every queue of this topology that exists with another layout to this one (the
+    /// exchanges are declared first); what the `queues upgrade` command runs. One report per
+    /// queue moved; a queue already in this layout is left alone.
+    pub async fn migrate(
+        &self,
+        connection: &RabbitMqConnection,
+    ) -> Result<Vec<QueueMigration>, BusError> {
+        self.validate()?;
+        ensure_topology(connection, &self.exchanges(), &[], &[]).await?;
+        self.upgrade(connection, |_| true).await
     }
 }
 
@@ -582,8 +744,99 @@ mod tests {
             prefix: "p".into(),
             wait_tiers: DEFAULT_WAIT_TIERS.to_vec(),
             delivery_limit: 5,
+            parking_max_length: 1000,
             handlers: vec![("shop::reserve".into(), "OrderPlaced".into())],
         }
+    }
+
+    /// `queue`'s arguments as `name=value` lines, sorted.
+    fn arguments_of(queue: &Queue) -> Vec<String> {
+        let mut lines: Vec<String> = queue
+            .arguments()
+            .inner()
+            .iter()
+            .map(|(name, value)| {
+                let value = match value {
+                    AMQPValue::LongString(text) => String::from_utf8_lossy(text.as_bytes()).into(),
+                    AMQPValue::LongLongInt(number) => number.to_string(),
+                    other => format!("{other:?}"),
+                };
+                format!("{name}={value}")
+            })
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn every_queue_is_quorum_and_the_ones_that_dead_letter_do_it_at_least_once() {
+        let topology = topology().wait_tiers([Duration::from_secs(1), Duration::from_secs(2)]);
+        let table: [(&str, &[&str]); 4] = [
+            (
+                "p.wait.1s",
+                &[
+                    "x-dead-letter-exchange=",
+                    "x-dead-letter-strategy=at-least-once",
+                    "x-message-ttl=1000",
+                    "x-overflow=reject-publish",
+                    "x-queue-type=quorum",
+                ],
+            ),
+            (
+                "p.wait.2s",
+                &[
+                    "x-dead-letter-exchange=",
+                    "x-dead-letter-strategy=at-least-once",
+                    "x-message-ttl=2000",
+                    "x-overflow=reject-publish",
+                    "x-queue-type=quorum",
+                ],
+            ),
+            (
+                "p.shop.reserve.parked",
+                &[
+                    "x-max-length=1000",
+                    "x-overflow=reject-publish",
+                    "x-queue-type=quorum",
+                ],
+            ),
+            (
+                "p.shop.reserve",
+                &[
+                    "x-dead-letter-exchange=",
+                    "x-dead-letter-routing-key=p.shop.reserve.parked",
+                    "x-dead-letter-strategy=at-least-once",
+                    "x-delivery-limit=5",
+                    "x-overflow=reject-publish",
+                    "x-queue-type=quorum",
+                ],
+            ),
+        ];
+        let queues = topology.queues();
+        let declared: Vec<(&str, Vec<String>)> = queues
+            .iter()
+            .map(|queue| (queue.name.as_str(), arguments_of(queue)))
+            .collect();
+        let expected: Vec<(&str, Vec<String>)> = table
+            .iter()
+            .map(|(name, lines)| (*name, lines.iter().map(|line| (*line).to_owned()).collect()))
+            .collect();
+        // In this order: a migration moves each dead-letter target before its sources.
+        assert_eq!(declared, expected);
+    }
+
+    #[test]
+    fn a_parking_queue_declared_by_the_worker_has_the_topology_s_bound() {
+        let topology = topology().parking_max_length(7);
+        assert_eq!(
+            arguments_of(&topology.parking_queue_layout("orders.parked")),
+            [
+                "x-max-length=7",
+                "x-overflow=reject-publish",
+                "x-queue-type=quorum"
+            ]
+        );
+        assert_eq!(arguments_of(&Queue::classic("plain")), Vec::<String>::new());
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::rabbitmq::topology::{parking_queue, queue_exists, short, Queue};
 use crate::rabbitmq::wire::{self, ParkedInfo};
 use crate::rabbitmq::{
     ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology,
-    DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PREFIX,
+    DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PARKING_MAX_LENGTH, DEFAULT_PREFIX,
 };
 use crate::registry::{HandlerSet, RegisteredHandler};
 use crate::retry::Backoff;
@@ -87,6 +87,7 @@ pub struct RabbitMqWorkerBuilder {
     policy: Policy,
     confirm_timeout: Duration,
     delivery_limit: u32,
+    parking_max_length: u64,
     ack_mode: AckMode,
     declare: bool,
     dead_letters: Option<Arc<dyn DeadLetterStore>>,
@@ -117,6 +118,7 @@ impl RabbitMqWorkerBuilder {
             policy,
             confirm_timeout: Duration::from_secs(30),
             delivery_limit: DEFAULT_DELIVERY_LIMIT,
+            parking_max_length: DEFAULT_PARKING_MAX_LENGTH,
             ack_mode: AckMode::Manual,
             declare: true,
             dead_letters: None,
@@ -225,6 +227,15 @@ impl RabbitMqWorkerBuilder {
         self
     }
 
+    /// The parking queues' `x-max-length` (default [`DEFAULT_PARKING_MAX_LENGTH`], at least
+    /// 1): a full parking queue refuses a park (`basic.nack`), and the delivery goes back to
+    /// its queue instead of being acked, to be parked once there is room. The queues are
+    /// declared with it: changing it migrates them ([`migrate_queue`](crate::rabbitmq::migrate_queue)).
+    pub fn parking_max_length(mut self, length: u64) -> RabbitMqWorkerBuilder {
+        self.parking_max_length = length;
+        self
+    }
+
     /// When a delivery is acked (default [`AckMode::Manual`]: once its outcome is settled, so
     /// that nothing is lost). [`AckMode::Automatic`] acks it as a call takes it, before the
     /// handler runs: at most once, the one exception to at-least-once.
@@ -293,7 +304,8 @@ impl RabbitMqWorkerBuilder {
             .checks("max_attempts")
             .at_least_one("prefetch", policy.prefetch.into())
             .not_zero("confirm_timeout", self.confirm_timeout)
-            .at_least_one("delivery_limit", self.delivery_limit.into());
+            .at_least_one("delivery_limit", self.delivery_limit.into())
+            .at_least_one("parking_max_length", self.parking_max_length);
         if policy.prefetch > u32::from(u16::MAX) {
             checks = checks.problem(
                 "prefetch",
@@ -347,7 +359,8 @@ impl RabbitMqWorkerBuilder {
             .exchange(self.exchange.clone())
             .prefix(self.prefix)
             .wait_tiers(wait_tiers)
-            .delivery_limit(self.delivery_limit);
+            .delivery_limit(self.delivery_limit)
+            .parking_max_length(self.parking_max_length);
         topology.validate().map_err(|error| {
             config_problem(
                 "queue and exchange names",
@@ -726,14 +739,8 @@ impl Shared {
                             .to_owned(),
                     });
                 }
-                let queues: Vec<Queue> = self
-                    .topology
-                    .queues()
-                    .into_iter()
-                    .filter(|queue| queue.message_ttl.is_some())
-                    .collect();
                 if !queue_exists(&self.connection, &consumer.parking).await? {
-                    let parking = Queue::classic(consumer.parking.clone());
+                    let parking = self.topology.parking_queue_layout(&consumer.parking);
                     match ensure_topology(&self.connection, &[], &[parking], &[]).await {
                         // Declared meanwhile, with arguments of its own (the application, or
                         // another replica): it is theirs, and it is there.
@@ -743,12 +750,21 @@ impl Shared {
                     }
                 }
                 let exchanges = self.topology.exchanges();
+                let wait_tier = |queue: &Queue| queue.message_ttl.is_some();
+                let queues: Vec<Queue> = self
+                    .topology
+                    .queues()
+                    .into_iter()
+                    .filter(wait_tier)
+                    .collect();
                 let bindings: Vec<_> = self
                     .topology
                     .bindings()
                     .into_iter()
                     .filter(|binding| binding.exchange != self.exchange)
                     .collect();
+                ensure_topology(&self.connection, &exchanges, &[], &[]).await?;
+                self.topology.upgrade(&self.connection, wait_tier).await?;
                 ensure_topology(&self.connection, &exchanges, &queues, &bindings).await
             }
             _ => self.topology.declare(&self.connection).await,
@@ -1180,7 +1196,7 @@ impl ConsumeLoop<'_> {
         let mut published = publish().await;
         if is_unroutable(&published) {
             // The parking queue is gone (deleted by hand?): declare it again and retry once.
-            let parking = Queue::classic(self.consumer.parking.clone());
+            let parking = shared.topology.parking_queue_layout(&self.consumer.parking);
             if ensure_topology(&shared.connection, &[], &[parking], &[])
                 .await
                 .is_ok()

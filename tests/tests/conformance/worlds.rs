@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use hexeract::kafka::{KafkaRelay, KafkaWorker, KafkaWorkerBuilder};
 use hexeract::outbox::{OutboxWorker, OutboxWorkerBuilder};
-use hexeract::rabbitmq::{QueueKind, RabbitMqPublisher, RabbitMqWorkerBuilder, Topology};
+use hexeract::rabbitmq::{RabbitMqPublisher, RabbitMqWorkerBuilder, Topology};
 use hexeract::schedule::SchedulerBuilder;
 use hexeract::store::postgres::PgStore;
 use hexeract::store::sqlite::SqliteStore;
@@ -499,7 +499,7 @@ impl RabbitMq {
         topology
             .queues()
             .into_iter()
-            .filter(|queue| queue.kind == QueueKind::Quorum || queue.message_ttl.is_some())
+            .filter(|queue| queue.delivery_limit.is_some() || queue.message_ttl.is_some())
             .map(|queue| queue.name)
             .collect()
     }
@@ -575,7 +575,7 @@ impl World for RabbitMq {
                 topology
                     .queues()
                     .into_iter()
-                    .filter(|queue| queue.kind == QueueKind::Quorum)
+                    .filter(|queue| queue.delivery_limit.is_some())
                     .map(|queue| queue.name)
                     .collect()
             })

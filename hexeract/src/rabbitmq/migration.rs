@@ -1,0 +1,459 @@
+//! Moving a queue that exists with another layout to a new one, without losing a message.
+//!
+//! A queue's type and arguments cannot change in place: declaring it with others fails with
+//! `PRECONDITION_FAILED`. So [`migrate_queue`] moves its messages out to a holding queue,
+//! deletes it, declares it anew and moves them back:
+//!
+//! 1. under a lock (an exclusive queue `<queue>.migrating.lock`, released by the broker when
+//!    its connection goes), declare the holding queue `<queue>.migrating` (quorum) and a fanout
+//!    exchange of the same name that routes to it: a message published there keeps its
+//!    routing key, which a wait tier's dead-lettering depends on;
+//! 2. move every message out (taken with a manual ack, republished with a confirm and
+//!    `mandatory`, acked only once confirmed), bind the holding queue as the queue is bound
+//!    (what is published meanwhile lands in both: a duplicate, never a loss), move what came
+//!    in meanwhile, and once the queue is empty and nobody consumes it, delete it;
+//! 3. declare it with the new layout and its bindings, point the fanout exchange at it, move
+//!    the messages back the same way, unbind and delete the holding queue and its exchange.
+//!
+//! Every step can be repeated, so a crash at any point is recovered by running the migration
+//! again (every start does, through [`Topology::declare`](crate::rabbitmq::Topology::declare)):
+//! a holding queue that exists means a migration to finish. Messages may be duplicated (a
+//! confirmed copy whose original was not acked yet), never lost; each keeps its body,
+//! properties, headers and routing key.
+//!
+//! What a migration cannot stop: a message that enters the queue by the default exchange (a
+//! retry coming back from a wait tier) in the instant between its last look at the empty queue
+//! and the queue's deletion is deleted with it. The broker's count of them is reported
+//! ([`QueueMigration::deleted_with_queue`]) and logged as an error.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{FieldTable, ShortString};
+use lapin::ExchangeKind;
+
+use crate::rabbitmq::publisher::RabbitMqPublisher;
+use crate::rabbitmq::topology::{ensure_topology, inspect_queue, short};
+use crate::rabbitmq::{Binding, BusError, Exchange, Queue, RabbitMqConnection};
+
+/// Messages taken from a queue before their copies' confirms are awaited.
+const BATCH: usize = 128;
+
+/// How long a migration waits for another one of the same queue (elsewhere) to finish.
+const LOCK_WAIT: Duration = Duration::from_secs(600);
+
+/// What one queue's migration did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueMigration {
+    /// The queue, now in its new layout.
+    pub queue: String,
+    /// The holding queue its messages waited in (deleted at the end).
+    pub holding: String,
+    /// Messages moved from the queue to the holding queue (copies that a crash left behind
+    /// included, when a run finishes an interrupted one).
+    pub moved_out: u64,
+    /// Messages moved from the holding queue back to the queue.
+    pub moved_back: u64,
+    /// Messages the broker deleted with the old queue: they entered it after its last look,
+    /// by the default exchange. 0 unless something published straight to the queue meanwhile.
+    pub deleted_with_queue: u32,
+}
+
+/// How messages are carried over.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MigrationOptions {
+    /// The message exchange of the worker's rule "a message without `type` that came through
+    /// the message exchange has its routing key as type": applied while moving, since the
+    /// moved copy no longer comes from that exchange.
+    pub(crate) message_exchange: Option<String>,
+}
+
+/// The holding queue (and fanout exchange) of `queue`'s migration: `<queue>.migrating`.
+pub fn holding_queue(queue: &str) -> String {
+    format!("{queue}.migrating")
+}
+
+/// Moves `queue` to the layout it describes, if it exists with another one, or finishes a
+/// migration a crash interrupted; otherwise declares it (when it is missing) and does nothing
+/// else. `bindings` are the queue's bindings in its new layout (their exchanges must exist).
+/// `Ok(None)` when there was nothing to move.
+///
+/// Refuses (`BusError::Transport`, nothing moved or deleted) while the old queue has
+/// consumers: their unacked deliveries would be deleted with it. Stop the programs that still
+/// consume it (an older version), then run it again.
+///
+/// ```no_run
+/// # async fn example(connection: hexeract::rabbitmq::RabbitMqConnection) -> Result<(), hexeract::rabbitmq::BusError> {
+/// use hexeract::rabbitmq::{migrate_queue, Binding, Queue};
+///
+/// // A classic queue of yours becomes a quorum queue, its messages kept.
+/// let queue = Queue::quorum("orders.received").at_least_once();
+/// let bindings = [Binding {
+///     queue: "orders.received".into(),
+///     exchange: "orders".into(),
+///     routing_key: "OrderPlaced".into(),
+/// }];
+/// if let Some(moved) = migrate_queue(&connection, &queue, &bindings).await? {
+///     println!("{}: {} messages moved", moved.queue, moved.moved_back);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub async fn migrate_queue(
+    connection: &RabbitMqConnection,
+    queue: &Queue,
+    bindings: &[Binding],
+) -> Result<Option<QueueMigration>, BusError> {
+    let own = connection.sibling("migration").await?;
+    let migrated = migrate_queue_with(&own, queue, bindings, &MigrationOptions::default()).await;
+    let _ = own.close().await;
+    migrated
+}
+
+/// [`migrate_queue`] on `connection`, which should be a connection of its own: a missing
+/// holding queue, the common case, is found by a passive declare that closes its channel.
+pub(crate) async fn migrate_queue_with(
+    connection: &RabbitMqConnection,
+    queue: &Queue,
+    bindings: &[Binding],
+    options: &MigrationOptions,
+) -> Result<Option<QueueMigration>, BusError> {
+    let holding = holding_queue(&queue.name);
+    short(&lock_name(&queue.name))?;
+    // The common case, at every start: no migration under way, the queue as declared.
+    if inspect_queue(connection, &holding).await?.is_none() {
+        match declare(connection, queue).await {
+            Ok(()) => return Ok(None),
+            Err(BusError::Mismatch { .. }) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    let lock = Lock::acquire(connection, &queue.name).await?;
+    let migrated = Migration {
+        connection,
+        queue,
+        bindings,
+        holding,
+        options,
+    }
+    .run()
+    .await;
+    lock.release().await;
+    migrated
+}
+
+struct Migration<'a> {
+    connection: &'a RabbitMqConnection,
+    queue: &'a Queue,
+    bindings: &'a [Binding],
+    holding: String,
+    options: &'a MigrationOptions,
+}
+
+impl Migration<'_> {
+    async fn run(&self) -> Result<Option<QueueMigration>, BusError> {
+        let name = &self.queue.name;
+        // Looked at again under the lock: another process may have finished meanwhile.
+        let holding_exists = inspect_queue(self.connection, &self.holding)
+            .await?
+            .is_some();
+        let in_new_layout = match declare(self.connection, self.queue).await {
+            Ok(()) => true,
+            Err(BusError::Mismatch { .. }) => false,
+            Err(error) => return Err(error),
+        };
+        if in_new_layout && !holding_exists {
+            return Ok(None);
+        }
+        let mut report = QueueMigration {
+            queue: name.clone(),
+            holding: self.holding.clone(),
+            moved_out: 0,
+            moved_back: 0,
+            deleted_with_queue: 0,
+        };
+        ensure_topology(
+            self.connection,
+            &[Exchange {
+                name: self.holding.clone(),
+                kind: ExchangeKind::Fanout,
+            }],
+            &[Queue::quorum(self.holding.clone())],
+            &[],
+        )
+        .await?;
+        if !in_new_layout {
+            tracing::warn!(
+                queue = %name,
+                holding = %self.holding,
+                "the queue exists with another layout; moving its messages to the new one"
+            );
+            self.route_mover_to(&self.holding, name).await?;
+            self.refuse_if_consumed(name).await?;
+            report.moved_out += self.move_all(name).await?;
+            // From here on what is published for the queue lands in the holding queue too.
+            for binding in self.bindings {
+                self.bind(&self.holding, binding).await?;
+            }
+            loop {
+                report.moved_out += self.move_all(name).await?;
+                let (messages, _) = self.refuse_if_consumed(name).await?;
+                if messages == 0 {
+                    break;
+                }
+            }
+            report.deleted_with_queue = self.delete_queue(name).await?;
+            if report.deleted_with_queue > 0 {
+                tracing::error!(
+                    queue = %name,
+                    deleted = report.deleted_with_queue,
+                    "messages entered the queue by the default exchange after its last look and \
+                     were deleted with it"
+                );
+            }
+        }
+        ensure_topology(
+            self.connection,
+            &[],
+            std::slice::from_ref(self.queue),
+            self.bindings,
+        )
+        .await?;
+        self.route_mover_to(name, &self.holding).await?;
+        report.moved_back += self.move_all(&self.holding).await?;
+        for binding in self.bindings {
+            self.unbind(&self.holding, binding).await?;
+        }
+        loop {
+            report.moved_back += self.move_all(&self.holding).await?;
+            match inspect_queue(self.connection, &self.holding).await? {
+                Some((0, _)) | None => break,
+                Some(_) => {}
+            }
+        }
+        // Unbound and empty, under the lock: nothing can enter it any more.
+        self.delete_queue(&self.holding).await?;
+        let channel = self.connection.channel().await?;
+        channel
+            .exchange_delete(short(&self.holding)?, ExchangeDeleteOptions::default())
+            .await
+            .map_err(|error| BusError::transport("deleting a migration's exchange", error))?;
+        let _ = channel.close(200, "migrated".into()).await;
+        tracing::info!(
+            queue = %name,
+            moved_out = report.moved_out,
+            moved_back = report.moved_back,
+            "queue migrated to its new layout"
+        );
+        Ok(Some(report))
+    }
+
+    /// `(messages, consumers)` of `queue`; an error while anyone consumes it.
+    async fn refuse_if_consumed(&self, queue: &str) -> Result<(u32, u32), BusError> {
+        let (messages, consumers) = inspect_queue(self.connection, queue)
+            .await?
+            .unwrap_or((0, 0));
+        if consumers > 0 {
+            return Err(BusError::Transport {
+                operation: format!("migrating queue {queue:?} to its new layout"),
+                detail: format!(
+                    "{consumers} consumer(s) still read it (a program of an older version?): \
+                     its unacked deliveries would be deleted with it; stop them, and the \
+                     migration runs at the next start (or with the `queues upgrade` command)"
+                ),
+            });
+        }
+        Ok((messages, consumers))
+    }
+
+    /// The fanout exchange of the migration routes to `to` alone.
+    async fn route_mover_to(&self, to: &str, from: &str) -> Result<(), BusError> {
+        let mover = |queue: &str| Binding {
+            queue: queue.to_owned(),
+            exchange: self.holding.clone(),
+            routing_key: String::new(),
+        };
+        // Unbinding what is not bound is accepted; a queue that is not there yet is not.
+        if inspect_queue(self.connection, from).await?.is_some() {
+            self.unbind(from, &mover(from)).await?;
+        }
+        self.bind(to, &mover(to)).await
+    }
+
+    async fn bind(&self, queue: &str, binding: &Binding) -> Result<(), BusError> {
+        let channel = self.connection.channel().await?;
+        channel
+            .queue_bind(
+                short(queue)?,
+                short(&binding.exchange)?,
+                short(&binding.routing_key)?,
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|error| BusError::transport(format!("binding queue {queue:?}"), error))?;
+        let _ = channel.close(200, "bound".into()).await;
+        Ok(())
+    }
+
+    async fn unbind(&self, queue: &str, binding: &Binding) -> Result<(), BusError> {
+        let channel = self.connection.channel().await?;
+        channel
+            .queue_unbind(
+                short(queue)?,
+                short(&binding.exchange)?,
+                short(&binding.routing_key)?,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|error| BusError::transport(format!("unbinding queue {queue:?}"), error))?;
+        let _ = channel.close(200, "unbound".into()).await;
+        Ok(())
+    }
+
+    /// Deletes `queue`; the messages the broker deleted with it.
+    async fn delete_queue(&self, queue: &str) -> Result<u32, BusError> {
+        let channel = self.connection.channel().await?;
+        let deleted = channel
+            .queue_delete(short(queue)?, QueueDeleteOptions::default())
+            .await
+            .map_err(|error| BusError::transport(format!("deleting queue {queue:?}"), error))?;
+        let _ = channel.close(200, "deleted".into()).await;
+        Ok(deleted)
+    }
+
+    /// Moves every message of `from` through the migration's fanout exchange, each acked in
+    /// `from` only once its copy is confirmed; how many.
+    async fn move_all(&self, from: &str) -> Result<u64, BusError> {
+        let channel = self.connection.channel().await?;
+        let publisher = RabbitMqPublisher::new(self.connection).await?;
+        let mut moved = 0;
+        loop {
+            let mut batch = Vec::with_capacity(BATCH);
+            while batch.len() < BATCH {
+                let got = channel
+                    .basic_get(short(from)?, BasicGetOptions { no_ack: false })
+                    .await
+                    .map_err(|error| {
+                        BusError::transport(format!("basic.get from {from:?}"), error)
+                    })?;
+                match got {
+                    Some(message) => batch.push(message.delivery),
+                    None => break,
+                }
+            }
+            let Some(last) = batch.last().map(|delivery| delivery.delivery_tag) else {
+                break;
+            };
+            let copies = batch.iter().map(|delivery| {
+                let mut properties = delivery.properties.clone();
+                if properties.kind().is_none()
+                    && self.options.message_exchange.as_deref() == Some(delivery.exchange.as_str())
+                {
+                    properties = properties
+                        .with_type(ShortString::from(delivery.routing_key.as_str().to_owned()));
+                }
+                publisher.publish_raw(
+                    &self.holding,
+                    delivery.routing_key.as_str(),
+                    &delivery.data,
+                    properties,
+                    true,
+                )
+            });
+            let confirmed = join_all(copies).await;
+            if let Some(error) = confirmed.into_iter().find_map(Result::err) {
+                // Back where they were; some may now be in both places.
+                let _ = channel
+                    .basic_nack(
+                        last,
+                        BasicNackOptions {
+                            multiple: true,
+                            requeue: true,
+                        },
+                    )
+                    .await;
+                let _ = channel.close(200, "move failed".into()).await;
+                return Err(error);
+            }
+            channel
+                .basic_ack(last, BasicAckOptions { multiple: true })
+                .await
+                .map_err(|error| BusError::transport(format!("basic.ack in {from:?}"), error))?;
+            moved += batch.len() as u64;
+        }
+        let _ = channel.close(200, "moved".into()).await;
+        publisher.close().await;
+        Ok(moved)
+    }
+}
+
+async fn declare(connection: &RabbitMqConnection, queue: &Queue) -> Result<(), BusError> {
+    ensure_topology(connection, &[], std::slice::from_ref(queue), &[]).await
+}
+
+fn lock_name(queue: &str) -> String {
+    format!("{}.lock", holding_queue(queue))
+}
+
+/// One migration of a queue at a time, across processes: an exclusive queue, which the broker
+/// deletes when the connection that holds it goes (a crash releases it).
+struct Lock {
+    channel: lapin::Channel,
+    name: String,
+}
+
+impl Lock {
+    async fn acquire(connection: &RabbitMqConnection, queue: &str) -> Result<Lock, BusError> {
+        let name = lock_name(queue);
+        let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+        let mut logged = false;
+        loop {
+            let channel = connection.channel().await?;
+            let declared = channel
+                .queue_declare(
+                    short(&name)?,
+                    QueueDeclareOptions {
+                        exclusive: true,
+                        auto_delete: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            match declared {
+                Ok(_) => return Ok(Lock { channel, name }),
+                Err(error) if is_locked(&error) && tokio::time::Instant::now() < deadline => {
+                    if !logged {
+                        tracing::info!(%queue, "another process is migrating the queue; waiting");
+                        logged = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(error) => {
+                    return Err(BusError::transport(
+                        format!("taking the migration lock {name:?}"),
+                        error,
+                    ))
+                }
+            }
+        }
+    }
+
+    async fn release(self) {
+        let _ = self
+            .channel
+            .queue_delete(ShortString::from(self.name), QueueDeleteOptions::default())
+            .await;
+        let _ = self.channel.close(200, "migrated".into()).await;
+    }
+}
+
+/// `RESOURCE_LOCKED`: another connection holds the exclusive queue.
+fn is_locked(error: &lapin::Error) -> bool {
+    matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 405)
+}
