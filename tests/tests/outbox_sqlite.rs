@@ -943,3 +943,67 @@ async fn the_relay_leaves_messages_an_outbox_worker_holds_in_place() {
     hexeract_tests::in_place::the_relay_leaves_messages_claimed_in_place(&store).await;
     db.finish().await;
 }
+
+/// A relay sink whose publish waits until the test lets it go, as one waits out a broker's
+/// memory alarm.
+struct HeldSink {
+    entered: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl hexeract::store::RelaySink for HeldSink {
+    fn publish<'a>(
+        &'a self,
+        _envelopes: &'a [Envelope],
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<hexeract::store::Unpublishable>, String>>
+    {
+        Box::pin(async move {
+            self.entered.notify_one();
+            self.release.notified().await;
+            Ok(Vec::new())
+        })
+    }
+}
+
+/// While a relay pass waits for its broker (an alarm can hold publishing for minutes), the
+/// application's writes go on: the pass holds no write lock then. Before, the pass held
+/// SQLite's write lock across the publish, and a publish beside it failed with `database is
+/// locked` once the busy timeout (5 s) ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_go_on_while_a_relay_pass_waits_for_its_broker() {
+    use hexeract::store::RelayStore;
+
+    let db = TestDb::new().await;
+    let store = Arc::new(db.store());
+    store
+        .publish(vec![Envelope::new(&OrderPlaced { order_id: 1 }).unwrap()])
+        .await
+        .unwrap();
+    let sink = Arc::new(HeldSink {
+        entered: Arc::new(tokio::sync::Notify::new()),
+        release: Arc::new(tokio::sync::Notify::new()),
+    });
+    let pass = tokio::spawn({
+        let (store, sink) = (store.clone(), sink.clone());
+        async move { store.relay(10, &*sink).await }
+    });
+    sink.entered.notified().await;
+    // The application writes, alone and in a transaction of its own, while the pass waits.
+    store
+        .publish(vec![Envelope::new(&OrderPlaced { order_id: 2 }).unwrap()])
+        .await
+        .expect("a publish beside a waiting relay pass");
+    let mut tx = store.pool().begin().await.unwrap();
+    hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: 3 })
+        .await
+        .expect("an enqueue beside a waiting relay pass");
+    tx.commit().await.unwrap();
+    sink.release.notify_one();
+    assert_eq!(pass.await.unwrap().unwrap(), 1, "the pass relayed its row");
+    assert_eq!(
+        store.backlog().await.unwrap(),
+        2,
+        "the two written meanwhile wait"
+    );
+    drop(store);
+}

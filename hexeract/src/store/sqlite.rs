@@ -1237,7 +1237,11 @@ fn envelope_from_row(row: &SqliteRow, attempts: i64) -> (Envelope, Option<String
     envelope.causation_id = problems.or("causation_id", optional_uuid(row, "causation_id"), None);
     envelope.aggregate = problems.or("aggregate", row.try_get("aggregate"), None);
     envelope.aggregate_key = problems.or("aggregate_key", row.try_get("aggregate_key"), None);
-    envelope.created_at = problems.or("created_at", row.try_get("created_at"), Utc::now());
+    envelope.created_at = problems.or(
+        "created_at",
+        row.try_get("created_at"),
+        DateTime::<Utc>::UNIX_EPOCH,
+    );
     envelope.attempt = u32::try_from(attempts).unwrap_or(0);
     (envelope, problems.into_detail())
 }
@@ -1471,15 +1475,27 @@ impl RelayStore for SqliteStore {
         sink: &'a dyn RelaySink,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            // Holds SQLite's write lock across the publish: the embedded store has one relay.
-            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            let rows = sqlx::query(&self.sql.relay_take)
+            // An ordered relay (Kafka) holds SQLite's write lock across its pass, so that no
+            // other relay, of this process or another, publishes a later row of an aggregate
+            // while it waits. Any other holds no lock while the broker confirms (RabbitMQ may
+            // block publishing for as long as an alarm lasts): it reads its rows, publishes
+            // them, then dead-letters or deletes them in one short write, and the
+            // application's own writes go on meanwhile.
+            let mut ordered = match sink.exclusive() {
+                true => Some(crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?),
+                false => None,
+            };
+            let take = sqlx::query(&self.sql.relay_take)
                 .bind(limit(limit_rows))
-                .bind(now_millis())
-                .fetch_all(&mut *tx)
-                .await?;
+                .bind(now_millis());
+            let rows = match &mut ordered {
+                Some(tx) => take.fetch_all(&mut **tx).await?,
+                None => take.fetch_all(&self.pool).await?,
+            };
             if rows.is_empty() {
-                tx.rollback().await?;
+                if let Some(tx) = ordered {
+                    tx.rollback().await?;
+                }
                 return Ok(0);
             }
             // Deleted by the id as stored, which need not be a UUID in a row written by hand.
@@ -1488,13 +1504,21 @@ impl RelayStore for SqliteStore {
                 .map(|row| row.try_get("message_id"))
                 .collect::<Result<_, _>>()?;
             let taken = rows.iter().map(|row| envelope_from_row(row, 0)).collect();
+            drop(rows);
             let (envelopes, unreadable) = crate::store::relay::readable(taken);
             let unpublishable = match sink.publish(&envelopes).await {
                 Ok(unpublishable) => unpublishable,
                 Err(error) => {
-                    tx.rollback().await?;
+                    if let Some(tx) = ordered {
+                        tx.rollback().await?;
+                    }
                     return Err(StoreError::Relay(error));
                 }
+            };
+            let _writing = self.writes.lock().await;
+            let mut tx = match ordered {
+                Some(tx) => tx,
+                None => crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?,
             };
             for letter in crate::store::unpublishable_letters(&envelopes, &unpublishable)
                 .into_iter()
