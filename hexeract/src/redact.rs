@@ -7,10 +7,11 @@ pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "(not a URL)".to_owned();
     };
-    let rest = rest.split(['?', '#']).next().unwrap_or("");
-    // The credentials end at the last `@`: a password may hold an unencoded `/` or `@`.
+    // The credentials end at the last `@`: a password may hold an unencoded `/`, `@`, `?` or
+    // `#` (a query holding an `@` hides a little more than the password: the safe side).
     match rest.rsplit_once('@') {
         Some((credentials, host_and_path)) => {
+            let host_and_path = host_and_path.split(['?', '#']).next().unwrap_or("");
             let user = credentials.split(':').next().unwrap_or("");
             let hidden = if credentials.contains(':') {
                 ":***"
@@ -19,7 +20,7 @@ pub(crate) fn redact_url(url: &str) -> String {
             };
             format!("{scheme}://{user}{hidden}@{host_and_path}")
         }
-        None => format!("{scheme}://{rest}"),
+        None => format!("{scheme}://{}", rest.split(['?', '#']).next().unwrap_or("")),
     }
 }
 
@@ -130,6 +131,15 @@ mod tests {
             "amqp://app:***@host/%2f"
         );
         assert_eq!(redact_url("amqp://app:p@ss@host"), "amqp://app:***@host");
+        // A `?` or `#` in the password is no query: nothing of the password shows.
+        assert_eq!(
+            redact_url("amqp://app:pa?ss@broker/"),
+            "amqp://app:***@broker/"
+        );
+        assert_eq!(
+            redact_url("amqp://app:pa#ss@broker/v?x=1"),
+            "amqp://app:***@broker/v"
+        );
     }
 
     #[test]

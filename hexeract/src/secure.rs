@@ -22,8 +22,31 @@ pub(crate) enum Security {
     Insecure(String),
 }
 
-/// Whether `host` (a URL's host, brackets removed) is this machine.
+/// `text` with its `%XX` escapes decoded (a Unix socket's directory is written
+/// `%2Fvar%2Frun%2Fpostgresql` in a URL's host, as sqlx reads it).
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
+        match (bytes[index], hex(index + 1), hex(index + 2)) {
+            (b'%', Some(high), Some(low)) => {
+                out.push((high * 16 + low) as u8);
+                index += 3;
+            }
+            (byte, ..) => {
+                out.push(byte);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `host` (a URL's host, brackets removed, percent-escapes decoded) is this machine.
 pub(crate) fn is_local(host: &str) -> bool {
+    let host = percent_decoded(host);
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() || host.starts_with('/') || host.eq_ignore_ascii_case("localhost") {
         return true;
@@ -159,6 +182,11 @@ mod tests {
             ("postgres://app@localhost/app", Security::Local),
             ("postgres://app@[::1]:5432/app", Security::Local),
             ("postgres:///app?host=/var/run/postgresql", Security::Local),
+            ("postgres://%2Fvar%2Frun%2Fpostgresql/app", Security::Local),
+            (
+                "postgres://app@db.internal/app?host=%2Fvar%2Frun%2Fpostgresql",
+                Security::Local,
+            ),
             ("postgres://app:p@ss@db.internal/app", Security::Verified),
             (
                 "postgres://app@db.internal/app?sslmode=verify-full",

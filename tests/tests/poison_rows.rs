@@ -328,11 +328,17 @@ async fn the_relay_dead_letters_what_the_broker_will_not_take(backend: Backend) 
         .insert("x-app-blob".to_owned(), "y".repeat(200 * 1024));
     wide.headers
         .insert("x-app-small".to_owned(), "kept".to_owned());
+    // Named like Hexeract's own headers, which trimming keeps: it can never fit a frame.
+    let mut unfit = Envelope::new(&OrderPlaced { order_id: 1002 }).unwrap();
+    unfit
+        .headers
+        .insert("x-hexeract-trace".to_owned(), "z".repeat(200 * 1024));
     let mut rows = vec![
         oversize.clone(),
         unroutable.clone(),
         allowed.clone(),
         wide.clone(),
+        unfit.clone(),
     ];
     rows.extend((0..20).map(|order_id| Envelope::new(&OrderPlaced { order_id }).unwrap()));
     store.publish(rows).await.unwrap();
@@ -395,7 +401,10 @@ async fn the_relay_dead_letters_what_the_broker_will_not_take(backend: Backend) 
             .find(|letter| letter.envelope.id == id)
             .map(|letter| (letter.reason.clone(), letter.detail.clone()))
     };
-    assert_eq!(letters.len(), 3, "{letters:?}");
+    assert_eq!(letters.len(), 4, "{letters:?}");
+    let (reason, detail) = reason_of(unfit.id).expect("the row whose headers never fit");
+    assert_eq!(reason, Reason::PAYLOAD_INVALID);
+    assert!(detail.contains("one AMQP frame"), "{detail}");
     let unreadable = letters
         .iter()
         .find(|letter| letter.envelope.id == poison)
@@ -413,14 +422,15 @@ async fn the_relay_dead_letters_what_the_broker_will_not_take(backend: Backend) 
         "an allowed type is not dead-lettered"
     );
     assert!(letters.iter().all(|letter| letter.handler.is_none()));
-    // Sent: the poison row, the oversize, unroutable, allowed and wide rows, and 20 good ones.
+    // Sent: the poison row, the oversize, unroutable, allowed, wide and unfit rows, and 20
+    // good ones.
     println!(
-        "scenario=relay_edges backend={} sent=25 published={} dead_lettered={} \
+        "scenario=relay_edges backend={} sent=26 published={} dead_lettered={} \
          allowed_unrouted=1 lost={}",
         backend.name(),
         arrived.len(),
         letters.len(),
-        25 - arrived.len() - letters.len() - 1
+        26 - arrived.len() - letters.len() - 1
     );
     broker.delete(&topology).await;
     backend.finish().await;

@@ -252,6 +252,17 @@ impl Sink {
                 ),
             ));
         }
+        if !wire::fits_in_a_frame(envelope, self.property_budget) {
+            return Some(Unpublishable::new(
+                envelope.id,
+                Reason::PAYLOAD_INVALID,
+                format!(
+                    "its headers do not fit in one AMQP frame ({} bytes for properties) even \
+                     without those Hexeract may leave out: headers named x-hexeract-… are kept",
+                    self.property_budget
+                ),
+            ));
+        }
         if envelope.payload.len() > self.max_message_size {
             return Some(Unpublishable::new(
                 envelope.id,

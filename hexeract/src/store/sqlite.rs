@@ -1515,10 +1515,16 @@ impl RelayStore for SqliteStore {
                     return Err(StoreError::Relay(error));
                 }
             };
-            let _writing = self.writes.lock().await;
-            let mut tx = match ordered {
-                Some(tx) => tx,
-                None => crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?,
+            // The write queue is taken before SQLite's lock, as every writer of the queue
+            // takes it: an ordered pass already holds the lock, and waiting for the queue then
+            // would wait for a writer that waits for the lock.
+            let (_writing, mut tx) = match ordered {
+                Some(tx) => (None, tx),
+                None => {
+                    let writing = self.writes.lock().await;
+                    let tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
+                    (Some(writing), tx)
+                }
             };
             for letter in crate::store::unpublishable_letters(&envelopes, &unpublishable)
                 .into_iter()
