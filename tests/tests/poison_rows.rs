@@ -91,6 +91,10 @@ impl Backend {
         }
     }
 
+    fn relay_store(&self) -> Arc<dyn RelayStore> {
+        self.store()
+    }
+
     /// Writes an outbox row as another program might: an `OrderPlaced` whose headers hold a
     /// number where Hexeract writes only strings. Returns its id.
     async fn write_poison_row(&self) -> Uuid {
@@ -263,8 +267,8 @@ async fn the_take_dead_letters_a_poison_row_expanded_on_postgres() {
     the_take_dead_letters_a_poison_row_alone(Backend::postgres().await, &["first", "second"]).await;
 }
 
-/// A relay over `store` to the test broker's exchange, with `configure` applied, and the
-/// handler queue `relayed` for `test.OrderPlaced` declared.
+/// The test broker's topology with the handler queue `relayed` for `test.OrderPlaced`
+/// declared, and that queue's name.
 async fn relay_setup(broker: &TestBroker) -> (Topology, String) {
     let mut registry = Registry::new();
     registry
@@ -344,11 +348,7 @@ async fn the_relay_dead_letters_what_the_broker_will_not_take(backend: Backend) 
     store.publish(rows).await.unwrap();
 
     let health = Health::new();
-    let relay_store: Arc<dyn RelayStore> = match &backend {
-        Backend::Sqlite(store, _) => Arc::new(store.clone()),
-        Backend::Postgres(schema) => Arc::new(schema.store()),
-    };
-    let relay = relay(relay_store, &broker, &health)
+    let relay = relay(backend.relay_store(), &broker, &health)
         .await
         .max_message_size(1024)
         .allow_unrouted(["test.AuditRecorded"]);
@@ -462,11 +462,7 @@ async fn every_type_may_be_allowed_to_have_no_subscriber() {
         .await
         .unwrap();
     let health = Health::new();
-    let relay_store: Arc<dyn RelayStore> = match &backend {
-        Backend::Sqlite(store, _) => Arc::new(store.clone()),
-        Backend::Postgres(schema) => Arc::new(schema.store()),
-    };
-    let relay = relay(relay_store, &broker, &health)
+    let relay = relay(backend.relay_store(), &broker, &health)
         .await
         .allow_unrouted(["*"]);
     relay_until_drained(relay, &health, &*store).await;
