@@ -38,7 +38,7 @@ use lapin::ExchangeKind;
 
 use crate::rabbitmq::publisher::RabbitMqPublisher;
 use crate::rabbitmq::topology::{ensure_topology, inspect_queue, short};
-use crate::rabbitmq::{Binding, BusError, Exchange, Queue, RabbitMqConnection};
+use crate::rabbitmq::{Binding, BusError, Exchange, Queue, RabbitMqConnection, Topology};
 
 /// Messages taken from a queue before their copies' confirms are awaited.
 const BATCH: usize = 128;
@@ -456,4 +456,75 @@ impl Lock {
 /// `RESOURCE_LOCKED`: another connection holds the exclusive queue.
 fn is_locked(error: &lapin::Error) -> bool {
     matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 405)
+}
+
+/// Declaring a topology moves its queues of an older layout first: here, beside the migration
+/// it runs, so that the topology (which the metrics and the publisher use) depends on nothing
+/// of the migration's.
+impl Topology {
+    /// Declares everything with [`ensure_topology`](crate::rabbitmq::ensure_topology), first moving to this layout every queue
+    /// that exists with another one (or whose migration a crash interrupted): see
+    /// [`migrate_queue`](crate::rabbitmq::migrate_queue).
+    pub async fn declare(&self, connection: &RabbitMqConnection) -> Result<(), BusError> {
+        self.validate()?;
+        ensure_topology(connection, &self.exchanges(), &[], &[]).await?;
+        self.upgrade(connection, |_| true).await?;
+        ensure_topology(
+            connection,
+            &self.exchanges(),
+            &self.queues(),
+            &self.bindings(),
+        )
+        .await
+    }
+
+    /// Moves to this layout every queue of `self.queues()` that `which` selects and that
+    /// exists with another layout or was left half-moved by a crash; the exchanges must exist.
+    /// One report per queue moved.
+    pub(crate) async fn upgrade(
+        &self,
+        connection: &RabbitMqConnection,
+        which: impl Fn(&Queue) -> bool,
+    ) -> Result<Vec<QueueMigration>, BusError> {
+        let bindings = self.bindings();
+        let own = connection.sibling("migration").await?;
+        let moved = self.upgrade_on(&own, &bindings, which).await;
+        let _ = own.close().await;
+        moved
+    }
+
+    async fn upgrade_on(
+        &self,
+        connection: &RabbitMqConnection,
+        bindings: &[Binding],
+        which: impl Fn(&Queue) -> bool,
+    ) -> Result<Vec<QueueMigration>, BusError> {
+        let mut moved = Vec::new();
+        for queue in self.queues().into_iter().filter(|queue| which(queue)) {
+            let own: Vec<Binding> = bindings
+                .iter()
+                .filter(|binding| binding.queue == queue.name)
+                .cloned()
+                .collect();
+            let options = MigrationOptions {
+                message_exchange: Some(self.exchange.clone()),
+            };
+            if let Some(report) = migrate_queue_with(connection, &queue, &own, &options).await? {
+                moved.push(report);
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Moves every queue of this topology that exists with another layout to this one (the
+    /// exchanges are declared first); what the `queues upgrade` command runs. One report per
+    /// queue moved; a queue already in this layout is left alone.
+    pub async fn migrate(
+        &self,
+        connection: &RabbitMqConnection,
+    ) -> Result<Vec<QueueMigration>, BusError> {
+        self.validate()?;
+        ensure_topology(connection, &self.exchanges(), &[], &[]).await?;
+        self.upgrade(connection, |_| true).await
+    }
 }

@@ -24,7 +24,6 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::ExchangeKind;
 
-use crate::rabbitmq::migration::{migrate_queue_with, MigrationOptions, QueueMigration};
 use crate::rabbitmq::{BusError, RabbitMqConnection};
 use crate::registry::Registry;
 
@@ -281,7 +280,7 @@ pub(crate) struct HandlerQueue {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
-    exchange: String,
+    pub(crate) exchange: String,
     prefix: String,
     wait_tiers: Vec<Duration>,
     delivery_limit: u32,
@@ -507,72 +506,6 @@ impl Topology {
         } else {
             Err(BusError::InvalidName(problems.join("; ")))
         }
-    }
-
-    /// Declares everything with [`ensure_topology`], first moving to this layout every queue
-    /// that exists with another one (or whose migration a crash interrupted): see
-    /// [`migrate_queue`](crate::rabbitmq::migrate_queue).
-    pub async fn declare(&self, connection: &RabbitMqConnection) -> Result<(), BusError> {
-        self.validate()?;
-        ensure_topology(connection, &self.exchanges(), &[], &[]).await?;
-        self.upgrade(connection, |_| true).await?;
-        ensure_topology(
-            connection,
-            &self.exchanges(),
-            &self.queues(),
-            &self.bindings(),
-        )
-        .await
-    }
-
-    /// Moves to this layout every queue of `self.queues()` that `which` selects and that
-    /// exists with another layout or was left half-moved by a crash; the exchanges must exist.
-    /// One report per queue moved.
-    pub(crate) async fn upgrade(
-        &self,
-        connection: &RabbitMqConnection,
-        which: impl Fn(&Queue) -> bool,
-    ) -> Result<Vec<QueueMigration>, BusError> {
-        let bindings = self.bindings();
-        let own = connection.sibling("migration").await?;
-        let moved = self.upgrade_on(&own, &bindings, which).await;
-        let _ = own.close().await;
-        moved
-    }
-
-    async fn upgrade_on(
-        &self,
-        connection: &RabbitMqConnection,
-        bindings: &[Binding],
-        which: impl Fn(&Queue) -> bool,
-    ) -> Result<Vec<QueueMigration>, BusError> {
-        let mut moved = Vec::new();
-        for queue in self.queues().into_iter().filter(|queue| which(queue)) {
-            let own: Vec<Binding> = bindings
-                .iter()
-                .filter(|binding| binding.queue == queue.name)
-                .cloned()
-                .collect();
-            let options = MigrationOptions {
-                message_exchange: Some(self.exchange.clone()),
-            };
-            if let Some(report) = migrate_queue_with(connection, &queue, &own, &options).await? {
-                moved.push(report);
-            }
-        }
-        Ok(moved)
-    }
-
-    /// Moves every queue of this topology that exists with another layout to this one (the
-    /// exchanges are declared first); what the `queues upgrade` command runs. One report per
-    /// queue moved; a queue already in this layout is left alone.
-    pub async fn migrate(
-        &self,
-        connection: &RabbitMqConnection,
-    ) -> Result<Vec<QueueMigration>, BusError> {
-        self.validate()?;
-        ensure_topology(connection, &self.exchanges(), &[], &[]).await?;
-        self.upgrade(connection, |_| true).await
     }
 }
 
