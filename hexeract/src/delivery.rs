@@ -97,6 +97,8 @@ impl Engine {
         max_payload_bytes: usize,
         transport: Transport,
     ) -> Engine {
+        // What this worker takes, this process may write into the outbox.
+        crate::store::limit::accept_payloads_up_to(max_payload_bytes);
         Engine {
             retry,
             max_payload_bytes,

@@ -499,6 +499,15 @@ pub(crate) fn dead_lettered_by_relay(reason: &Reason) {
         .increment(1);
 }
 
+/// An outbox row of `handler` (empty: none) a store dead-lettered at its take, where the
+/// worker could not be handed it (no call made).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) fn dead_lettered_at_take(handler: &str, reason: &Reason) {
+    let handler = if handler.is_empty() { UNKNOWN } else { handler };
+    metrics::counter!(DEAD_LETTERED, "handler" => handler.to_owned(), "reason" => reason_label(reason))
+        .increment(1);
+}
+
 /// A message of `message_type` the broker could route to no queue, deleted from the outbox as
 /// allowed (`AMQP_ALLOW_UNROUTED`) rather than dead-lettered.
 #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]

@@ -48,6 +48,7 @@ mod dead_letters;
 pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;
 pub use queues::{DeclaredQueue, DeclaredQueues};
+pub(crate) mod limit;
 pub(crate) mod relay;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use relay::unpublishable_letters;
@@ -406,6 +407,23 @@ pub enum StoreError {
         what: &'static str,
         /// How long it was given.
         after: Duration,
+    },
+    /// A message's payload is larger than the workers take (`MAX_PAYLOAD_BYTES`, 1 MiB unless
+    /// set): it would only be dead-lettered undecoded, so it is refused before anything of the
+    /// call is written.
+    #[error(
+        "message {id} ({message_type}) has a payload of {bytes} bytes, more than \
+         MAX_PAYLOAD_BYTES ({max}), the largest the workers take: nothing was written"
+    )]
+    PayloadTooLarge {
+        /// The message's id.
+        id: Uuid,
+        /// Its type.
+        message_type: String,
+        /// Its payload's size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
     },
     /// A row could not be turned back into a message (corrupt headers).
     #[error("stored row {id} is unreadable: {problem}")]

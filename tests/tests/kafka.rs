@@ -746,14 +746,15 @@ async fn a_partition_far_behind_is_paused_and_resumed(kafka: TestKafka) {
     schema.drop_schema().await;
 }
 
-/// A row the brokers can never take (a payload over librdkafka's `message.max.bytes`, 1 MB)
-/// is dead-lettered by the relay, and the rows behind it are relayed.
+/// A row the brokers can never take (a payload over librdkafka's `message.max.bytes`, 1 MB,
+/// within the outbox's own limit, 1 MiB) is dead-lettered by the relay, and the rows behind it
+/// are relayed.
 async fn a_row_too_large_for_the_brokers_is_dead_lettered_and_the_relay_goes_on(kafka: TestKafka) {
     let schema = TestSchema::new("kafka_too_large").await;
     let store = store(&schema).await;
     kafka.create_topic("account", 3).await;
     let big = Envelope::new(&Step {
-        account: "x".repeat(1_100_000),
+        account: "x".repeat(1_010_000),
         seq: 0,
     })
     .unwrap();

@@ -95,6 +95,28 @@ impl Backend {
         self.store()
     }
 
+    /// Writes an outbox row as another program might on SQLite, which checks no column's type:
+    /// an `OrderPlaced` whose id, `raw`, is not a UUID.
+    async fn write_row_with_id(&self, raw: &str) {
+        let Backend::Sqlite(store, _) = self else {
+            panic!("PostgreSQL keeps only UUIDs in outbox.id")
+        };
+        let payload = serde_json::to_vec(&OrderPlaced {
+            order_id: POISON_ORDER,
+        })
+        .unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO \"{}_outbox\" (id, message_type, payload, headers) \
+             VALUES (?1, 'test.OrderPlaced', ?2, '{{\"tenant\": \"acme\"}}')",
+            store.prefix()
+        ))
+        .bind(raw)
+        .bind(payload)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+
     /// Writes an outbox row as another program might: an `OrderPlaced` whose headers hold a
     /// number where Hexeract writes only strings. Returns its id.
     async fn write_poison_row(&self) -> Uuid {
@@ -171,6 +193,21 @@ async fn drained(store: &dyn hexeract::store::Store) {
 /// what could be read of it.
 async fn the_take_dead_letters_a_poison_row_alone(backend: Backend, handlers: &[&'static str]) {
     let poison = backend.write_poison_row().await;
+    let letters = the_take_goes_past_a_poison_row(&backend, handlers).await;
+    for letter in &letters {
+        assert_unreadable(letter, poison);
+    }
+    backend.finish().await;
+}
+
+/// Runs an outbox worker with `handlers` for `test.OrderPlaced` over the poison row `backend`
+/// holds and twenty good messages written after it, until the store owes nothing: every good
+/// one handled by every handler, the poison row dead-lettered once for each handler with no
+/// call made. Returns those dead letters.
+async fn the_take_goes_past_a_poison_row(
+    backend: &Backend,
+    handlers: &[&'static str],
+) -> Vec<DeadLetter> {
     let store = backend.store();
     let good: Vec<Envelope> = (0..20)
         .map(|order_id| Envelope::new(&OrderPlaced { order_id }).unwrap())
@@ -204,7 +241,7 @@ async fn the_take_dead_letters_a_poison_row_alone(backend: Backend, handlers: &[
     let letters = store.dead_letters(10).await.unwrap();
     assert_eq!(letters.len(), handlers.len(), "{letters:?}");
     for letter in &letters {
-        assert_unreadable(letter, poison);
+        assert_eq!(letter.reason, Reason::MESSAGE_UNREADABLE, "{letter:?}");
         assert_eq!(letter.attempts, 0, "no call was made");
     }
     let handled: usize = handlers.iter().map(|name| seen.of(name).len()).sum();
@@ -227,7 +264,7 @@ async fn the_take_dead_letters_a_poison_row_alone(backend: Backend, handlers: &[
         handlers.iter().map(|name| Some(name.to_string())).collect();
     expected.sort();
     assert_eq!(dead_handlers, expected);
-    backend.finish().await;
+    letters
 }
 
 /// A dead letter of the row [`Backend::write_poison_row`] wrote.
@@ -265,6 +302,38 @@ async fn the_take_dead_letters_a_poison_row_expanded_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_take_dead_letters_a_poison_row_expanded_on_postgres() {
     the_take_dead_letters_a_poison_row_alone(Backend::postgres().await, &["first", "second"]).await;
+}
+
+/// A row whose id is not a UUID (SQLite keeps whatever text it is given): it cannot be settled by
+/// id once claimed, so the take dead-letters it at once, and the rows claimed with it are handled.
+/// Before, its claim in place failed the whole take, every cycle.
+async fn the_take_dead_letters_a_row_whose_id_is_not_a_uuid(handlers: &[&'static str]) {
+    let backend = Backend::sqlite().await;
+    backend.write_row_with_id("legacy-42").await;
+    let letters = the_take_goes_past_a_poison_row(&backend, handlers).await;
+    for letter in &letters {
+        assert!(
+            letter.detail.contains("message_id \"legacy-42\""),
+            "{}",
+            letter.detail
+        );
+        let order: OrderPlaced = serde_json::from_slice(&letter.envelope.payload).unwrap();
+        assert_eq!(order.order_id, POISON_ORDER);
+        assert_eq!(letter.envelope.headers["tenant"], "acme");
+    }
+    // The row is gone from the outbox: nothing left to claim again.
+    assert_eq!(backend.store().backlog().await.unwrap(), 0);
+    backend.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_take_dead_letters_a_row_whose_id_is_not_a_uuid_claimed_in_place() {
+    the_take_dead_letters_a_row_whose_id_is_not_a_uuid(&["only"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_take_dead_letters_a_row_whose_id_is_not_a_uuid_expanded() {
+    the_take_dead_letters_a_row_whose_id_is_not_a_uuid(&["first", "second"]).await;
 }
 
 /// The test broker's topology with the handler queue `relayed` for `test.OrderPlaced`
@@ -469,4 +538,102 @@ async fn every_type_may_be_allowed_to_have_no_subscriber() {
     assert!(store.dead_letters(10).await.unwrap().is_empty());
     broker.delete(&topology).await;
     backend.finish().await;
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "test.Note")]
+struct Note {
+    text: String,
+}
+
+/// A `Note` whose JSON payload is exactly `bytes` long.
+fn note_of(bytes: usize) -> Note {
+    // `{"text":"…"}` is 11 bytes around the text.
+    Note {
+        text: "x".repeat(bytes - 11),
+    }
+}
+
+/// Enqueues `note` and schedules it for later in one transaction of `backend`, then commits:
+/// the enqueue's result, the schedule's, and the outbox's rows after.
+async fn enqueue_and_schedule(
+    backend: &Backend,
+    note: &Note,
+) -> (
+    Result<Uuid, hexeract::outbox::EnqueueError>,
+    Result<Uuid, hexeract::outbox::EnqueueError>,
+    u64,
+) {
+    use hexeract::outbox::{enqueue, schedule_after};
+    let later = Duration::from_secs(3600);
+    let (enqueued, scheduled) = match backend {
+        Backend::Sqlite(store, _) => {
+            let mut tx = store.pool().begin().await.unwrap();
+            let results = (
+                enqueue(&mut tx, note).await,
+                schedule_after(&mut tx, later, note).await,
+            );
+            tx.commit().await.unwrap();
+            results
+        }
+        Backend::Postgres(schema) => {
+            // Into the test's own schema, which `enqueue_envelopes` names.
+            let mut tx = schema.pool.begin().await.unwrap();
+            let envelope = Envelope::new(note).unwrap();
+            let id = envelope.id;
+            let enqueued = hexeract::outbox::enqueue_envelopes(
+                &mut tx,
+                &schema.schema,
+                std::slice::from_ref(&envelope),
+            )
+            .await
+            .map(|()| id);
+            let scheduled = hexeract::outbox::schedule_envelopes(
+                &mut tx,
+                &schema.schema,
+                std::slice::from_ref(&envelope),
+                hexeract::store::Due::After(later),
+            )
+            .await
+            .map(|()| id);
+            tx.commit().await.unwrap();
+            (enqueued, scheduled)
+        }
+    };
+    let owed = backend.store().backlog().await.unwrap();
+    (enqueued, scheduled, owed)
+}
+
+/// A payload larger than the workers take (`MAX_PAYLOAD_BYTES`, 1 MiB here) is refused when it
+/// is written, naming the variable, and nothing of it is: before, it was written, loaded with a
+/// whole batch by the take, and only then dead-lettered. One of exactly the limit is written.
+async fn an_oversize_payload_is_refused_at_enqueue(backend: Backend) {
+    const LIMIT: usize = 1024 * 1024;
+    let (enqueued, scheduled, owed) = enqueue_and_schedule(&backend, &note_of(LIMIT + 1)).await;
+    for refused in [enqueued, scheduled] {
+        let error = refused.unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains("test.Note") && text.contains(&format!("{} bytes", LIMIT + 1)),
+            "{text}"
+        );
+        assert!(text.contains("MAX_PAYLOAD_BYTES (1048576)"), "{text}");
+    }
+    assert_eq!(owed, 0, "nothing of the refused message was written");
+
+    let (enqueued, scheduled, owed) = enqueue_and_schedule(&backend, &note_of(LIMIT)).await;
+    enqueued.unwrap();
+    scheduled.unwrap();
+    assert_eq!(owed, 1, "the message at the limit is in the outbox");
+    backend.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_payload_is_refused_at_enqueue_on_sqlite() {
+    an_oversize_payload_is_refused_at_enqueue(Backend::sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_payload_is_refused_at_enqueue_on_postgres() {
+    an_oversize_payload_is_refused_at_enqueue(Backend::postgres().await).await;
 }

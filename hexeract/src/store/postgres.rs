@@ -261,6 +261,7 @@ pub async fn insert_outbox(
     if envelopes.is_empty() {
         return Ok(());
     }
+    crate::store::limit::check(envelopes)?;
     let columns = OutboxColumns::from(envelopes);
     sqlx::query(&Statements::insert_outbox(schema))
         .bind(columns.ids)

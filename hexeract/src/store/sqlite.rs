@@ -368,7 +368,9 @@ impl SqliteStore {
 
     /// Adds the rows a claim in place returned to `claimed`, but for copies of messages that
     /// have their delivery already (published again after a retry moved the first copy
-    /// into deliveries), which it deletes unhandled.
+    /// into deliveries), which it deletes unhandled, and rows whose id is not a UUID (written
+    /// by another program), which it dead-letters as [`Reason::MESSAGE_UNREADABLE`]: such a row
+    /// cannot be settled by id later, and the rows claimed with it are handled.
     async fn keep_in_place(
         &self,
         conn: &mut SqliteConnection,
@@ -378,6 +380,10 @@ impl SqliteStore {
     ) -> Result<(), StoreError> {
         let mut duplicates = Vec::new();
         for row in rows {
+            if uuid(row, "message_id").is_err() {
+                self.dead_letter_unkeyed(conn, row).await?;
+                continue;
+            }
             match claimed_from_row(row)? {
                 copy if row.try_get::<i64, _>("duplicate")? != 0 => {
                     duplicates.push(copy.envelope.id);
@@ -392,6 +398,39 @@ impl SqliteStore {
                 .execute(&mut *conn)
                 .await?;
         }
+        Ok(())
+    }
+
+    /// Dead-letters the outbox row claimed in place as `row`, whose id is not a UUID, and
+    /// deletes it by the id as stored, both in one savepoint.
+    async fn dead_letter_unkeyed(
+        &self,
+        conn: &mut SqliteConnection,
+        row: &SqliteRow,
+    ) -> Result<(), StoreError> {
+        let raw: String = row.try_get("message_id")?;
+        let (envelope, detail) = envelope_from_row(row, row.try_get("attempts")?);
+        let detail = detail.unwrap_or_else(|| format!("message_id {raw:?} is not a UUID"));
+        let handler: String = row.try_get("handler")?;
+        tracing::error!(message_id = %raw, %detail, "outbox row cannot be read; dead-lettered");
+        crate::metrics::dead_lettered_at_take(&handler, &Reason::MESSAGE_UNREADABLE);
+        let mut letter = DeadLetter::new(
+            envelope,
+            Some(handler).filter(|handler| !handler.is_empty()),
+            Reason::MESSAGE_UNREADABLE,
+            &detail,
+        );
+        // No call was made: the claim's count is not an attempt.
+        letter.attempts = 0;
+        let mut savepoint = conn.begin().await?;
+        insert_dead_letter(&self.sql.insert_dead_letter, &letter)
+            .execute(&mut *savepoint)
+            .await?;
+        sqlx::query(&self.sql.relay_delete)
+            .bind(Json([&raw]))
+            .execute(&mut *savepoint)
+            .await?;
+        savepoint.commit().await?;
         Ok(())
     }
 
@@ -484,6 +523,7 @@ async fn insert_rows(
     sql: &str,
     envelopes: &[Envelope],
 ) -> Result<(), StoreError> {
+    crate::store::limit::check(envelopes)?;
     for envelope in envelopes {
         sqlx::query(sql)
             .bind(envelope.id.hyphenated())

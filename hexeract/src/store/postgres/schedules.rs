@@ -395,6 +395,7 @@ pub(crate) async fn insert_scheduled(
     if envelopes.is_empty() {
         return Ok(());
     }
+    crate::store::limit::check(envelopes)?;
     let (at, after) = match due {
         Due::At(at) => (Some(at), None),
         Due::After(delay) => (None, Some(millis(delay))),

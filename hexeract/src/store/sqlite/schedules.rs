@@ -427,6 +427,7 @@ async fn insert_scheduled_with(
     envelopes: &[Envelope],
     due: Due,
 ) -> Result<(), StoreError> {
+    crate::store::limit::check(envelopes)?;
     let due_at = match due {
         Due::At(at) => at.timestamp_millis(),
         Due::After(delay) => now_millis().saturating_add(millis(delay)),
