@@ -32,6 +32,7 @@
 //! them: a URL in them is shown as the kind of server it names (`rabbitmq`, `postgresql`), an
 //! address as `(address)`; no credentials, user, host, vhost or database.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -52,7 +53,7 @@ pub struct Health {
 struct Component {
     name: String,
     state: State,
-    conditions: BTreeMap<&'static str, Condition>,
+    conditions: BTreeMap<Cow<'static, str>, Condition>,
 }
 
 #[derive(Clone)]
@@ -251,9 +252,10 @@ impl Probe {
     /// ```
     pub fn watch(
         &self,
-        key: &'static str,
+        key: impl Into<Cow<'static, str>>,
         condition: impl Fn() -> Option<String> + Send + Sync + 'static,
     ) {
+        let key = key.into();
         self.health.update(self.index, |component| {
             component.conditions.insert(key, Arc::new(condition));
         });

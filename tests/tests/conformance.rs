@@ -22,6 +22,7 @@
 //! | 14. state: a `#[handler]` taking `State<…>` is called with the values given to its worker's builder | `state_given_to_the_worker::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | see 16 |
 //! | 15. middleware: a dead letter of its own (`tenant_missing`) without a call; around the call, seeing its outcome; the worker's, then by name, then the handler's own | `middleware_around_every_call::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | see 16 |
 //! | 16. a `#[scheduled]` job taking `State<…>`, the scheduler's middleware (and the job's own) around its run | n/a: a scheduler's job | n/a | n/a | n/a | n/a | `stateful_scheduled_job::on_scheduler` |
+//! | 18. a timed-out call that ignores its cancellation keeps its `concurrency = 1` permit until it ends: no other call of the handler (its retry included) runs beside it | `a_timed_out_call_keeps_its_permit::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | n/a: one run per occurrence, no limit to set |
 //! | 17. state not given: `build()` fails with the exact error, nothing consumed | `missing_state_stops_the_build::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | `…::on_scheduler` |
 //!
 //! Scenarios 1 to 11 are the brief's; 12 and 13 come from the engine's contract ("a failure
@@ -134,6 +135,7 @@ cells!(unknown_message_type:
     on_kafka_mock => super::other_message_types_are_passed_over::<KafkaMock>(),
 );
 on_every_world!(concurrency_limit);
+on_every_world!(a_timed_out_call_keeps_its_permit);
 on_every_world!(
     cancel_with_a_call_in_flight,
     on_scheduler => scheduler::cancel_with_a_call_in_flight(),
@@ -611,6 +613,55 @@ async fn concurrency_limit<W: World>() {
         "each message once"
     );
     assert!(letters.is_empty(), "{letters:?}");
+    world.remove().await;
+}
+
+/// Scenario 18: a handler limited to one call at once whose calls outlast its 200 ms timeout and
+/// ignore their cancellation (each runs 600 ms). A call given up on runs on in its task, and
+/// holds the handler's permit until it ends: no other call of the handler, its own retry
+/// included, starts beside it. Two messages, three calls each, all given up on, then
+/// dead-lettered as `handler_timeout`. Before, the permit went back when the call was given up
+/// on, and the retry ran beside the call it retried.
+async fn a_timed_out_call_keeps_its_permit<W: World>() {
+    let calls = Calls::default();
+    let h = unique("one_at_once");
+    let gauge = Arc::new(Gauge::default());
+    let handlers = Handlers::new(&calls).with_options(
+        &h,
+        Act::Stubborn(gauge.clone(), Duration::from_millis(600)),
+        HandlerOptions::new().concurrency(NonZeroU32::new(1).expect("not zero")),
+    );
+    let knobs = Knobs {
+        handler_timeout: Duration::from_millis(200),
+        ..Knobs::default()
+    };
+    let mut world: W = started(&handlers, &knobs).await;
+    // Two keys: on Kafka, records in two partitions, which would run side by side but for the
+    // permit.
+    world.publish(order("stubborn-a", 1)).await;
+    world.publish(order("stubborn-b", 2)).await;
+    let letters = until(&world, "two dead letters", |letters| letters.len() == 2).await;
+    world.settled().await;
+    eventually("every abandoned call ended", || {
+        gauge.now() == 0 && calls.attempts(&h).len() == 6
+    })
+    .await;
+    world.stop().await.expect("run returns Ok(()) on cancel");
+
+    assert_eq!(
+        gauge.most(),
+        1,
+        "a call given up on held its permit to its end"
+    );
+    assert_eq!(
+        calls.attempts_per_order(&h),
+        BTreeMap::from([(1, vec![1, 2, 3]), (2, vec![1, 2, 3])]),
+        "each message called three times, each call given up on"
+    );
+    for letter in &letters {
+        assert_eq!(letter.reason, Reason::HANDLER_TIMEOUT, "{letter:?}");
+        assert_eq!(letter.attempts, 3);
+    }
     world.remove().await;
 }
 

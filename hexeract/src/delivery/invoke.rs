@@ -33,12 +33,19 @@ enum Callee {
     Job(Arc<dyn ErasedJob>, Chain),
 }
 
+/// Calls given up on that may still run, per handler with no concurrency limit of its own (a
+/// limited handler's are capped by its limit: each keeps its permit to its end).
+pub(crate) const ABANDONED_CALLS_UNLIMITED: u32 = 16;
+
 /// One handler (or scheduled job) as every world calls it: its name as contexts carry it, its
 /// concurrency permits when it is limited, its timeout and its metrics.
 pub(crate) struct Slot {
     name: Arc<str>,
     callee: Callee,
     permits: Option<Arc<Semaphore>>,
+    /// Calls given up on that still run: at the cap, no new call starts until one of them
+    /// ends.
+    abandoned: Abandoned,
     timeout: Duration,
     metrics: Arc<HandlerMetrics>,
     /// The Kafka consumer group of the handler, for its spans.
@@ -55,12 +62,11 @@ impl Slot {
         metrics: &crate::metrics::Metrics,
     ) -> Slot {
         let info = handler.info();
+        let limit = info.concurrency.or(concurrency);
         Slot {
             name: Arc::from(&*info.name),
-            permits: info
-                .concurrency
-                .or(concurrency)
-                .map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
+            permits: limit.map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
+            abandoned: Abandoned::new(limit.map_or(ABANDONED_CALLS_UNLIMITED, NonZeroU32::get)),
             timeout: info.timeout.unwrap_or(timeout),
             metrics: metrics.handler(&info.name),
             callee: Callee::Handler(handler.clone()),
@@ -88,6 +94,7 @@ impl Slot {
             name,
             callee: Callee::Job(run, chain),
             permits: None,
+            abandoned: Abandoned::new(ABANDONED_CALLS_UNLIMITED),
             timeout,
             consumer_group: None,
         }
@@ -109,6 +116,78 @@ impl Slot {
     pub(crate) fn metrics(&self) -> &Arc<HandlerMetrics> {
         &self.metrics
     }
+
+    /// Makes `probe`'s component not ready while this handler has no room left for calls given
+    /// up on (each still running past its timeout): it then starts no new call, and readiness
+    /// says why.
+    pub(crate) fn watch(&self, probe: &crate::health::Probe) {
+        let name = self.name.clone();
+        let abandoned = self.abandoned.clone();
+        probe.watch(format!("abandoned calls of {name}"), move || {
+            abandoned.full().then(|| {
+                format!(
+                    "handler {name}: {} calls given up on (past their timeout or the \
+                     shutdown grace) still run; no new call of it starts until one ends",
+                    abandoned.0.cap
+                )
+            })
+        });
+    }
+}
+
+/// A handler's calls given up on that still run, and how many it may have.
+#[derive(Clone)]
+pub(crate) struct Abandoned(Arc<AbandonedCalls>);
+
+struct AbandonedCalls {
+    running: std::sync::atomic::AtomicU32,
+    cap: u32,
+    /// Woken when one ends.
+    ended: tokio::sync::Notify,
+}
+
+impl Abandoned {
+    fn new(cap: u32) -> Abandoned {
+        Abandoned(Arc::new(AbandonedCalls {
+            running: std::sync::atomic::AtomicU32::new(0),
+            cap,
+            ended: tokio::sync::Notify::new(),
+        }))
+    }
+
+    fn full(&self) -> bool {
+        self.0.running.load(std::sync::atomic::Ordering::SeqCst) >= self.0.cap
+    }
+
+    /// Until there is room for one more, or `stop` fires (then `false`).
+    async fn room(&self, stop: &CancellationToken) -> bool {
+        loop {
+            let ended = self.0.ended.notified();
+            if !self.full() {
+                return true;
+            }
+            tokio::select! {
+                biased;
+                () = ended => {}
+                () = stop.cancelled() => return false,
+            }
+        }
+    }
+
+    /// `task`, given up on, runs on: counted until it ends.
+    fn keep(&self, task: tokio::task::JoinHandle<HandlerOutcome>) {
+        let calls = self.0.clone();
+        calls
+            .running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::spawn(async move {
+            let _ = task.await;
+            calls
+                .running
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            calls.ended.notify_waiters();
+        });
+    }
 }
 
 /// Calls `slot` once with `envelope`: waits for a permit (unless `stop` fires first: then no
@@ -122,10 +201,17 @@ pub(crate) async fn invoke(
     publisher: &Arc<dyn Publish>,
     transport: Transport,
 ) -> (Call, Option<Duration>) {
-    let _permit = match &slot.permits {
+    // Owned, and moved into the call's future: a call given up on (timed out, interrupted)
+    // runs on in its task and keeps its permit until it ends, so that a limit of `n` calls is
+    // never exceeded by calls still running after their deadline.
+    // No new call while the handler's room for calls given up on is full.
+    if !slot.abandoned.room(stop).await {
+        return (Call::NotStarted, None);
+    }
+    let permit = match &slot.permits {
         Some(permits) => tokio::select! {
             biased;
-            permit = permits.acquire() => Some(permit.expect("never closed")),
+            permit = permits.clone().acquire_owned() => Some(permit.expect("never closed")),
             () = stop.cancelled() => return (Call::NotStarted, None),
         },
         None => None,
@@ -147,7 +233,7 @@ pub(crate) async fn invoke(
     let give_up = move || call_cancelled.give_up();
     let started = Instant::now();
     // Counted until the call's future ends: an abandoned call runs on in its task, and still
-    // counts there.
+    // counts there (and holds its permit there).
     let in_flight = slot.metrics.call_started();
     let call = match &slot.callee {
         Callee::Handler(handler) => {
@@ -178,12 +264,18 @@ pub(crate) async fn invoke(
             let handler = handler.clone();
             // The context shares the envelope with the world: no copy per call.
             let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
-                let _in_flight = in_flight;
+                let _held = (in_flight, permit);
                 handler.call(&ctx).await
             });
-            let call = call_boxed(call, give_up, slot.timeout, interrupt)
-                .instrument(span)
-                .await;
+            let call = call_boxed(
+                call,
+                give_up,
+                slot.timeout,
+                interrupt,
+                Some(&slot.abandoned),
+            )
+            .instrument(span)
+            .await;
             #[cfg(feature = "opentelemetry")]
             ended(&traced, &call);
             call
@@ -198,12 +290,18 @@ pub(crate) async fn invoke(
             let run = run.clone();
             let chain = chain.clone();
             let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
-                let _in_flight = in_flight;
+                let _held = (in_flight, permit);
                 Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await
             });
-            call_boxed(call, give_up, slot.timeout, interrupt)
-                .instrument(span)
-                .await
+            call_boxed(
+                call,
+                give_up,
+                slot.timeout,
+                interrupt,
+                Some(&slot.abandoned),
+            )
+            .instrument(span)
+            .await
         }
     };
     (call, Some(started.elapsed()))
@@ -236,7 +334,14 @@ pub(crate) async fn call_handler(
     let call_cancelled = ctx.cancellation().clone();
     let call: BoxFuture<'static, HandlerOutcome> =
         Box::pin(async move { handler.call(&ctx).await });
-    call_boxed(call, move || call_cancelled.cancel(), timeout, interrupt).await
+    call_boxed(
+        call,
+        move || call_cancelled.cancel(),
+        timeout,
+        interrupt,
+        None,
+    )
+    .await
 }
 
 /// Runs one call to its end.
@@ -250,12 +355,14 @@ pub(crate) async fn call_handler(
 /// stops. Dropping a handler's future in the middle of `pool.begin()` can return a
 /// pooled connection still inside a transaction (sqlx #4393), which would poison the pool for
 /// everyone; an abandoned call ends its transaction itself. A panic, wherever it happens in the
-/// call, is caught.
+/// call, is caught. An abandoned call is counted in `abandoned` (the handler's) until its task
+/// ends.
 async fn call_boxed(
     mut call: BoxFuture<'static, HandlerOutcome>,
     give_up: impl FnOnce(),
     timeout: Duration,
     interrupt: &CancellationToken,
+    abandoned: Option<&Abandoned>,
 ) -> Call {
     let first_poll = std::future::poll_fn(|cx| {
         Poll::Ready(panic::catch_unwind(AssertUnwindSafe(|| {
@@ -278,6 +385,9 @@ async fn call_boxed(
         () = interrupt.cancelled() => None,
         result = tokio::time::timeout(timeout, &mut task) => Some(result),
     };
+    if let (None | Some(Err(_)), Some(abandoned)) = (&finished, abandoned) {
+        abandoned.keep(task);
+    }
     match finished {
         Some(Ok(Ok(outcome))) => Call::Finished(outcome),
         Some(Ok(Err(error))) if error.is_panic() => Call::Finished(panicked(&*error.into_panic())),

@@ -168,20 +168,23 @@ impl KafkaWorkerBuilder {
                 .into());
             };
             let group_id = self.config.group(&info.name);
+            let probe = health.probe(format!("kafka consumer {}", info.name));
+            let slot = HandlerSlot::handler(
+                &handler,
+                policy.handler_timeout,
+                policy.concurrency_limit(),
+                Metrics::global(),
+            )
+            .in_consumer_group(&group_id);
+            slot.watch(&probe);
             groups.push(Group {
                 name: Arc::from(&*info.name),
                 message_type: info.message_type,
                 aggregate,
                 topic: self.config.topic(aggregate),
-                slot: HandlerSlot::handler(
-                    &handler,
-                    policy.handler_timeout,
-                    policy.concurrency_limit(),
-                    Metrics::global(),
-                )
-                .in_consumer_group(&group_id),
+                slot,
                 group_id,
-                probe: health.probe(format!("kafka consumer {}", info.name)),
+                probe,
             });
         }
         Ok(KafkaWorker {

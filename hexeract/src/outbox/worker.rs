@@ -190,6 +190,9 @@ impl OutboxWorkerBuilder {
                 );
             }
         }
+        let health = self
+            .health
+            .unwrap_or_else(|| Probe::detached("outbox worker"));
         let handlers = registry
             .handlers()
             .filter_map(|info| registry.get(&info.name))
@@ -200,6 +203,7 @@ impl OutboxWorkerBuilder {
                     policy.concurrency_limit(),
                     Metrics::global(),
                 );
+                slot.watch(&health);
                 (handler.info().name.to_string(), slot)
             })
             .collect();
@@ -215,9 +219,7 @@ impl OutboxWorkerBuilder {
             shutdown_grace: policy.shutdown_grace,
             wake: self.wake,
             polling_only: self.polling_only,
-            health: self
-                .health
-                .unwrap_or_else(|| Probe::detached("outbox worker")),
+            health,
         })
     }
 }

@@ -368,13 +368,19 @@ impl RabbitMqWorkerBuilder {
                 &error.to_string(),
             )
         })?;
+        let health = self
+            .health
+            .clone()
+            .unwrap_or_else(|| Probe::detached("bus worker"));
         let runner = |handler: &Arc<RegisteredHandler>| {
-            Slot::handler(
+            let slot = Slot::handler(
                 handler,
                 policy.handler_timeout,
                 policy.concurrency_limit(),
                 Metrics::global(),
-            )
+            );
+            slot.watch(&health);
+            slot
         };
         let consumers = match &self.queue {
             Some(queue) => {
@@ -441,7 +447,7 @@ impl RabbitMqWorkerBuilder {
                 declare: self.declare,
                 dead_letters: self.dead_letters,
                 publisher: self.publisher,
-                health: self.health.unwrap_or_else(|| Probe::detached("bus worker")),
+                health,
                 subscribed: AtomicUsize::new(0),
             }),
         })

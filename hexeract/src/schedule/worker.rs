@@ -285,19 +285,19 @@ impl SchedulerBuilder {
         }
         let mut names: Vec<String> = by_name.keys().cloned().collect();
         names.sort();
+        let health = self.health.unwrap_or_else(|| Probe::detached("scheduler"));
         let slots = by_name
             .iter()
             .map(|(name, job)| {
                 let timeout = job.own_timeout().unwrap_or(policy.handler_timeout);
-                (
-                    name.clone(),
-                    Slot::job(
-                        job.shared_name(),
-                        job.runner(),
-                        self.middleware.chain_for(name),
-                        timeout,
-                    ),
-                )
+                let slot = Slot::job(
+                    job.shared_name(),
+                    job.runner(),
+                    self.middleware.chain_for(name),
+                    timeout,
+                );
+                slot.watch(&health);
+                (name.clone(), slot)
             })
             .collect();
         Ok(SchedulerWorker {
@@ -317,7 +317,7 @@ impl SchedulerBuilder {
                 catch_up_grace: self.catch_up_grace,
                 shutdown_grace: policy.shutdown_grace,
                 release_messages: self.release_messages,
-                health: self.health.unwrap_or_else(|| Probe::detached("scheduler")),
+                health,
             }),
         })
     }

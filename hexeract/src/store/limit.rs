@@ -39,9 +39,11 @@ pub(crate) fn payload_limit() -> usize {
 }
 
 /// A worker of this process takes payloads of up to `max` bytes: this process may write them.
+/// A `max` over the largest `MAX_PAYLOAD_BYTES` accepts (the scheduler's "no cap" on its own
+/// small payloads) is no limit on what others write, and changes nothing.
 pub(crate) fn accept_payloads_up_to(max: usize) {
     let current = payload_limit();
-    if max > current {
+    if max > current && max <= MOST {
         LIMIT.fetch_max(max, Ordering::Relaxed);
     }
 }
@@ -104,5 +106,8 @@ mod tests {
         accept_payloads_up_to(before * 4);
         assert_eq!(payload_limit(), before * 4);
         assert!(check(&[envelope(before * 2)]).is_ok());
+        // The scheduler's engine takes any size of its own payloads: no limit for others.
+        accept_payloads_up_to(usize::MAX);
+        assert_eq!(payload_limit(), before * 4);
     }
 }

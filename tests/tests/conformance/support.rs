@@ -134,6 +134,21 @@ impl Gauge {
     pub(crate) fn most(&self) -> u32 {
         self.most.load(Ordering::SeqCst)
     }
+
+    /// Calls in flight now.
+    pub(crate) fn now(&self) -> u32 {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// A call starts: counted, and the most seen at once kept.
+    fn enter(&self) {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+    }
+
+    fn leave(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What a scripted handler does with each call (after recording it).
@@ -154,6 +169,9 @@ pub(crate) enum Act {
     Sleep(Duration, Arc<AtomicU32>),
     /// Takes 100 ms, counted in the gauge meanwhile, then acks.
     Overlap(Arc<Gauge>),
+    /// Takes this long (longer than the timeout), counted in the gauge meanwhile, and does not
+    /// stop when its context is cancelled (the engine gave up on it); then acks, too late.
+    Stubborn(Arc<Gauge>, Duration),
     /// Takes this long, then counts itself finished and acks.
     Linger(Duration, Arc<AtomicU32>),
     /// On its first call (of any message, in any worker: the flag), waits for the worker to
@@ -206,10 +224,15 @@ impl Scripted {
                 Ok(HandlerOutcome::Ack)
             }
             Act::Overlap(gauge) => {
-                let now = gauge.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                gauge.most.fetch_max(now, Ordering::SeqCst);
+                gauge.enter();
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                gauge.in_flight.fetch_sub(1, Ordering::SeqCst);
+                gauge.leave();
+                Ok(HandlerOutcome::Ack)
+            }
+            Act::Stubborn(gauge, pause) => {
+                gauge.enter();
+                tokio::time::sleep(*pause).await;
+                gauge.leave();
                 Ok(HandlerOutcome::Ack)
             }
             Act::Linger(pause, finished) => {
