@@ -7,6 +7,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::knobs::executable_name;
 pub(crate) use crate::knobs::KnobChecks;
 use crate::knobs::{millis, millis_option};
 pub use crate::knobs::{ConfigError, ConfigProblem};
@@ -411,33 +412,6 @@ pub(crate) const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@localhost:5672/%2f
 
 /// Kafka's own default, for `HEXERACT_TRANSPORT=kafka` without `KAFKA_BROKERS`.
 pub(crate) const DEFAULT_KAFKA_BROKERS: &str = "localhost:9092";
-
-/// The prefix of Kafka's topics and groups when `KAFKA_TOPIC_PREFIX` is unset: the running
-/// executable's name (`orders` for `target/release/orders`), in Kafka's topic characters.
-pub(crate) fn executable_name() -> String {
-    let name: String = std::env::current_exe()
-        .ok()
-        .and_then(|path| {
-            path.file_stem()
-                .map(|stem| stem.to_string_lossy().into_owned())
-        })
-        .unwrap_or_default()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(200)
-        .collect();
-    if name.is_empty() {
-        "hexeract".to_owned()
-    } else {
-        name
-    }
-}
 
 /// The port of the health and metrics endpoints unless `WORKER_PORT` says otherwise.
 pub(crate) const DEFAULT_WORKER_PORT: u16 = 8081;

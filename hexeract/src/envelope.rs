@@ -126,9 +126,8 @@ impl Envelope {
         if let Some((trace_id, _, flags)) = parent.header(TRACEPARENT).and_then(parse_traceparent) {
             let child = format!("00-{trace_id}-{span_id:016x}-{flags}");
             self.headers.insert(TRACEPARENT.to_owned(), child);
-            if let Some(state) = parent.header(crate::trace::TRACESTATE) {
-                self.headers
-                    .insert(crate::trace::TRACESTATE.to_owned(), state.to_owned());
+            if let Some(state) = parent.header(TRACESTATE) {
+                self.headers.insert(TRACESTATE.to_owned(), state.to_owned());
             }
         }
         self
@@ -254,6 +253,9 @@ pub enum DecodeError {
 
 /// The W3C Trace Context header a message carries its trace in.
 pub(crate) const TRACEPARENT: &str = "traceparent";
+
+/// The header of a message's W3C trace state, carried beside its `traceparent`.
+pub(crate) const TRACESTATE: &str = "tracestate";
 
 /// The header a scheduled job's context carries its fire time in (RFC 3339).
 pub(crate) const FIRE_TIME_HEADER: &str = "x-hexeract-fire-time";

@@ -38,6 +38,7 @@ use std::fmt;
 
 pub(crate) mod server;
 pub use server::{router, serve};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,60 @@ struct Component {
     name: String,
     state: State,
     conditions: BTreeMap<Cow<'static, str>, Condition>,
+    /// When the component last made progress, shared with its probes.
+    progress: Arc<Progress>,
+}
+
+/// When a component last made progress (a pass, passed or failed, or a call ended), and how
+/// long it may go without: past that, it reads not ready.
+#[derive(Default)]
+struct Progress {
+    /// Milliseconds from [`epoch`] to the last progress.
+    last: AtomicU64,
+    /// The bound in milliseconds; 0: not watched.
+    within: AtomicU64,
+}
+
+impl Progress {
+    fn made(&self) {
+        self.last.store(since_epoch(), Ordering::Relaxed);
+    }
+
+    /// Why the component is stuck, if it went without progress for longer than its bound.
+    fn stuck(&self) -> Option<String> {
+        let within = self.within.load(Ordering::Relaxed);
+        if within == 0 {
+            return None;
+        }
+        let quiet = since_epoch().saturating_sub(self.last.load(Ordering::Relaxed));
+        (quiet > within).then(|| {
+            format!(
+                "no pass completed and no call ended for {:?} (one is expected within {:?}): \
+                 the loop may be stuck",
+                Duration::from_millis(quiet),
+                Duration::from_millis(within)
+            )
+        })
+    }
+}
+
+/// How long one of Hexeract's loops may go without progress before it reads stuck: its longest
+/// step (a handler timeout, a publish timeout), plus two store timeouts (its claim and its
+/// settle), plus three polls.
+pub(crate) fn stuck_after(
+    longest_step: Duration,
+    store_timeout: Duration,
+    poll: Duration,
+) -> Duration {
+    longest_step
+        .saturating_add(store_timeout.saturating_mul(2))
+        .saturating_add(poll.saturating_mul(3))
+}
+
+/// The instant progress is measured from: the first use in this process.
+fn since_epoch() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 #[derive(Clone)]
@@ -88,6 +143,7 @@ impl Health {
                     name,
                     state: State::Starting,
                     conditions: BTreeMap::new(),
+                    progress: Arc::default(),
                 });
                 components.len() - 1
             }
@@ -95,6 +151,7 @@ impl Health {
         Probe {
             health: self.clone(),
             index,
+            progress: components[index].progress.clone(),
         }
     }
 
@@ -102,7 +159,7 @@ impl Health {
     /// added, and whether all are ready.
     pub fn readiness(&self) -> Readiness {
         // Conditions run outside the lock: they may take locks of their own.
-        let snapshot: Vec<(String, State, Vec<Condition>)> = self
+        let snapshot: Vec<(String, State, Vec<Condition>, Arc<Progress>)> = self
             .lock()
             .iter()
             .map(|component| {
@@ -110,13 +167,21 @@ impl Health {
                     component.name.clone(),
                     component.state.clone(),
                     component.conditions.values().cloned().collect(),
+                    component.progress.clone(),
                 )
             })
             .collect();
         let components: Vec<ComponentStatus> = snapshot
             .into_iter()
-            .map(|(name, state, conditions)| {
-                let held = conditions.iter().find_map(|condition| condition());
+            .map(|(name, state, conditions, progress)| {
+                let held = conditions
+                    .iter()
+                    .find_map(|condition| condition())
+                    .or_else(|| match state {
+                        // One that never finished its first pass is not ready anyway.
+                        State::Starting => None,
+                        _ => progress.stuck(),
+                    });
                 let status = match (state, held) {
                     (
                         State::Failing {
@@ -170,6 +235,7 @@ impl fmt::Debug for Health {
 pub struct Probe {
     health: Health,
     index: usize,
+    progress: Arc<Progress>,
 }
 
 impl Probe {
@@ -185,6 +251,7 @@ impl Probe {
 
     /// A pass finished without failing: the component is ready (unless a condition holds).
     pub fn pass(&self) {
+        self.progress.made();
         self.health.update(self.index, |component| {
             if let State::Failing { failures, .. } = &component.state {
                 tracing::info!(
@@ -208,6 +275,7 @@ impl Probe {
         let reason = reason.to_string();
         let logged = crate::redact::redact_text(first_line(&reason));
         let reason = scrub(&reason);
+        self.progress.made();
         self.health.update(self.index, |component| {
             component.state = match &component.state {
                 State::Failing {
@@ -227,6 +295,41 @@ impl Probe {
                 }
             };
         });
+    }
+
+    /// Progress short of a pass: a call of the loop ended. Cheap (one atomic store), for the
+    /// hot path.
+    pub fn progress(&self) {
+        self.progress.made();
+    }
+
+    /// Watches the loop for being stuck: once it finished its first pass, it reads not ready
+    /// ([`Status::Held`], saying so) whenever `within` goes by with no pass completed (passed
+    /// or failed) and no [`progress`](Probe::progress). Give it the longest a pass may
+    /// rightly take, with room to spare: each of Hexeract's loops sets its own (its
+    /// longest handler timeout or publish timeout, plus two store timeouts, plus three polls).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use hexeract::health::{Health, Status};
+    ///
+    /// let health = Health::new();
+    /// let lane = health.probe("import lane");
+    /// lane.expect_progress_within(Duration::from_millis(20));
+    /// lane.pass();
+    /// assert!(health.readiness().ready);
+    /// std::thread::sleep(Duration::from_millis(50));
+    /// assert!(matches!(
+    ///     &health.readiness().components[0].status,
+    ///     Status::Held { reason } if reason.contains("may be stuck")
+    /// ));
+    /// lane.pass();
+    /// assert!(health.readiness().ready);
+    /// ```
+    pub fn expect_progress_within(&self, within: Duration) {
+        self.progress.made();
+        let millis = u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.progress.within.store(millis, Ordering::Relaxed);
     }
 
     /// Adds (or, under the same `key`, replaces) a live condition: while it returns
@@ -358,6 +461,63 @@ impl fmt::Display for Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(health: &Health) -> Status {
+        health.readiness().components[0].status.clone()
+    }
+
+    #[test]
+    fn a_loop_without_progress_for_longer_than_its_bound_reads_stuck() {
+        let health = Health::new();
+        let probe = health.probe("loop");
+        probe.expect_progress_within(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(60));
+        // Not started yet: not ready as starting, not as stuck.
+        assert_eq!(status(&health), Status::Starting);
+        probe.pass();
+        assert_eq!(status(&health), Status::Ready);
+        std::thread::sleep(Duration::from_millis(60));
+        match status(&health) {
+            Status::Held { reason } => {
+                assert!(
+                    reason.starts_with("no pass completed and no call ended for"),
+                    "{reason}"
+                );
+                assert!(reason.contains("(one is expected within 30ms)"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A call that ended is progress.
+        probe.progress();
+        assert_eq!(status(&health), Status::Ready);
+        // A failing loop says why it fails, stuck or not.
+        probe.fail("the store is down");
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            matches!(status(&health), Status::Failing { reason, .. } if reason == "the store is down")
+        );
+    }
+
+    #[test]
+    fn a_loop_not_watched_is_never_stuck() {
+        let health = Health::new();
+        let probe = health.probe("loop");
+        probe.pass();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(status(&health), Status::Ready);
+    }
+
+    #[test]
+    fn the_bound_is_the_longest_step_two_store_timeouts_and_three_polls() {
+        assert_eq!(
+            stuck_after(
+                Duration::from_secs(30),
+                Duration::from_secs(30),
+                Duration::from_millis(500)
+            ),
+            Duration::from_millis(91_500)
+        );
+    }
 
     #[test]
     fn reasons_lose_passwords_extra_lines_and_length() {

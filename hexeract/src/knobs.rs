@@ -3,6 +3,33 @@
 
 use std::fmt;
 
+/// The prefix of Kafka's topics and groups when `KAFKA_TOPIC_PREFIX` is unset: the running
+/// executable's name (`orders` for `target/release/orders`), in Kafka's topic characters.
+pub(crate) fn executable_name() -> String {
+    let name: String = std::env::current_exe()
+        .ok()
+        .and_then(|path| {
+            path.file_stem()
+                .map(|stem| stem.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(200)
+        .collect();
+    if name.is_empty() {
+        "hexeract".to_owned()
+    } else {
+        name
+    }
+}
+
 /// One or more settings are invalid. Every problem is listed, not only the first.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct ConfigError {

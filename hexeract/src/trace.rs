@@ -24,9 +24,6 @@
 
 use crate::envelope::Envelope;
 
-/// The header of a message's W3C trace context.
-pub(crate) const TRACESTATE: &str = "tracestate";
-
 /// Whether per-message spans can go anywhere: a `tracing` subscriber was set, globally or for a
 /// scope. With none, a span would only feed `tracing`'s bridge to the `log` crate (which sqlx
 /// turns on for the whole program): building it there costs about 385 instructions a message
@@ -107,7 +104,8 @@ mod otel {
     };
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-    use super::{Outcome, TRACESTATE};
+    use super::Outcome;
+    use crate::envelope::TRACESTATE;
     use crate::envelope::{parse_traceparent, Envelope, TRACEPARENT};
 
     /// The remote context `envelope` carries, when it has a valid `traceparent`.

@@ -98,12 +98,23 @@ async fn run_gives_the_rabbitmq_worker_its_prefetch_and_payload_limit() {
     RELEASED.store(true, Ordering::SeqCst);
     wait_until("all six handled", || HANDLED.load(Ordering::SeqCst) == 6).await;
 
-    // MAX_PAYLOAD_BYTES: a payload over 64 bytes is parked, never handed to the handler.
-    hexeract::publish(&Held {
+    // MAX_PAYLOAD_BYTES: `publish` refuses a payload over 64 bytes, writing nothing; one that
+    // another program publishes to the exchange is parked, never handed to the handler.
+    let large = Held {
         filler: "x".repeat(200),
-    })
-    .await
-    .unwrap();
+    };
+    let refused = hexeract::publish(&large).await.unwrap_err().to_string();
+    assert!(refused.contains("MAX_PAYLOAD_BYTES (64)"), "{refused}");
+    broker
+        .publish_raw(
+            "knobs.Held",
+            &serde_json::to_vec(&large).unwrap(),
+            lapin::BasicProperties::default()
+                .with_message_id(uuid::Uuid::now_v7().to_string().into())
+                .with_content_type("application/json".into())
+                .with_type("knobs.Held".into()),
+        )
+        .await;
     let parking = format!("{}.knobs.hold.parked", broker.prefix);
     let parked = broker.wait_for(&parking, 1, Duration::from_secs(30)).await;
     let reason = parked[0]

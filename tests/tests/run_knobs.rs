@@ -95,12 +95,29 @@ async fn run_gives_the_outbox_worker_and_the_scheduler_their_variables() {
 
     let cancel = CancellationToken::new();
     let running = tokio::spawn(hexeract::run(cancel.clone()));
-    hexeract::publish(&Bulky {
+    // MAX_PAYLOAD_BYTES: `publish` refuses a payload over 64 bytes, writing nothing.
+    let bulky = Bulky {
         filler: "x".repeat(200),
-    })
+    };
+    let refused = hexeract::publish(&bulky).await.unwrap_err().to_string();
+    assert!(refused.contains("MAX_PAYLOAD_BYTES (64)"), "{refused}");
+    let store = hexeract::store::default_store().await.unwrap();
+    // Such a row, written by another program, is still not handed to a handler.
+    let pool = sqlx::SqlitePool::connect_with(
+        sqlx::sqlite::SqliteConnectOptions::new().filename(dir.join("outbox.db")),
+    )
     .await
     .unwrap();
-    let store = hexeract::store::default_store().await.unwrap();
+    sqlx::query(
+        "INSERT INTO hexeract_outbox (id, message_type, payload, headers) \
+         VALUES (?1, 'knobs.Bulky', ?2, '{}')",
+    )
+    .bind(uuid::Uuid::now_v7().hyphenated().to_string())
+    .bind(serde_json::to_vec(&bulky).unwrap())
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
 
     // MAX_PAYLOAD_BYTES: the outbox worker does not decode a payload over 64 bytes.
     let too_large = wait_for_dead_letter(

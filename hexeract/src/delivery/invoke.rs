@@ -46,6 +46,8 @@ pub(crate) struct Slot {
     /// Calls given up on that still run: at the cap, no new call starts until one of them
     /// ends.
     abandoned: Abandoned,
+    /// The probe of the loop that calls it, told of each call that ends.
+    probe: std::sync::OnceLock<crate::health::Probe>,
     timeout: Duration,
     metrics: Arc<HandlerMetrics>,
     /// The Kafka consumer group of the handler, for its spans.
@@ -67,6 +69,7 @@ impl Slot {
             name: Arc::from(&*info.name),
             permits: limit.map(|limit| Arc::new(Semaphore::new(limit.get() as usize))),
             abandoned: Abandoned::new(limit.map_or(ABANDONED_CALLS_UNLIMITED, NonZeroU32::get)),
+            probe: std::sync::OnceLock::new(),
             timeout: info.timeout.unwrap_or(timeout),
             metrics: metrics.handler(&info.name),
             callee: Callee::Handler(handler.clone()),
@@ -95,6 +98,7 @@ impl Slot {
             callee: Callee::Job(run, chain),
             permits: None,
             abandoned: Abandoned::new(ABANDONED_CALLS_UNLIMITED),
+            probe: std::sync::OnceLock::new(),
             timeout,
             consumer_group: None,
         }
@@ -119,8 +123,10 @@ impl Slot {
 
     /// Makes `probe`'s component not ready while this handler has no room left for calls given
     /// up on (each still running past its timeout): it then starts no new call, and readiness
-    /// says why.
+    /// says why. Each call that ends is progress of that component
+    /// ([`Probe::progress`](crate::health::Probe::progress)).
     pub(crate) fn watch(&self, probe: &crate::health::Probe) {
+        let _ = self.probe.set(probe.clone());
         let name = self.name.clone();
         let abandoned = self.abandoned.clone();
         probe.watch(format!("abandoned calls of {name}"), move || {
@@ -304,6 +310,9 @@ pub(crate) async fn invoke(
             .await
         }
     };
+    if let Some(probe) = slot.probe.get() {
+        probe.progress();
+    }
     (call, Some(started.elapsed()))
 }
 

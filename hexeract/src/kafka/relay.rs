@@ -21,6 +21,10 @@ use crate::kafka::{wire, KafkaConfig, KafkaError};
 use crate::reason::Reason;
 use crate::store::{self, RelaySink, RelayStore, Unpublishable};
 
+/// The longest a pass waits for the brokers to acknowledge its records (`message.timeout.ms`):
+/// past it the pass fails and is tried again (librdkafka's default is 300 s).
+const ACKNOWLEDGEMENT_WAIT: Duration = Duration::from_secs(30);
+
 /// Relays the transactional outbox to Kafka: takes the oldest rows, publishes each to its
 /// aggregate's topic (`<prefix>.<aggregate>`) keyed by the aggregate id, waits until the brokers
 /// acknowledged every record (`acks=all`, idempotent producer: librdkafka's own retries neither
@@ -120,6 +124,12 @@ impl KafkaRelay {
         crate::metrics::relay_started("kafka");
         let wake = store::wake_signal(&*self.store).await;
         let topics = Arc::new(Mutex::new(HashSet::new()));
+        self.health
+            .expect_progress_within(crate::health::stuck_after(
+                ACKNOWLEDGEMENT_WAIT,
+                self.store_timeout,
+                self.poll_interval,
+            ));
         let mut passes =
             store::Passes::new(self.store.clone(), self.batch_size, self.store_timeout);
         tracing::info!(batch_size = self.batch_size, "Kafka relay started");
@@ -182,7 +192,10 @@ fn producer(
         .set("linger.ms", "2")
         // A pass whose records the brokers never acknowledge fails after this and is tried
         // again (librdkafka's default is 300 s).
-        .set("message.timeout.ms", "30000")
+        .set(
+            "message.timeout.ms",
+            ACKNOWLEDGEMENT_WAIT.as_millis().to_string(),
+        )
         .create_with_context(Logged::with_slot("kafka relay", probe_slot.clone()))
         .map_err(|error| KafkaError::client("creating the producer", error))
 }

@@ -169,6 +169,12 @@ impl KafkaWorkerBuilder {
             };
             let group_id = self.config.group(&info.name);
             let probe = health.probe(format!("kafka consumer {}", info.name));
+            // It passes at each check of the brokers (a metadata request of at most 2 s).
+            probe.expect_progress_within(crate::health::stuck_after(
+                Duration::from_secs(2),
+                Duration::ZERO,
+                self.check_interval,
+            ));
             let slot = HandlerSlot::handler(
                 &handler,
                 policy.handler_timeout,

@@ -193,6 +193,15 @@ impl OutboxWorkerBuilder {
         let health = self
             .health
             .unwrap_or_else(|| Probe::detached("outbox worker"));
+        let longest_call = registry
+            .handlers()
+            .filter_map(|info| info.timeout)
+            .fold(policy.handler_timeout, Duration::max);
+        health.expect_progress_within(crate::health::stuck_after(
+            longest_call,
+            policy.store_timeout,
+            policy.poll_interval,
+        ));
         let handlers = registry
             .handlers()
             .filter_map(|info| registry.get(&info.name))

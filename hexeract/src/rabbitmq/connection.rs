@@ -300,5 +300,5 @@ pub fn redact_url(url: &str) -> String {
 
 /// The executable's name (`hexeract` when it cannot be read).
 fn default_name() -> String {
-    crate::config::executable_name()
+    crate::knobs::executable_name()
 }

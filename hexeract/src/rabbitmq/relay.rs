@@ -181,6 +181,12 @@ impl OutboxRelay {
             max_message_size: self.max_message_size,
             unrouted: self.unrouted.clone(),
         });
+        self.health
+            .expect_progress_within(crate::health::stuck_after(
+                self.publisher.confirm_timeout_value(),
+                self.store_timeout,
+                self.poll_interval,
+            ));
         let mut passes =
             store::Passes::new(self.store.clone(), self.batch_size, self.store_timeout);
         tracing::info!(batch_size = self.batch_size, "outbox relay started");

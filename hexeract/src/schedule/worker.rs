@@ -286,6 +286,15 @@ impl SchedulerBuilder {
         let mut names: Vec<String> = by_name.keys().cloned().collect();
         names.sort();
         let health = self.health.unwrap_or_else(|| Probe::detached("scheduler"));
+        let longest_run = by_name
+            .values()
+            .filter_map(|job| job.own_timeout())
+            .fold(policy.handler_timeout, Duration::max);
+        health.expect_progress_within(crate::health::stuck_after(
+            longest_run,
+            policy.store_timeout,
+            policy.poll_interval,
+        ));
         let slots = by_name
             .iter()
             .map(|(name, job)| {
