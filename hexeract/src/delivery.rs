@@ -98,7 +98,7 @@ impl Engine {
         transport: Transport,
     ) -> Engine {
         // What this worker takes, this process may write into the outbox.
-        crate::store::limit::accept_payloads_up_to(max_payload_bytes);
+        crate::policy::accept_payloads_up_to(max_payload_bytes);
         Engine {
             retry,
             max_payload_bytes,

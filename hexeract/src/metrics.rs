@@ -654,38 +654,6 @@ async fn sample_store(store: &dyn crate::store::Store) {
     }
 }
 
-/// Sets [`QUEUE_DEPTH`] of each of `queues` every 10 s until `stop` fires, with a passive
-/// declare on a channel of its own each time. A queue it cannot read keeps its last value.
-#[cfg(feature = "rabbitmq")]
-pub(crate) async fn sample_queue_depths(
-    connection: crate::rabbitmq::RabbitMqConnection,
-    queues: Vec<String>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    let gauges: Vec<(&str, Gauge)> = queues
-        .iter()
-        .map(|queue| {
-            (
-                queue.as_str(),
-                metrics::gauge!(QUEUE_DEPTH, "queue" => queue.clone()),
-            )
-        })
-        .collect();
-    loop {
-        for (queue, gauge) in &gauges {
-            match crate::rabbitmq::topology::inspect_queue(&connection, queue).await {
-                Ok(Some((messages, _))) => gauge.set(f64::from(messages)),
-                Ok(None) => {}
-                Err(error) => tracing::debug!(%error, queue, "could not read the queue's depth"),
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_secs(10)) => {}
-        }
-    }
-}
-
 /// How long [`sample`] waits for each of the store's answers, and [`StoreGauges`]' pool for
 /// its connection.
 const SAMPLE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -162,6 +162,53 @@ impl Policy {
     }
 }
 
+/// The largest payload this process writes into the outbox (checked by `store::limit`), as the
+/// workers see it.
+mod outbox_limit {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The limit unless `MAX_PAYLOAD_BYTES` says otherwise: the workers' default,
+    /// [`Policy::library`](crate::Policy::library)'s `max_payload_bytes`.
+    const DEFAULT: usize = 1024 * 1024;
+
+    /// The largest `MAX_PAYLOAD_BYTES` the configuration accepts.
+    const MOST: usize = 1 << 30;
+
+    /// This process's limit; 0 until first read.
+    static LIMIT: AtomicUsize = AtomicUsize::new(0);
+
+    /// The largest payload this process writes into the outbox: `MAX_PAYLOAD_BYTES` (the variable
+    /// the workers read; its default, 1 MiB, when it is unset or invalid, which the workers report),
+    /// or more where a worker of this process was built to take larger ones.
+    pub(crate) fn payload_limit() -> usize {
+        match LIMIT.load(Ordering::Relaxed) {
+            0 => {
+                let configured = std::env::var("MAX_PAYLOAD_BYTES")
+                    .ok()
+                    .and_then(|value| value.trim().parse::<usize>().ok())
+                    .filter(|max| (1..=MOST).contains(max))
+                    .unwrap_or(DEFAULT);
+                // A worker built meanwhile may have raised it: keep the larger.
+                LIMIT
+                    .fetch_max(configured, Ordering::Relaxed)
+                    .max(configured)
+            }
+            limit => limit,
+        }
+    }
+
+    /// A worker of this process takes payloads of up to `max` bytes: this process may write them.
+    /// A `max` over the largest `MAX_PAYLOAD_BYTES` accepts (the scheduler's "no cap" on its own
+    /// small payloads) is no limit on what others write, and changes nothing.
+    pub(crate) fn accept_payloads_up_to(max: usize) {
+        let current = payload_limit();
+        if max > current && max <= MOST {
+            LIMIT.fetch_max(max, Ordering::Relaxed);
+        }
+    }
+}
+pub(crate) use outbox_limit::{accept_payloads_up_to, payload_limit};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -683,7 +683,7 @@ impl Shared {
             connection = shared.connection.name(),
             "RabbitMQ worker started"
         );
-        let depths = tokio::spawn(crate::metrics::sample_queue_depths(
+        let depths = tokio::spawn(sample_queue_depths(
             shared.connection.clone(),
             shared
                 .consumers
@@ -1380,5 +1380,36 @@ impl Publish for DirectPublisher {
                 .map_err(|error| PublishError::Transport(error.to_string()))?;
             Ok(id)
         })
+    }
+}
+
+/// Sets [`QUEUE_DEPTH`] of each of `queues` every 10 s until `stop` fires, with a passive
+/// declare on a channel of its own each time. A queue it cannot read keeps its last value.
+async fn sample_queue_depths(
+    connection: RabbitMqConnection,
+    queues: Vec<String>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let gauges: Vec<(&str, metrics::Gauge)> = queues
+        .iter()
+        .map(|queue| {
+            (
+                queue.as_str(),
+                metrics::gauge!(crate::metrics::QUEUE_DEPTH, "queue" => queue.clone()),
+            )
+        })
+        .collect();
+    loop {
+        for (queue, gauge) in &gauges {
+            match crate::rabbitmq::topology::inspect_queue(&connection, queue).await {
+                Ok(Some((messages, _))) => gauge.set(f64::from(messages)),
+                Ok(None) => {}
+                Err(error) => tracing::debug!(%error, queue, "could not read the queue's depth"),
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(10)) => {}
+        }
     }
 }
