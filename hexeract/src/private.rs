@@ -6,7 +6,7 @@ pub use crate::message::{AggregateKey, Message};
 pub use crate::middleware::ErasedJob;
 pub use crate::outcome::{HandlerOutcome, IntoOutcome};
 pub use crate::registry::{HandlerRegistration, MakeHandler};
-pub use crate::schedule::{CatchUp, ScheduleRegistration};
+pub use crate::schedule::{CatchUp, MakeJob, ScheduleRegistration};
 pub use crate::state::{FromStates, States};
 pub use futures_util::future::BoxFuture;
 pub use inventory;
@@ -57,9 +57,6 @@ pub fn state<T: FromStates>(
     }
     taken
 }
-
-/// How a `#[scheduled]` job is built from its worker's state.
-pub type MakeJob = fn(&States, &mut Vec<&'static str>) -> Option<Arc<dyn ErasedJob>>;
 
 /// The constructor of a job adapter, for its registration.
 pub const fn job<J: ErasedJob + Build>() -> MakeJob {

@@ -92,8 +92,13 @@ pub struct ScheduleRegistration {
     pub line: u32,
     pub column: u32,
     /// The job, built from its scheduler's state.
-    pub make: crate::__private::MakeJob,
+    pub make: MakeJob,
 }
+
+/// How a `#[scheduled]` job is built from its worker's state (the names of the state types it
+/// lacks pushed onto the list).
+#[doc(hidden)]
+pub type MakeJob = fn(&crate::state::States, &mut Vec<&'static str>) -> Option<Arc<dyn ErasedJob>>;
 
 inventory::collect!(ScheduleRegistration);
 
@@ -181,7 +186,7 @@ pub struct ScheduledJob {
     location: Option<Location>,
     run: Arc<dyn ErasedJob>,
     /// How a `#[scheduled]` job is built again with its scheduler's state.
-    make: Option<crate::__private::MakeJob>,
+    make: Option<MakeJob>,
 }
 
 /// A job written as a plain function.
