@@ -2,7 +2,8 @@
 //! handler's delivery is claimed and settled, and where dead letters are kept.
 //!
 //! A small core trait, [`DeliveryStore`], and capabilities beside it ([`RelayStore`],
-//! [`DeadLetterStore`], [`Housekeeping`], [`DeclaredQueues`], [`ScheduleStore`]), with a
+//! [`DeadLetterStore`], [`Housekeeping`], [`DeclaredQueues`], [`ScheduleStore`],
+//! [`RecordAttempts`]), with a
 //! PostgreSQL and a SQLite implementation of each. Workers ask for the traits they use only;
 //! `outbox::enqueue` writes into the caller's own transaction with the backend's connection
 //! type.
@@ -29,6 +30,10 @@ use uuid::Uuid;
 
 use crate::envelope::Envelope;
 
+mod attempts;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use attempts::calls_of;
+pub use attempts::{RecordAttempts, RecordPosition};
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod schedules;
@@ -346,12 +351,24 @@ pub trait Housekeeping: Send + Sync + 'static {
 /// # }
 /// ```
 pub trait Store:
-    DeliveryStore + RelayStore + DeadLetterStore + Housekeeping + DeclaredQueues + ScheduleStore
+    DeliveryStore
+    + RelayStore
+    + DeadLetterStore
+    + Housekeeping
+    + DeclaredQueues
+    + ScheduleStore
+    + RecordAttempts
 {
 }
 
 impl<T> Store for T where
-    T: DeliveryStore + RelayStore + DeadLetterStore + Housekeeping + DeclaredQueues + ScheduleStore
+    T: DeliveryStore
+        + RelayStore
+        + DeadLetterStore
+        + Housekeeping
+        + DeclaredQueues
+        + ScheduleStore
+        + RecordAttempts
 {
 }
 

@@ -1097,3 +1097,107 @@ async fn a_record_no_handler_consumes_stays_for_a_handler_added_later(kafka: Tes
     assert!(store.dead_letters(10).await.unwrap().is_empty());
     schema.drop_schema().await;
 }
+
+/// Calls of `seq` 0 that never finish (as if each killed its process: the call outlives the
+/// shutdown grace and is abandoned, its outcome never settled); every other step acks.
+#[derive(Clone)]
+struct NeverFinishes {
+    calls: Arc<Mutex<Vec<(u32, u32)>>>,
+}
+
+impl Handler<Step> for NeverFinishes {
+    type Error = HandlerOutcome;
+    async fn handle(&self, step: Step, ctx: &Context) -> Result<(), HandlerOutcome> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((step.seq, ctx.envelope().attempt));
+        if step.seq == 0 {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}
+
+/// A record whose every call ends with its process (here: a call still running when the worker
+/// stops, abandoned past the shutdown grace, so nothing of it is settled, as after a crash):
+/// each call is counted in the store before it is made, so each new start goes on with the
+/// count, and once it passes `max_deliveries` (3) the record is dead-lettered without a call,
+/// and the record behind it in its partition is handled. Before, the count lived in memory and
+/// started over with each process: the record was called again at attempt 1 forever and its
+/// partition never moved on. On librdkafka's mock cluster, where each restart's group join is
+/// quick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_calls_never_finish_is_dead_lettered_after_max_deliveries_starts() {
+    let kafka = TestKafka::mock();
+    let schema = TestSchema::new("kafka_never_finishes").await;
+    let store = store(&schema).await;
+    kafka.create_topic("account", 1).await;
+    let steps: Vec<Envelope> = (0..2)
+        .map(|seq| {
+            Envelope::new(&Step {
+                account: "acct-crash".to_owned(),
+                seq,
+            })
+            .unwrap()
+        })
+        .collect();
+    store.publish(steps).await.unwrap();
+    let (stop_relay, relay) = start_relay(&kafka, 1, store.clone(), 10);
+    relayed_all(&*store, Duration::from_secs(30)).await;
+    stop_relay.cancel();
+    relay.await.unwrap();
+
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let handler = NeverFinishes {
+        calls: calls.clone(),
+    };
+    let build = || {
+        KafkaWorker::builder(kafka.config(1), store.clone())
+            .register_handler_with::<Step, _>(handler.clone(), HandlerOptions::new().name(HANDLER))
+            .max_deliveries(3)
+            .shutdown_grace(Duration::from_millis(100))
+            .check_interval(Duration::from_millis(500))
+            .build()
+            .expect("a valid worker")
+    };
+    for start in 1..=3_u32 {
+        let (stop, run) = start_worker(build());
+        wait_until(Duration::from_secs(60), "the start's call begun", || {
+            calls.lock().unwrap().len() == start as usize
+        })
+        .await;
+        stop.cancel();
+        run.await.unwrap();
+    }
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [(0, 1), (0, 2), (0, 3)],
+        "one call per start, the count going on"
+    );
+
+    let (stop, run) = start_worker(build());
+    wait_until(
+        Duration::from_secs(60),
+        "the step behind it handled",
+        || calls.lock().unwrap().iter().any(|(seq, _)| *seq == 1),
+    )
+    .await;
+    stop.cancel();
+    run.await.unwrap();
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [(0, 1), (0, 2), (0, 3), (1, 1)],
+        "no fourth call of step 0"
+    );
+    let letters = store.dead_letters(10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].reason, Reason::MAX_DELIVERIES_EXCEEDED);
+    assert_eq!(letters[0].attempts, 3);
+    assert!(
+        letters[0].detail.contains("never finished"),
+        "{}",
+        letters[0].detail
+    );
+    schema.drop_schema().await;
+}

@@ -48,8 +48,8 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     store.migrate().await.unwrap();
     assert_eq!(
         db.count("schema_versions").await,
-        8,
-        "versions 1 to 8, once each"
+        9,
+        "versions 1 to 9, once each"
     );
     // Version 8: inserts leave half of each outbox page free, where a claim in place writes
     // the row's new version without a new index entry.

@@ -85,8 +85,8 @@ async fn migrating_twice_and_concurrently_is_harmless() {
     c.unwrap();
     assert_eq!(
         db.count("schema_versions").await,
-        7,
-        "versions 1 to 7, once each"
+        8,
+        "versions 1 to 8, once each"
     );
 
     let journal: String = sqlx::query_scalar("PRAGMA journal_mode")

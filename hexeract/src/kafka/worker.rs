@@ -36,7 +36,7 @@ use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::registry::HandlerSet;
 use crate::retry::Backoff;
-use crate::store::Store;
+use crate::store::{RecordPosition, Store};
 
 /// What one record counts for in a partition's queue besides its key and payload.
 const RECORD_OVERHEAD: usize = 256;
@@ -203,6 +203,7 @@ impl KafkaWorkerBuilder {
                 max_payload_bytes: policy.max_payload_bytes,
                 check_interval: self.check_interval,
                 partition_queue_bytes: self.partition_queue_bytes,
+                store_timeout: policy.store_timeout,
             }),
             shutdown_grace: policy.shutdown_grace,
         })
@@ -270,6 +271,8 @@ struct Shared {
     max_payload_bytes: usize,
     check_interval: Duration,
     partition_queue_bytes: usize,
+    /// Deadline of each count of a call in the store.
+    store_timeout: Duration,
 }
 
 /// One handler as a consumer group.
@@ -704,19 +707,35 @@ impl PartitionTask {
                  had: handled here too"
             );
         }
-        // Attempts are counted here, in memory: after a restart they start over.
+        // Each call is counted in the store before it is made, so that the count goes on
+        // after a restart: a record whose call never finished (it killed the process) is
+        // dead-lettered once the count passes the limit, without a call. Counted in memory
+        // too, for a record the store does not track (one read again behind the partition's).
+        let position = RecordPosition {
+            group: &group.group_id,
+            topic: record.topic(),
+            partition: record.partition(),
+            offset: record.offset(),
+        };
         let mut attempt = 0;
         // Shared with each call's context (and copied only if an abandoned call still holds it).
         let mut envelope = Arc::new(envelope);
         loop {
-            attempt += 1;
-            Arc::make_mut(&mut envelope).attempt = attempt;
             if cancel.is_cancelled() || self.state.revoked.is_cancelled() {
                 return Settled::Left;
             }
+            let Some(counted) = self.count_call(position, cancel).await else {
+                return Settled::Left;
+            };
+            attempt = (attempt + 1).max(counted);
+            Arc::make_mut(&mut envelope).attempt = attempt;
             let verdict = engine
                 .deliver(target, &envelope, cancel, interrupt, &self.publisher)
                 .await;
+            if matches!(verdict, Verdict::Release) {
+                // Not made, or a failure while stopping: not a call that counts.
+                self.uncount_call(position).await;
+            }
             match self.carry_out(record, &envelope, verdict, cancel).await {
                 Step::Settled(settled) => return settled,
                 Step::Again => {}
@@ -779,6 +798,56 @@ impl PartitionTask {
             cancel,
         };
         world.settle(envelope, verdict).await
+    }
+
+    /// Counts a call of the record at `position` in the store
+    /// ([`RecordAttempts::count_call`](crate::store::RecordAttempts::count_call)), trying
+    /// again (the partition waiting, readiness failing) while the store is down or slower than
+    /// the store timeout; `None` once the worker stops or loses the partition.
+    async fn count_call(
+        &self,
+        position: RecordPosition<'_>,
+        cancel: &CancellationToken,
+    ) -> Option<u32> {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            let counted = tokio::time::timeout(
+                self.shared.store_timeout,
+                self.shared.store.count_call(position),
+            )
+            .await;
+            let error = match counted {
+                Ok(Ok(calls)) => return Some(calls),
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => format!(
+                    "the store did not answer within {:?}",
+                    self.shared.store_timeout
+                ),
+            };
+            tracing::warn!(handler = %self.group.name, %error, "could not count a call; the partition waits and tries again");
+            self.group
+                .probe
+                .fail(format!("cannot count calls in the store: {error}"));
+            tokio::select! {
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+                () = cancel.cancelled() => return None,
+                () = self.state.revoked.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Takes back a call counted for the record at `position` that was not made or does not
+    /// count. A store that fails here leaves the count one higher: logged, not retried (the
+    /// worker is stopping).
+    async fn uncount_call(&self, position: RecordPosition<'_>) {
+        let taken_back = tokio::time::timeout(
+            self.shared.store_timeout,
+            self.shared.store.uncount_call(position),
+        )
+        .await;
+        if !matches!(taken_back, Ok(Ok(()))) {
+            tracing::warn!(handler = %self.group.name, offset = position.offset, "could not take back a call not made; the record's count stays one higher");
+        }
     }
 
     /// Writes the record's dead letter, trying again (the partition waiting) while the store

@@ -59,6 +59,7 @@ pub struct PgStore {
     wake: Arc<Wake>,
 }
 
+mod attempts;
 mod queues;
 mod schedules;
 pub(crate) use schedules::insert_scheduled_in;
@@ -866,7 +867,7 @@ impl Statements {
 }
 
 /// The schema version [`migrate_in`] brings a schema to.
-const SCHEMA_VERSION: i32 = 8;
+const SCHEMA_VERSION: i32 = 9;
 
 /// Creates or upgrades the schema on `conn`, which is in a transaction.
 async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), StoreError> {
@@ -956,6 +957,24 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
                 // half of each page free; rows already written stay where they are.
                 "ALTER TABLE {s}.outbox SET (fillfactor = 50);
                  INSERT INTO {s}.schema_versions (version) VALUES (8);"
+            ),
+        ),
+        (
+            9,
+            "record_attempts: calls of Kafka records counted before each call",
+            format!(
+                // One row per consumer group and partition: the record it is at, and the calls
+                // made of it (RecordAttempts).
+                "CREATE TABLE {s}.record_attempts (
+                     group_id text NOT NULL,
+                     topic text NOT NULL,
+                     partition integer NOT NULL,
+                     record_offset bigint NOT NULL,
+                     calls integer NOT NULL,
+                     updated_at timestamptz NOT NULL DEFAULT now(),
+                     PRIMARY KEY (group_id, topic, partition)
+                 );
+                 INSERT INTO {s}.schema_versions (version) VALUES (9);"
             ),
         ),
     ];

@@ -43,6 +43,7 @@ use crate::store::{
     StoreError,
 };
 
+mod attempts;
 mod queues;
 mod schedules;
 pub(crate) use schedules::insert_scheduled_in;
@@ -1124,7 +1125,7 @@ fn is_busy(error: &sqlx::Error) -> bool {
 }
 
 /// The schema version [`migrate_in`] brings the tables to.
-const SCHEMA_VERSION: i64 = 7;
+const SCHEMA_VERSION: i64 = 8;
 
 /// Creates or upgrades the schema on `conn`, which is in a `BEGIN IMMEDIATE` transaction:
 /// holding the write lock, it is the only migration running, in any process.
@@ -1204,6 +1205,22 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
                  ALTER TABLE {outbox} ADD COLUMN leased_until INTEGER;
                  ALTER TABLE {outbox} ADD COLUMN recovered INTEGER NOT NULL DEFAULT 0; {}",
                 record(7)
+            ),
+        ),
+        (
+            8,
+            "record_attempts: calls of Kafka records counted before each call",
+            format!(
+                "CREATE TABLE {} (
+                     group_id TEXT NOT NULL,
+                     topic TEXT NOT NULL,
+                     partition INTEGER NOT NULL,
+                     record_offset INTEGER NOT NULL,
+                     calls INTEGER NOT NULL,
+                     PRIMARY KEY (group_id, topic, partition)
+                 ) STRICT; {}",
+                table(prefix, "record_attempts"),
+                record(8)
             ),
         ),
     ];
