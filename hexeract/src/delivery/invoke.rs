@@ -240,8 +240,9 @@ pub(crate) async fn invoke(
     let started = Instant::now();
     // Counted until the call's future ends: an abandoned call runs on in its task, and still
     // counts there (and holds its permit there).
-    let in_flight = slot.metrics.call_started();
-    let call = match &slot.callee {
+    let held = (slot.metrics.call_started(), permit);
+    // The call's future (holding `held` to its end) and its span.
+    let (call, span): (BoxFuture<'static, HandlerOutcome>, tracing::Span) = match &slot.callee {
         Callee::Handler(handler) => {
             let span = if !trace::spans_wanted() {
                 tracing::Span::none()
@@ -265,26 +266,13 @@ pub(crate) async fn invoke(
                 &slot.name,
                 slot.consumer_group.as_deref(),
             );
-            #[cfg(feature = "opentelemetry")]
-            let traced = span.clone();
             let handler = handler.clone();
             // The context shares the envelope with the world: no copy per call.
-            let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
-                let _held = (in_flight, permit);
+            let call = Box::pin(async move {
+                let _held = held;
                 handler.call(&ctx).await
             });
-            let call = call_boxed(
-                call,
-                give_up,
-                slot.timeout,
-                interrupt,
-                Some(&slot.abandoned),
-            )
-            .instrument(span)
-            .await;
-            #[cfg(feature = "opentelemetry")]
-            ended(&traced, &call);
-            call
+            (call, span)
         }
         Callee::Job(run, chain) => {
             let span = tracing::info_span!(
@@ -293,23 +281,29 @@ pub(crate) async fn invoke(
                 fire_at = ctx.scheduled_for().map(tracing::field::display),
                 attempt = envelope.attempt,
             );
-            let run = run.clone();
-            let chain = chain.clone();
-            let call: BoxFuture<'static, HandlerOutcome> = Box::pin(async move {
-                let _held = (in_flight, permit);
+            let (run, chain) = (run.clone(), chain.clone());
+            let call = Box::pin(async move {
+                let _held = held;
                 Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await
             });
-            call_boxed(
-                call,
-                give_up,
-                slot.timeout,
-                interrupt,
-                Some(&slot.abandoned),
-            )
-            .instrument(span)
-            .await
+            (call, span)
         }
     };
+    #[cfg(feature = "opentelemetry")]
+    let traced = matches!(slot.callee, Callee::Handler(_)).then(|| span.clone());
+    let call = call_boxed(
+        call,
+        give_up,
+        slot.timeout,
+        interrupt,
+        Some(&slot.abandoned),
+    )
+    .instrument(span)
+    .await;
+    #[cfg(feature = "opentelemetry")]
+    if let Some(traced) = &traced {
+        ended(traced, &call);
+    }
     if let Some(probe) = slot.probe.get() {
         probe.progress();
     }
