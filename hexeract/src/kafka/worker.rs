@@ -271,7 +271,7 @@ struct Shared {
     max_payload_bytes: usize,
     check_interval: Duration,
     partition_queue_bytes: usize,
-    /// Deadline of each count of a call in the store.
+    /// Deadline of each of the worker's statements: a call's count, a dead letter.
     store_timeout: Duration,
 }
 
@@ -811,18 +811,15 @@ impl PartitionTask {
     ) -> Option<u32> {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
-            let counted = tokio::time::timeout(
+            let counted = crate::store::within(
+                "count of a call",
                 self.shared.store_timeout,
                 self.shared.store.count_call(position),
             )
             .await;
             let error = match counted {
-                Ok(Ok(calls)) => return Some(calls),
-                Ok(Err(error)) => error.to_string(),
-                Err(_) => format!(
-                    "the store did not answer within {:?}",
-                    self.shared.store_timeout
-                ),
+                Ok(calls) => return Some(calls),
+                Err(error) => error.to_string(),
             };
             tracing::warn!(handler = %self.group.name, %error, "could not count a call; the partition waits and tries again");
             self.group
@@ -840,12 +837,13 @@ impl PartitionTask {
     /// count. A store that fails here leaves the count one higher: logged, not retried (the
     /// worker is stopping).
     async fn uncount_call(&self, position: RecordPosition<'_>) {
-        let taken_back = tokio::time::timeout(
+        let taken_back = crate::store::within(
+            "call taken back",
             self.shared.store_timeout,
             self.shared.store.uncount_call(position),
         )
         .await;
-        if !matches!(taken_back, Ok(Ok(()))) {
+        if taken_back.is_err() {
             tracing::warn!(handler = %self.group.name, offset = position.offset, "could not take back a call not made; the record's count stays one higher");
         }
     }
@@ -878,7 +876,12 @@ impl PartitionTask {
         );
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
-            match self.shared.store.insert_dead_letter(&letter).await {
+            let written = crate::store::within(
+                "dead letter",
+                self.shared.store_timeout,
+                self.shared.store.insert_dead_letter(&letter),
+            );
+            match written.await {
                 Ok(()) => return Settled::Done,
                 Err(error) => {
                     tracing::warn!(handler = %group.name, %error, "could not write a dead letter; the partition waits and tries again");

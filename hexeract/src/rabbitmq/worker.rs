@@ -446,6 +446,7 @@ impl RabbitMqWorkerBuilder {
                 ack_mode: self.ack_mode,
                 declare: self.declare,
                 dead_letters: self.dead_letters,
+                store_timeout: policy.store_timeout,
                 publisher: self.publisher,
                 health,
                 subscribed: AtomicUsize::new(0),
@@ -542,6 +543,8 @@ struct Shared {
     ack_mode: AckMode,
     declare: bool,
     dead_letters: Option<Arc<dyn DeadLetterStore>>,
+    /// Deadline of each dead-letter row written when parking.
+    store_timeout: Duration,
     publisher: Option<Arc<dyn Publish>>,
     health: Probe,
     /// Consumers subscribed so far in this run.
@@ -1235,7 +1238,12 @@ impl ConsumeLoop<'_> {
     async fn write_dead_letter(&self, store: &dyn DeadLetterStore, letter: &DeadLetter) -> bool {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
-            match store.insert_dead_letter(letter).await {
+            let written = crate::store::within(
+                "dead letter",
+                self.shared.store_timeout,
+                store.insert_dead_letter(letter),
+            );
+            match written.await {
                 Ok(()) => return true,
                 Err(error) => tracing::warn!(
                     message_id = %letter.envelope.id,
