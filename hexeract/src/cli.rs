@@ -353,7 +353,7 @@ async fn upgrade_queues(
         )
         .await
         .map_err(Error::from)?;
-        let topology = crate::rabbitmq::supervisor::run_topology(
+        let topology = crate::run::rabbitmq::run_topology(
             &program.config,
             &amqp.exchange,
             &amqp.queue_prefix,
@@ -410,7 +410,7 @@ async fn unowned_queues(
     let topology = crate::rabbitmq::Topology::from_registry(registry)
         .exchange(amqp.exchange.clone())
         .prefix(amqp.queue_prefix.clone());
-    let unowned = crate::rabbitmq::ownership::find_unowned(&connection, &topology, store).await;
+    let unowned = crate::run::ownership::find_unowned(&connection, &topology, store).await;
     let _ = connection.lapin().close(200, "done".into()).await;
     let unowned = unowned?;
     if !unowned.is_empty() {
@@ -1038,7 +1038,7 @@ struct Resend<'a> {
     #[cfg(feature = "rabbitmq")]
     amqp: Option<&'a crate::config::Amqp>,
     #[cfg(feature = "rabbitmq")]
-    broker: Option<crate::rabbitmq::supervisor::BrokerReplay>,
+    broker: Option<crate::run::rabbitmq::BrokerReplay>,
     /// `KAFKA_BROKERS` is set.
     #[cfg(feature = "kafka")]
     kafka: bool,
@@ -1079,9 +1079,7 @@ impl<'a> Resend<'a> {
         if let Some(amqp) = self.amqp {
             let broker = match &mut self.broker {
                 Some(broker) => broker,
-                empty => {
-                    empty.insert(crate::rabbitmq::supervisor::BrokerReplay::connect(amqp).await?)
-                }
+                empty => empty.insert(crate::run::rabbitmq::BrokerReplay::connect(amqp).await?),
             };
             let place = broker.replay(letter, self.store).await?;
             return Ok(Some(format!(

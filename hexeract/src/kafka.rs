@@ -23,7 +23,6 @@
 mod admin;
 mod logged;
 mod relay;
-pub(crate) mod supervisor;
 pub mod wire;
 mod worker;
 

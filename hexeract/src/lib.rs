@@ -114,6 +114,7 @@ mod run;
 mod runtime;
 pub mod schedule;
 mod secure;
+mod signals;
 mod state;
 pub mod store;
 pub mod testing;

@@ -30,10 +30,8 @@
 mod acks;
 pub(crate) mod connection;
 mod migration;
-pub(crate) mod ownership;
 mod publisher;
 mod relay;
-pub(crate) mod supervisor;
 pub(crate) mod topology;
 mod transport;
 pub(crate) mod wire;

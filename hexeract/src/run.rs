@@ -2,6 +2,13 @@
 //! the scheduler, the outbox worker or a broker's relay and consumers, health and metrics on
 //! `WORKER_PORT`, retention and SIGTERM.
 
+#[cfg(feature = "kafka")]
+mod kafka;
+#[cfg(feature = "rabbitmq")]
+pub(crate) mod ownership;
+#[cfg(feature = "rabbitmq")]
+pub(crate) mod rabbitmq;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +20,7 @@ use crate::error::Error;
 use crate::outbox::OutboxWorkerBuilder;
 use crate::registry::Registry;
 use crate::schedule::{SchedulerBuilder, SchedulerWorker};
+use crate::signals::stop_on_signal;
 
 /// What a [`Worker`](crate::Worker) runs: its handlers, built with their state and middleware,
 /// and what its scheduler's jobs take.
@@ -236,12 +244,12 @@ async fn run_loops(
     .build()?;
     #[cfg(feature = "rabbitmq")]
     if let Some(amqp) = &settings.amqp {
-        let broker = crate::rabbitmq::supervisor::BrokerSettings {
+        let broker = rabbitmq::BrokerSettings {
             url: amqp.url.clone(),
             exchange: amqp.exchange.clone(),
             prefix: amqp.queue_prefix.clone(),
         };
-        let delivering = crate::rabbitmq::supervisor::run_on_broker(
+        let delivering = rabbitmq::run_on_broker(
             broker,
             settings,
             &application.registry,
@@ -254,7 +262,7 @@ async fn run_loops(
     }
     #[cfg(feature = "kafka")]
     if let Some(kafka) = &settings.kafka {
-        let delivering = crate::kafka::supervisor::run_on_kafka(
+        let delivering = kafka::run_on_kafka(
             kafka,
             settings,
             &application.registry,
@@ -354,39 +362,6 @@ async fn stop_all_on_error(
         stop.cancel();
     }
     result
-}
-
-/// Cancels `stop` on SIGTERM or Ctrl-C; returns when `stop` is cancelled either way.
-pub(crate) async fn stop_on_signal(stop: CancellationToken) {
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    let interrupt = async {
-        match tokio::signal::ctrl_c().await {
-            Ok(()) => {}
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for Ctrl-C");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = stop.cancelled() => return,
-        () = interrupt => tracing::info!("Ctrl-C received, shutting down"),
-        () = terminate => tracing::info!("SIGTERM received, shutting down"),
-    }
-    stop.cancel();
 }
 
 #[cfg(all(test, feature = "sqlite"))]

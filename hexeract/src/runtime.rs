@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::publish::Publish;
 use crate::registry::{HandlerInfo, HandlerOptions, HandlerSet, Registry};
 use crate::retry::RetryPolicy;
-use crate::run::stop_on_signal;
+use crate::signals::stop_on_signal;
 
 type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 

@@ -13,10 +13,10 @@ use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::health::{Health, Probe};
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
-use crate::rabbitmq::ownership;
 use crate::rabbitmq::{BusError, OutboxRelay, RabbitMqConnection, RabbitMqWorkerBuilder, Topology};
 use crate::registry::Registry;
 use crate::retry::Backoff;
+use crate::run::ownership;
 use crate::store::Store;
 
 /// The broker settings `hexeract::run` uses.
