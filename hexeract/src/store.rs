@@ -30,10 +30,8 @@ use uuid::Uuid;
 
 use crate::envelope::Envelope;
 
-mod attempts;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) use attempts::calls_of;
-pub use attempts::{RecordAttempts, RecordPosition};
+pub(crate) mod attempts;
+pub use attempts::{PartitionCalls, PartitionOf, RecordAttempts};
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod schedules;

@@ -36,7 +36,7 @@ use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::registry::HandlerSet;
 use crate::retry::Backoff;
-use crate::store::{RecordPosition, Store};
+use crate::store::{PartitionCalls, PartitionOf, Store};
 
 /// What one record counts for in a partition's queue besides its key and payload.
 const RECORD_OVERHEAD: usize = 256;
@@ -509,6 +509,7 @@ impl Group {
                 consumer: consumer.clone(),
                 partition,
                 state: state.clone(),
+                calls: std::sync::Mutex::default(),
             };
             let handle = tasks.spawn(task.run(receiver, cancel.clone(), interrupt.clone()));
             task_partitions.insert(handle.id(), (partition, state.clone()));
@@ -589,7 +590,47 @@ struct PartitionTask {
     consumer: Arc<GroupConsumer>,
     partition: i32,
     state: Arc<SlotState>,
+    /// What the store remembers of this partition's calls, as this task last wrote it (or
+    /// found it), and whether the window in it is this task's own.
+    calls: std::sync::Mutex<Remembered>,
 }
+
+/// [`PartitionTask::calls`].
+#[derive(Default)]
+struct Remembered {
+    /// As last written (or found).
+    calls: PartitionCalls,
+    /// The window is this task's own (else its predecessor's, never closed: a crash).
+    own_window: bool,
+    /// A call of this task was given up on and may still run.
+    in_flight: bool,
+}
+
+impl Remembered {
+    /// The number of the call about to be made of the record at `offset` (`made` calls of it
+    /// made so far by this task), and what to write to the store first, if anything
+    /// ([`PartitionTask::count_call`]).
+    fn count(&mut self, offset: i64, made: u32) -> (u32, Option<PartitionCalls>) {
+        let before = self.calls;
+        let counted = before.calls_of(offset);
+        let call = (made + 1).max(counted.map_or(0, |calls| calls + 1));
+        let in_window = before.in_window(offset);
+        if made > 0 || counted.is_some() || (in_window && !self.own_window) {
+            self.calls.counted = Some((offset, call));
+        } else if !in_window {
+            self.calls = PartitionCalls {
+                counted: None,
+                window: (offset, offset + CALL_WINDOW - 1),
+            };
+            self.own_window = true;
+        }
+        (call, (self.calls != before).then_some(self.calls))
+    }
+}
+
+/// Records a partition's holder may call per window it writes to the store: one write per this
+/// many records, where a call counted one at a time would cost a statement each.
+const CALL_WINDOW: i64 = 256;
 
 /// How a record ended in this task.
 enum Settled {
@@ -607,6 +648,10 @@ impl PartitionTask {
         cancel: CancellationToken,
         interrupt: CancellationToken,
     ) {
+        match self.remembered_calls(&cancel).await {
+            Some(calls) => self.lock_calls().calls = calls,
+            None => return,
+        }
         loop {
             let record = tokio::select! {
                 biased;
@@ -644,6 +689,31 @@ impl PartitionTask {
                     ));
                     *paused = false;
                 }
+            }
+        }
+        // Stopped with no call left running: nothing of this holder is in flight, so whoever
+        // holds the partition next calls the records as they come (a window left open tells
+        // it that this process died mid-window). A record counted exactly keeps its count.
+        let closing = {
+            let remembered = self.lock_calls();
+            (!remembered.in_flight && remembered.calls.window != PartitionCalls::CLOSED).then(
+                || PartitionCalls {
+                    window: PartitionCalls::CLOSED,
+                    ..remembered.calls
+                },
+            )
+        };
+        if let Some(closed) = closing {
+            let written = crate::store::within(
+                "closed window",
+                self.shared.store_timeout,
+                self.shared
+                    .store
+                    .remember_partition_calls(self.partition_of(), closed),
+            )
+            .await;
+            if written.is_err() {
+                tracing::debug!(handler = %self.group.name, partition = self.partition, "window not closed; the next holder calls its records one at a time");
             }
         }
     }
@@ -707,16 +777,10 @@ impl PartitionTask {
                  had: handled here too"
             );
         }
-        // Each call is counted in the store before it is made, so that the count goes on
-        // after a restart: a record whose call never finished (it killed the process) is
-        // dead-lettered once the count passes the limit, without a call. Counted in memory
-        // too, for a record the store does not track (one read again behind the partition's).
-        let position = RecordPosition {
-            group: &group.group_id,
-            topic: record.topic(),
-            partition: record.partition(),
-            offset: record.offset(),
-        };
+        // Calls are remembered in the store before they are made (`RecordAttempts`), so that
+        // the count goes on after a restart: a record whose call never finished (it killed the
+        // process) is dead-lettered once the count passes the limit, without a call.
+        let offset = record.offset();
         let mut attempt = 0;
         // Shared with each call's context (and copied only if an abandoned call still holds it).
         let mut envelope = Arc::new(envelope);
@@ -724,17 +788,25 @@ impl PartitionTask {
             if cancel.is_cancelled() || self.state.revoked.is_cancelled() {
                 return Settled::Left;
             }
-            let Some(counted) = self.count_call(position, cancel).await else {
+            let Some(call) = self.count_call(offset, attempt, cancel).await else {
                 return Settled::Left;
             };
-            attempt = (attempt + 1).max(counted);
+            attempt = call;
             Arc::make_mut(&mut envelope).attempt = attempt;
             let verdict = engine
                 .deliver(target, &envelope, cancel, interrupt, &self.publisher)
                 .await;
-            if matches!(verdict, Verdict::Release) {
+            match &verdict {
                 // Not made, or a failure while stopping: not a call that counts.
-                self.uncount_call(position).await;
+                Verdict::Release => self.remember_calls(offset, attempt - 1).await,
+                // A failed call, retried here: its count holds if the process stops meanwhile.
+                Verdict::Retry { .. } => self.remember_calls(offset, attempt).await,
+                // Still running past the grace: the next holder goes on from its count.
+                Verdict::Abandoned => {
+                    self.lock_calls().in_flight = true;
+                    self.remember_calls(offset, attempt).await;
+                }
+                _ => {}
             }
             match self.carry_out(record, &envelope, verdict, cancel).await {
                 Step::Settled(settled) => return settled,
@@ -800,51 +872,101 @@ impl PartitionTask {
         world.settle(envelope, verdict).await
     }
 
-    /// Counts a call of the record at `position` in the store
-    /// ([`RecordAttempts::count_call`](crate::store::RecordAttempts::count_call)), trying
-    /// again (the partition waiting, readiness failing) while the store is down or slower than
-    /// the store timeout; `None` once the worker stops or loses the partition.
-    async fn count_call(
+    fn lock_calls(&self) -> std::sync::MutexGuard<'_, Remembered> {
+        self.calls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn partition_of(&self) -> PartitionOf<'_> {
+        PartitionOf {
+            group: &self.group.group_id,
+            topic: &self.group.topic,
+            partition: self.partition,
+        }
+    }
+
+    /// What the store remembers of this partition's calls, trying again while it does not
+    /// answer; `None` once the worker stops or loses the partition.
+    async fn remembered_calls(&self, cancel: &CancellationToken) -> Option<PartitionCalls> {
+        self.with_store(cancel, "read the partition's calls", || {
+            self.shared.store.partition_calls(self.partition_of())
+        })
+        .await
+        .map(Option::unwrap_or_default)
+    }
+
+    /// The number of the call about to be made of the record at `offset`, `made` calls of it
+    /// made so far in this task, once the store remembers it where it must: the record's
+    /// exact count, when the store counts it exactly (a record retried or stopped with a call
+    /// running) or it lies in a window a predecessor never closed (its process died while
+    /// calling one of them, perhaps this one: one at a time, until the window is passed), else
+    /// a window of the next [`CALL_WINDOW`] offsets, written once for all of them. `None` once
+    /// the worker stops or loses the partition.
+    async fn count_call(&self, offset: i64, made: u32, cancel: &CancellationToken) -> Option<u32> {
+        let (call, write) = self.lock_calls().count(offset, made);
+        if let Some(calls) = write {
+            self.with_store(cancel, "count a call", || {
+                self.shared
+                    .store
+                    .remember_partition_calls(self.partition_of(), calls)
+            })
+            .await?;
+        }
+        Some(call)
+    }
+
+    /// Remembers that `calls` calls of the record at `offset` were made (a retry's count, a
+    /// call taken back, one still running at a stop). A store that fails here is logged: the
+    /// count of the next call is written before it is made anyway.
+    async fn remember_calls(&self, offset: i64, calls: u32) {
+        let changed = {
+            let mut remembered = self.lock_calls();
+            let before = remembered.calls;
+            remembered.calls.counted = Some((offset, calls));
+            (remembered.calls != before).then_some(remembered.calls)
+        };
+        let Some(changed) = changed else { return };
+        let written = crate::store::within(
+            "count of calls",
+            self.shared.store_timeout,
+            self.shared
+                .store
+                .remember_partition_calls(self.partition_of(), changed),
+        )
+        .await;
+        if let Err(error) = written {
+            tracing::warn!(handler = %self.group.name, offset, %error, "could not remember a record's calls");
+        }
+    }
+
+    /// `statement` on the store, with the store timeout, tried again (the partition waiting,
+    /// readiness failing) while it fails; `None` once the worker stops or loses the partition.
+    async fn with_store<T, F>(
         &self,
-        position: RecordPosition<'_>,
         cancel: &CancellationToken,
-    ) -> Option<u32> {
+        what: &'static str,
+        statement: impl Fn() -> F,
+    ) -> Option<T>
+    where
+        F: std::future::Future<Output = Result<T, crate::store::StoreError>>,
+    {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
-            let counted = crate::store::within(
-                "count of a call",
-                self.shared.store_timeout,
-                self.shared.store.count_call(position),
-            )
-            .await;
-            let error = match counted {
-                Ok(calls) => return Some(calls),
-                Err(error) => error.to_string(),
-            };
-            tracing::warn!(handler = %self.group.name, %error, "could not count a call; the partition waits and tries again");
-            self.group
-                .probe
-                .fail(format!("cannot count calls in the store: {error}"));
+            match crate::store::within(what, self.shared.store_timeout, statement()).await {
+                Ok(value) => return Some(value),
+                Err(error) => {
+                    tracing::warn!(handler = %self.group.name, %error, "could not {what}; the partition waits and tries again");
+                    self.group
+                        .probe
+                        .fail(format!("cannot {what} in the store: {error}"));
+                }
+            }
             tokio::select! {
                 () = tokio::time::sleep(backoff.next_delay()) => {}
                 () = cancel.cancelled() => return None,
                 () = self.state.revoked.cancelled() => return None,
             }
-        }
-    }
-
-    /// Takes back a call counted for the record at `position` that was not made or does not
-    /// count. A store that fails here leaves the count one higher: logged, not retried (the
-    /// worker is stopping).
-    async fn uncount_call(&self, position: RecordPosition<'_>) {
-        let taken_back = crate::store::within(
-            "call taken back",
-            self.shared.store_timeout,
-            self.shared.store.uncount_call(position),
-        )
-        .await;
-        if taken_back.is_err() {
-            tracing::warn!(handler = %self.group.name, offset = position.offset, "could not take back a call not made; the record's count stays one higher");
         }
     }
 
@@ -1080,5 +1202,63 @@ impl ConsumerContext for GroupContext {
                 tracing::warn!(component = self.logged.component(), %error, "offset commit failed; it is tried again with the next")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_is_written_once_for_its_records_and_a_crash_in_it_makes_them_counted_one_by_one() {
+        // A fresh partition: the first record opens a window, the next ones in it write nothing.
+        let mut task = Remembered::default();
+        let (call, write) = task.count(10, 0);
+        assert_eq!(call, 1);
+        assert_eq!(write.unwrap().window, (10, 10 + CALL_WINDOW - 1));
+        assert_eq!(task.count(11, 0), (1, None));
+        // A retry is counted exactly before its call.
+        let (call, write) = task.count(11, 1);
+        assert_eq!((call, write.unwrap().counted), (2, Some((11, 2))));
+        // Past the window: a new one.
+        let (_, write) = task.count(10 + CALL_WINDOW, 0);
+        assert_eq!(write.unwrap().window.0, 10 + CALL_WINDOW);
+
+        // The process died in the window (never closed): its successor counts each record in
+        // it exactly, one at a time, and opens a window of its own past it.
+        let mut successor = Remembered {
+            calls: PartitionCalls {
+                counted: None,
+                window: (10, 10 + CALL_WINDOW - 1),
+            },
+            ..Remembered::default()
+        };
+        let (call, write) = successor.count(12, 0);
+        assert_eq!((call, write.unwrap().counted), (1, Some((12, 1))));
+        // It died again on 12: the next holder goes on with its count.
+        let mut third = Remembered {
+            calls: write.unwrap(),
+            ..Remembered::default()
+        };
+        let (call, write) = third.count(12, 0);
+        assert_eq!((call, write.unwrap().counted), (2, Some((12, 2))));
+        let (_, write) = third.count(10 + CALL_WINDOW, 0);
+        assert_eq!(
+            write.unwrap(),
+            PartitionCalls {
+                counted: None,
+                window: (10 + CALL_WINDOW, 10 + 2 * CALL_WINDOW - 1),
+            }
+        );
+
+        // A clean stop closed the window and kept a retried record's count.
+        let mut after_stop = Remembered {
+            calls: PartitionCalls {
+                counted: Some((11, 2)),
+                window: PartitionCalls::CLOSED,
+            },
+            ..Remembered::default()
+        };
+        assert_eq!(after_stop.count(11, 0).0, 3);
     }
 }

@@ -1,54 +1,85 @@
-//! Calls of records that a broker hands out by position (a Kafka partition's offset), counted
-//! in the store before each call: a record that kills its process is called again after the
-//! restart with its count going on, and is dead-lettered once the count passes the retry limit,
-//! instead of crashing every process that reads its partition.
+//! Calls of records that a broker hands out by position (a Kafka partition's offset), remembered
+//! in the store so that a record that kills its process is called again after the restart with
+//! its count going on, and is dead-lettered once the count passes the retry limit, instead of
+//! crashing every process that reads its partition.
+//!
+//! Written once per window of records, not per call: a partition's holder writes the window of
+//! offsets it is about to call (one row per consumer group and partition) and, where it knows
+//! more, the exact count of one record (a record retried, or one it stopped with a call still
+//! running). A holder that finds a window its predecessor never closed (the process died) calls
+//! the records in it one at a time, each counted exactly before its call.
 
 use futures_util::future::BoxFuture;
 
 use crate::store::StoreError;
 
-/// Where a record is: the consumer group reading it, its topic, partition and offset.
+/// A consumer group's partition: the group (one per handler), its topic and partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecordPosition<'a> {
-    /// The consumer group (one per handler).
+pub struct PartitionOf<'a> {
+    /// The consumer group.
     pub group: &'a str,
     /// The topic.
     pub topic: &'a str,
     /// The partition.
     pub partition: i32,
-    /// The record's offset in its partition.
-    pub offset: i64,
 }
 
-/// The calls of the record each consumer group's partition is at, remembered across restarts:
-/// one row per group and partition, which follows the partition's records as they are called.
-pub trait RecordAttempts: Send + Sync + 'static {
-    /// Counts a call of the record at `position`, about to be made, and returns the calls
-    /// counted for it so far, this one included: 1 for a record the partition had not reached,
-    /// one more for the record it is at (a retry, or a call again after a restart whose call
-    /// never finished). A record behind the one the partition is at (read again after a
-    /// rebalance, before its commit landed) is not tracked: 1, and nothing changes.
-    fn count_call<'a>(
-        &'a self,
-        position: RecordPosition<'a>,
-    ) -> BoxFuture<'a, Result<u32, StoreError>>;
+/// What the store remembers of a partition's calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartitionCalls {
+    /// A record counted exactly: its offset and the calls of it started so far.
+    pub counted: Option<(i64, u32)>,
+    /// Offsets (first and last, inclusive) whose calls its holder may have started and not seen
+    /// settled; empty (`first > last`) once a holder stopped cleanly.
+    pub window: (i64, i64),
+}
 
-    /// Takes back the call counted for the record at `position` (it was never made, or ended
-    /// in a failure while the worker was stopping, which does not count): nothing when the
-    /// partition is at another record.
-    fn uncount_call<'a>(
+impl PartitionCalls {
+    /// No window: nothing in flight.
+    pub const CLOSED: (i64, i64) = (0, -1);
+
+    /// Whether `offset` is in the window.
+    pub fn in_window(&self, offset: i64) -> bool {
+        self.window.0 <= offset && offset <= self.window.1
+    }
+
+    /// The calls counted for the record at `offset`, if it is the one counted exactly.
+    pub fn calls_of(&self, offset: i64) -> Option<u32> {
+        self.counted
+            .filter(|(counted, _)| *counted == offset)
+            .map(|(_, calls)| calls)
+    }
+}
+
+/// The calls of each consumer group's partitions, remembered across restarts (one row per
+/// group and partition, written by the partition's holder alone).
+pub trait RecordAttempts: Send + Sync + 'static {
+    /// What the store remembers of `partition`'s calls (`None`: nothing yet).
+    fn partition_calls<'a>(
         &'a self,
-        position: RecordPosition<'a>,
+        partition: PartitionOf<'a>,
+    ) -> BoxFuture<'a, Result<Option<PartitionCalls>, StoreError>>;
+
+    /// Remembers `calls` for `partition`, replacing what was there.
+    fn remember_partition_calls<'a>(
+        &'a self,
+        partition: PartitionOf<'a>,
+        calls: PartitionCalls,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
-/// The count [`RecordAttempts::count_call`] returns for `offset`, from the row's offset and
-/// calls after the upsert.
+/// The row's columns for `calls`: counted offset (-1 for none), calls, window.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) fn calls_of(offset: i64, row_offset: i64, row_calls: i64) -> u32 {
-    if row_offset == offset {
-        u32::try_from(row_calls).unwrap_or(u32::MAX)
-    } else {
-        1
+pub(crate) fn columns(calls: &PartitionCalls) -> (i64, i64, i64, i64) {
+    let (offset, count) = calls.counted.unwrap_or((-1, 0));
+    (offset, i64::from(count), calls.window.0, calls.window.1)
+}
+
+/// `PartitionCalls` from the row's columns.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn from_columns((offset, count, first, last): (i64, i64, i64, i64)) -> PartitionCalls {
+    PartitionCalls {
+        counted: (offset >= 0).then(|| (offset, u32::try_from(count).unwrap_or(u32::MAX))),
+        window: (first, last),
     }
 }

@@ -961,16 +961,19 @@ async fn migrate_in(conn: &mut PgConnection, schema: &Identifier) -> Result<(), 
         ),
         (
             9,
-            "record_attempts: calls of Kafka records counted before each call",
+            "record_attempts: calls of Kafka records remembered across restarts",
             format!(
-                // One row per consumer group and partition: the record it is at, and the calls
-                // made of it (RecordAttempts).
+                // One row per consumer group and partition (RecordAttempts).
                 "CREATE TABLE {s}.record_attempts (
                      group_id text NOT NULL,
                      topic text NOT NULL,
                      partition integer NOT NULL,
+                     -- The record counted exactly (-1: none) and its calls started.
                      record_offset bigint NOT NULL,
                      calls integer NOT NULL,
+                     -- Offsets whose calls may have begun and not been seen settled.
+                     window_first bigint NOT NULL,
+                     window_last bigint NOT NULL,
                      updated_at timestamptz NOT NULL DEFAULT now(),
                      PRIMARY KEY (group_id, topic, partition)
                  );

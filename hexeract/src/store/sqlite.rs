@@ -1209,7 +1209,7 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
         ),
         (
             8,
-            "record_attempts: calls of Kafka records counted before each call",
+            "record_attempts: calls of Kafka records remembered across restarts",
             format!(
                 "CREATE TABLE {} (
                      group_id TEXT NOT NULL,
@@ -1217,6 +1217,8 @@ async fn migrate_in(conn: &mut SqliteConnection, prefix: &Identifier) -> Result<
                      partition INTEGER NOT NULL,
                      record_offset INTEGER NOT NULL,
                      calls INTEGER NOT NULL,
+                     window_first INTEGER NOT NULL,
+                     window_last INTEGER NOT NULL,
                      PRIMARY KEY (group_id, topic, partition)
                  ) STRICT; {}",
                 table(prefix, "record_attempts"),

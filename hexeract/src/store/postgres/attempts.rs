@@ -3,54 +3,54 @@
 use futures_util::future::BoxFuture;
 
 use super::PgStore;
-use crate::store::StoreError;
-use crate::store::{calls_of, RecordAttempts, RecordPosition};
+use crate::store::attempts::{columns, from_columns};
+use crate::store::{PartitionCalls, PartitionOf, RecordAttempts, StoreError};
 
 impl RecordAttempts for PgStore {
-    fn count_call<'a>(
+    fn partition_calls<'a>(
         &'a self,
-        position: RecordPosition<'a>,
-    ) -> BoxFuture<'a, Result<u32, StoreError>> {
+        partition: PartitionOf<'a>,
+    ) -> BoxFuture<'a, Result<Option<PartitionCalls>, StoreError>> {
         Box::pin(async move {
-            let (offset, calls): (i64, i64) = sqlx::query_as(&format!(
-                "INSERT INTO {}.record_attempts AS r (group_id, topic, partition, record_offset, calls)
-                 VALUES ($1, $2, $3, $4, 1)
-                 ON CONFLICT (group_id, topic, partition) DO UPDATE
-                 SET calls = CASE
-                         WHEN r.record_offset = EXCLUDED.record_offset THEN r.calls + 1
-                         WHEN r.record_offset < EXCLUDED.record_offset THEN 1
-                         ELSE r.calls
-                     END,
-                     record_offset = greatest(r.record_offset, EXCLUDED.record_offset),
-                     updated_at = now()
-                 RETURNING record_offset, calls::bigint",
+            let row: Option<(i64, i64, i64, i64)> = sqlx::query_as(&format!(
+                "SELECT record_offset, calls::bigint, window_first, window_last
+                 FROM {}.record_attempts
+                 WHERE group_id = $1 AND topic = $2 AND partition = $3",
                 self.schema.quoted()
             ))
-            .bind(position.group)
-            .bind(position.topic)
-            .bind(position.partition)
-            .bind(position.offset)
-            .fetch_one(&self.pool)
+            .bind(partition.group)
+            .bind(partition.topic)
+            .bind(partition.partition)
+            .fetch_optional(&self.pool)
             .await?;
-            Ok(calls_of(position.offset, offset, calls))
+            Ok(row.map(from_columns))
         })
     }
 
-    fn uncount_call<'a>(
+    fn remember_partition_calls<'a>(
         &'a self,
-        position: RecordPosition<'a>,
+        partition: PartitionOf<'a>,
+        calls: PartitionCalls,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
+            let (offset, count, first, last) = columns(&calls);
             sqlx::query(&format!(
-                "UPDATE {}.record_attempts SET calls = calls - 1, updated_at = now()
-                 WHERE group_id = $1 AND topic = $2 AND partition = $3 AND record_offset = $4
-                   AND calls > 0",
+                "INSERT INTO {}.record_attempts
+                     (group_id, topic, partition, record_offset, calls, window_first, window_last)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 ON CONFLICT (group_id, topic, partition) DO UPDATE
+                 SET record_offset = EXCLUDED.record_offset, calls = EXCLUDED.calls,
+                     window_first = EXCLUDED.window_first, window_last = EXCLUDED.window_last,
+                     updated_at = now()",
                 self.schema.quoted()
             ))
-            .bind(position.group)
-            .bind(position.topic)
-            .bind(position.partition)
-            .bind(position.offset)
+            .bind(partition.group)
+            .bind(partition.topic)
+            .bind(partition.partition)
+            .bind(offset)
+            .bind(count)
+            .bind(first)
+            .bind(last)
             .execute(&self.pool)
             .await?;
             Ok(())

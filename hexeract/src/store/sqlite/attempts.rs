@@ -3,55 +3,53 @@
 use futures_util::future::BoxFuture;
 
 use super::{table, SqliteStore};
-use crate::store::StoreError;
-use crate::store::{calls_of, RecordAttempts, RecordPosition};
+use crate::store::attempts::{columns, from_columns};
+use crate::store::{PartitionCalls, PartitionOf, RecordAttempts, StoreError};
 
 impl RecordAttempts for SqliteStore {
-    fn count_call<'a>(
+    fn partition_calls<'a>(
         &'a self,
-        position: RecordPosition<'a>,
-    ) -> BoxFuture<'a, Result<u32, StoreError>> {
+        partition: PartitionOf<'a>,
+    ) -> BoxFuture<'a, Result<Option<PartitionCalls>, StoreError>> {
         Box::pin(async move {
-            let _writing = self.writes.lock().await;
-            let (offset, calls): (i64, i64) = sqlx::query_as(&format!(
-                "INSERT INTO {t} (group_id, topic, partition, record_offset, calls)
-                 VALUES (?1, ?2, ?3, ?4, 1)
-                 ON CONFLICT (group_id, topic, partition) DO UPDATE
-                 SET calls = CASE
-                         WHEN record_offset = excluded.record_offset THEN calls + 1
-                         WHEN record_offset < excluded.record_offset THEN 1
-                         ELSE calls
-                     END,
-                     record_offset = max(record_offset, excluded.record_offset)
-                 RETURNING record_offset, calls",
-                t = table(&self.prefix, "record_attempts")
+            let row: Option<(i64, i64, i64, i64)> = sqlx::query_as(&format!(
+                "SELECT record_offset, calls, window_first, window_last FROM {}
+                 WHERE group_id = ?1 AND topic = ?2 AND partition = ?3",
+                table(&self.prefix, "record_attempts")
             ))
-            .bind(position.group)
-            .bind(position.topic)
-            .bind(position.partition)
-            .bind(position.offset)
-            .fetch_one(&self.pool)
+            .bind(partition.group)
+            .bind(partition.topic)
+            .bind(partition.partition)
+            .fetch_optional(&self.pool)
             .await?;
-            Ok(calls_of(position.offset, offset, calls))
+            Ok(row.map(from_columns))
         })
     }
 
-    fn uncount_call<'a>(
+    fn remember_partition_calls<'a>(
         &'a self,
-        position: RecordPosition<'a>,
+        partition: PartitionOf<'a>,
+        calls: PartitionCalls,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
+            let (offset, count, first, last) = columns(&calls);
             let _writing = self.writes.lock().await;
             sqlx::query(&format!(
-                "UPDATE {t} SET calls = calls - 1
-                 WHERE group_id = ?1 AND topic = ?2 AND partition = ?3 AND record_offset = ?4
-                   AND calls > 0",
-                t = table(&self.prefix, "record_attempts")
+                "INSERT INTO {}
+                     (group_id, topic, partition, record_offset, calls, window_first, window_last)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (group_id, topic, partition) DO UPDATE
+                 SET record_offset = excluded.record_offset, calls = excluded.calls,
+                     window_first = excluded.window_first, window_last = excluded.window_last",
+                table(&self.prefix, "record_attempts")
             ))
-            .bind(position.group)
-            .bind(position.topic)
-            .bind(position.partition)
-            .bind(position.offset)
+            .bind(partition.group)
+            .bind(partition.topic)
+            .bind(partition.partition)
+            .bind(offset)
+            .bind(count)
+            .bind(first)
+            .bind(last)
             .execute(&self.pool)
             .await?;
             Ok(())
