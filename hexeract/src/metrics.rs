@@ -495,13 +495,12 @@ pub(crate) fn owing_nothing<'a>(handlers: impl IntoIterator<Item = &'a str>) {
 
 /// An outbox row a relay dead-lettered instead of publishing (no handler, no call made).
 pub(crate) fn dead_lettered_by_relay(reason: &Reason) {
-    metrics::counter!(DEAD_LETTERED, "handler" => UNKNOWN, "reason" => reason_label(reason))
-        .increment(1);
+    dead_lettered_at_take("", reason);
 }
 
 /// An outbox row of `handler` (empty: none) a store dead-lettered at its take, where the
 /// worker could not be handed it (no call made).
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn dead_lettered_at_take(handler: &str, reason: &Reason) {
     let handler = if handler.is_empty() { UNKNOWN } else { handler };
     metrics::counter!(DEAD_LETTERED, "handler" => handler.to_owned(), "reason" => reason_label(reason))

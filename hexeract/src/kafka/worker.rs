@@ -704,17 +704,8 @@ impl PartitionTask {
             )
         };
         if let Some(closed) = closing {
-            let written = crate::store::within(
-                "closed window",
-                self.shared.store_timeout,
-                self.shared
-                    .store
-                    .remember_partition_calls(self.partition_of(), closed),
-            )
-            .await;
-            if written.is_err() {
-                tracing::debug!(handler = %self.group.name, partition = self.partition, "window not closed; the next holder calls its records one at a time");
-            }
+            // Not closed: the next holder calls its records one at a time.
+            self.write_calls(closed).await;
         }
     }
 
@@ -926,17 +917,24 @@ impl PartitionTask {
             remembered.calls.counted = Some((offset, calls));
             (remembered.calls != before).then_some(remembered.calls)
         };
-        let Some(changed) = changed else { return };
+        if let Some(changed) = changed {
+            self.write_calls(changed).await;
+        }
+    }
+
+    /// Writes `calls` for this partition once, with the store timeout; a failure is logged,
+    /// not retried (what it leaves is at worst a count one lower, or a window left open).
+    async fn write_calls(&self, calls: PartitionCalls) {
         let written = crate::store::within(
-            "count of calls",
+            "partition's calls",
             self.shared.store_timeout,
             self.shared
                 .store
-                .remember_partition_calls(self.partition_of(), changed),
+                .remember_partition_calls(self.partition_of(), calls),
         )
         .await;
         if let Err(error) = written {
-            tracing::warn!(handler = %self.group.name, offset, %error, "could not remember a record's calls");
+            tracing::warn!(handler = %self.group.name, partition = self.partition, %error, "could not remember the partition's calls");
         }
     }
 
@@ -996,27 +994,14 @@ impl PartitionTask {
             wire::headers::RECORD.to_owned(),
             wire::position(record.topic(), record.partition(), record.offset()),
         );
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        loop {
-            let written = crate::store::within(
-                "dead letter",
-                self.shared.store_timeout,
-                self.shared.store.insert_dead_letter(&letter),
-            );
-            match written.await {
-                Ok(()) => return Settled::Done,
-                Err(error) => {
-                    tracing::warn!(handler = %group.name, %error, "could not write a dead letter; the partition waits and tries again");
-                    group
-                        .probe
-                        .fail(format!("cannot write dead letters: {error}"));
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(backoff.next_delay()) => {}
-                () = cancel.cancelled() => return Settled::Left,
-                () = self.state.revoked.cancelled() => return Settled::Left,
-            }
+        let written = self
+            .with_store(cancel, "write a dead letter", || {
+                self.shared.store.insert_dead_letter(&letter)
+            })
+            .await;
+        match written {
+            Some(()) => Settled::Done,
+            None => Settled::Left,
         }
     }
 }
