@@ -407,11 +407,27 @@ pub(crate) fn consume_worker(
 
 /// The worker draining its preloaded handler queue: from its start until the handler saw every
 /// message.
+/// How long one run may take before it counts as stalled.
+const RUN_DEADLINE: Duration = Duration::from_secs(300);
+
 pub(crate) async fn run_worker(worker: RabbitMqWorker, done: Arc<Notify>) -> Duration {
     let cancel = CancellationToken::new();
     let started = Instant::now();
     let running = tokio::spawn(worker.run(cancel.clone()));
-    done.notified().await;
+    // A run that loses a message would wait here for good (CI's bench phase once did, in
+    // `rabbitmq_retry_tiers`): a deadline far above any run's length turns it into a failure
+    // that says where it stopped.
+    if tokio::time::timeout(RUN_DEADLINE, done.notified())
+        .await
+        .is_err()
+    {
+        cancel.cancel();
+        let stopped = running.await;
+        panic!(
+            "the worker did not handle every message within {RUN_DEADLINE:?} (a message lost \
+             or stuck on the broker); the worker stopped with {stopped:?}"
+        );
+    }
     let elapsed = started.elapsed();
     cancel.cancel();
     running.await.expect("join").expect("run");

@@ -160,7 +160,11 @@ async fn sample_gauges(
 ) {
     loop {
         crate::metrics::sample_health(&health);
-        store.sample().await;
+        // A sample is reads only: stopping drops one in flight rather than waiting for it.
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = store.sample() => {}
+        }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
@@ -169,6 +173,8 @@ async fn sample_gauges(
 }
 
 /// Deletes expired inbox marks and dead letters: a minute after startup, then every hour.
+/// Stopping does not wait for a purge: each is one `DELETE` outside any transaction, so one
+/// dropped in flight either lands or deletes nothing, and the next start purges again.
 async fn retention(
     store: Arc<dyn crate::store::Store>,
     inbox: Option<Duration>,
@@ -182,19 +188,32 @@ async fn retention(
             () = tokio::time::sleep(wait) => {}
         }
         wait = Duration::from_secs(3_600);
-        if let Some(age) = inbox {
-            match store.purge_inbox_before(age).await {
-                Ok(0) => {}
-                Ok(purged) => tracing::info!(purged, ?age, "expired inbox marks deleted"),
-                Err(error) => tracing::warn!(%error, "could not delete expired inbox marks"),
-            }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = purge_expired(&*store, inbox, dead_letters) => {}
         }
-        if let Some(age) = dead_letters {
-            match store.purge_dead_letters_before(age).await {
-                Ok(0) => {}
-                Ok(purged) => tracing::info!(purged, ?age, "expired dead letters deleted"),
-                Err(error) => tracing::warn!(%error, "could not delete expired dead letters"),
-            }
+    }
+}
+
+/// One retention pass: the inbox marks older than `inbox`, then the dead letters older than
+/// `dead_letters` (each when set).
+async fn purge_expired(
+    store: &dyn crate::store::Store,
+    inbox: Option<Duration>,
+    dead_letters: Option<Duration>,
+) {
+    if let Some(age) = inbox {
+        match store.purge_inbox_before(age).await {
+            Ok(0) => {}
+            Ok(purged) => tracing::info!(purged, ?age, "expired inbox marks deleted"),
+            Err(error) => tracing::warn!(%error, "could not delete expired inbox marks"),
+        }
+    }
+    if let Some(age) = dead_letters {
+        match store.purge_dead_letters_before(age).await {
+            Ok(0) => {}
+            Ok(purged) => tracing::info!(purged, ?age, "expired dead letters deleted"),
+            Err(error) => tracing::warn!(%error, "could not delete expired dead letters"),
         }
     }
 }

@@ -370,7 +370,16 @@ impl Runtime {
     ///
     /// One runtime runs on a store at a time (it fans messages out to its own handlers): a
     /// second `run` on the same store returns [`Error::StoreBusy`].
+    ///
+    /// Stopping has one hard deadline: the grace and 5 s to settle.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let grace = self.shared.shutdown_grace;
+        crate::delivery::stop_by_deadline("runtime", &cancel.clone(), grace, self.serve(cancel))
+            .await
+            .unwrap_or(Ok(()))
+    }
+
+    async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {
         let mut consumer = self.shared.store.claim_consumer().ok_or(Error::StoreBusy)?;
         let run = Arc::new(Run {
             shared: self.shared.clone(),

@@ -113,12 +113,22 @@ impl TestSchema {
 /// A pool whose connections go through `proxy` (the chaos tests' fault proxy) to the test
 /// database, named `application_name` so that `pg_stat_activity` tells them apart.
 pub async fn connect_through(proxy: &crate::proxy::FaultProxy, application_name: &str) -> PgPool {
+    connect_through_waiting(proxy, application_name, std::time::Duration::from_secs(5)).await
+}
+
+/// [`connect_through`] with a pool that waits up to `acquire_timeout` for a connection (a
+/// silent path holds each acquire that long).
+pub async fn connect_through_waiting(
+    proxy: &crate::proxy::FaultProxy,
+    application_name: &str,
+    acquire_timeout: std::time::Duration,
+) -> PgPool {
     let options: sqlx::postgres::PgConnectOptions = database_url()
         .parse()
         .expect("TEST_DATABASE_URL is a postgres:// URL");
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
-        .acquire_timeout(std::time::Duration::from_secs(5))
+        .acquire_timeout(acquire_timeout)
         .connect_with(
             options
                 .host(&proxy.addr().ip().to_string())

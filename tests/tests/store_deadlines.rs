@@ -296,3 +296,99 @@ async fn a_scheduler_on_a_silent_postgres_path_reports_it_and_stops_on_cancel() 
     );
     schema.drop_schema().await;
 }
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
+#[message(type = "deadline.Slow")]
+struct Slow;
+
+/// A handler whose call waits for the test, whatever its context says.
+struct WaitsForGate {
+    started: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl hexeract::Handler<Slow> for WaitsForGate {
+    type Error = std::convert::Infallible;
+
+    async fn handle(&self, _: Slow, _: &Context) -> Result<(), Self::Error> {
+        self.started.notify_one();
+        let _ = self.gate.acquire().await;
+        Ok(())
+    }
+}
+
+/// Stopping has one hard deadline, the shutdown grace and 5 s to settle: an outbox worker whose
+/// call ignores its cancellation, and whose database path goes silent as it stops, returns by
+/// then, although its store statements may each wait their whole `store_timeout` (a minute
+/// here; before the deadline, `run` waited that long for the hand-back). Nothing is lost: the
+/// delivery stays in the store, and no connection is left in a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_worker_stops_by_its_hard_deadline_when_its_last_writes_cannot_land() {
+    const GRACE: Duration = Duration::from_millis(300);
+    const SLOW_STORE: Duration = Duration::from_secs(60);
+    let schema = TestSchema::new("hexeract-tests-deadlines").await;
+    let direct = schema.migrated_store().await;
+    let proxy = FaultProxy::start(database_addr()).await;
+    let application_name = format!("hxd-stop-{}", &schema.schema[2..14]);
+    // The pool waits as long as the statements may: only the deadline can end the stop early.
+    let store = schema.store_on(
+        hexeract_tests::pg::connect_through_waiting(&proxy, &application_name, SLOW_STORE).await,
+    );
+    let started = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let worker = hexeract::outbox::OutboxWorker::builder(store)
+        .registry(hexeract::Registry::new())
+        .register_handler_with::<Slow, _>(
+            WaitsForGate {
+                started: started.clone(),
+                gate: gate.clone(),
+            },
+            hexeract::HandlerOptions::new().name("deadline.slow"),
+        )
+        .poll_interval(Duration::from_millis(20))
+        .store_timeout(SLOW_STORE)
+        .shutdown_grace(GRACE)
+        .build()
+        .unwrap();
+    direct
+        .publish(vec![Envelope::new(&Slow).unwrap()])
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    tokio::time::timeout(Duration::from_secs(30), started.notified())
+        .await
+        .expect("the call starts within 30 s");
+    proxy.blackhole(true);
+    let cancelled = Instant::now();
+    cancel.cancel();
+    let deadline = GRACE + Duration::from_secs(5);
+    tokio::time::timeout(deadline + Duration::from_secs(10), running)
+        .await
+        .expect("run returns by its hard deadline, not after its store timeout")
+        .expect("the worker task does not panic")
+        .expect("run returns Ok(()) on cancel");
+    let stopped_after = cancelled.elapsed();
+    println!(
+        "outbox_stop_deadline: grace_ms={} stopped_after_cancel_ms={}",
+        GRACE.as_millis(),
+        stopped_after.as_millis()
+    );
+    assert!(
+        stopped_after >= GRACE,
+        "stopped {stopped_after:?} after the cancel: the call had its grace of {GRACE:?}"
+    );
+    assert!(
+        stopped_after < SLOW_STORE / 2,
+        "stopped {stopped_after:?} after the cancel: the hand-back was waited for"
+    );
+    gate.add_permits(1);
+    proxy.blackhole(false);
+    none_idle_in_transaction(&schema, &application_name, Duration::from_secs(30)).await;
+    assert_eq!(
+        schema.count("deliveries").await + schema.count("outbox").await,
+        1,
+        "the message given up on at the deadline is still in the store"
+    );
+    schema.drop_schema().await;
+}

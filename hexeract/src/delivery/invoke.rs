@@ -2,6 +2,7 @@
 //! caught, and a call given up on left to finish, never dropped mid-way.
 
 use std::any::Any;
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
@@ -426,6 +427,43 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
         message
     } else {
         "(a panic payload that is not a string)"
+    }
+}
+
+/// What a loop has, after its shutdown grace, to settle the calls that finished and hand back
+/// the ones it gave up on: store writes and broker acks, each a round trip when all is well.
+/// When they cannot finish in it (a database that stopped answering, a broker under an alarm),
+/// the loop stops anyway; what it still holds is handed out again when its lease ends (store
+/// claims) or when its channel or consumer closes (brokers), as after a crash.
+pub(crate) const SETTLE_AFTER_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs a loop until it returns, or until its hard shutdown deadline passes: `grace` +
+/// [`SETTLE_AFTER_GRACE`] after `cancel` fires. `None` when the deadline cut it short (logged,
+/// with `what` naming the loop). The loop's future is dropped there: its store calls begin
+/// their transactions through `store::begin`, so none is left open on a pooled connection.
+pub(crate) async fn stop_by_deadline<T>(
+    what: &'static str,
+    cancel: &CancellationToken,
+    grace: Duration,
+    running: impl Future<Output = T>,
+) -> Option<T> {
+    let deadline = grace.saturating_add(SETTLE_AFTER_GRACE);
+    tokio::select! {
+        biased;
+        stopped = running => Some(stopped),
+        () = async {
+            cancel.cancelled().await;
+            tokio::time::sleep(deadline).await;
+        } => {
+            tracing::warn!(
+                worker = what,
+                ?deadline,
+                "not stopped within its shutdown deadline (the grace and {SETTLE_AFTER_GRACE:?} to \
+                 settle): stopping now; what it still held runs again once its lease ends or its \
+                 channel closes"
+            );
+            None
+        }
     }
 }
 

@@ -351,7 +351,22 @@ impl KafkaWorker {
     /// grace), commits what was settled, leaves the groups and returns `Ok(())`. Fails at once
     /// only when librdkafka refuses a consumer's configuration; lost brokers are waited for
     /// (librdkafka reconnects) and shown on the probes.
+    ///
+    /// Stopping has one hard deadline: the grace and 5 s to settle. A worker whose commits
+    /// cannot land by then stops anyway; the group hands out what it did not commit again.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), KafkaError> {
+        let grace = self.shutdown_grace;
+        crate::delivery::stop_by_deadline(
+            "Kafka worker",
+            &cancel.clone(),
+            grace,
+            self.serve(cancel),
+        )
+        .await
+        .unwrap_or(Ok(()))
+    }
+
+    async fn serve(self, cancel: CancellationToken) -> Result<(), KafkaError> {
         let interrupt = CancellationToken::new();
         let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), self.shutdown_grace);
         let publisher: Arc<dyn Publish> = match &self.shared.publisher {
@@ -464,11 +479,26 @@ impl Group {
         // Each task finishes the record it is on (the calls get the shutdown grace) and takes
         // no other.
         while tasks.join_next().await.is_some() {}
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(())
-            | Err(ClientError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-            Err(error) => {
+        // librdkafka's synchronous commit blocks its thread until the coordinator answers: on a
+        // blocking thread of its own, with a deadline, so that a lost coordinator holds neither
+        // an async thread nor the stop.
+        let committing = {
+            let consumer = consumer.clone();
+            tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync))
+        };
+        match tokio::time::timeout(crate::delivery::SETTLE_AFTER_GRACE, committing).await {
+            Ok(Ok(
+                Ok(())
+                | Err(ClientError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)),
+            )) => {}
+            Ok(Ok(Err(error))) => {
                 tracing::warn!(handler = %self.name, %error, "could not commit the settled offsets at shutdown; the records after the last commit will be handled again")
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(handler = %self.name, %error, "the commit at shutdown did not finish; the records after the last commit will be handled again")
+            }
+            Err(_) => {
+                tracing::warn!(handler = %self.name, deadline = ?crate::delivery::SETTLE_AFTER_GRACE, "the commit at shutdown got no answer in time; the records after the last commit will be handled again")
             }
         }
         consumer.unsubscribe();

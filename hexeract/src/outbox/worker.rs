@@ -289,7 +289,23 @@ impl OutboxWorker {
 
     /// Runs until `cancel` fires, then finishes the cycle in progress (handlers get the shutdown
     /// grace) and returns `Ok(())`. Store errors are logged and retried after `poll_interval`.
+    ///
+    /// Stopping has one hard deadline: the grace and 5 s to settle. A worker whose last writes
+    /// cannot land by then (the database stopped answering) stops anyway; its claims run again
+    /// once their lease ends.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let grace = self.shutdown_grace;
+        crate::delivery::stop_by_deadline(
+            "outbox worker",
+            &cancel.clone(),
+            grace,
+            self.serve(cancel),
+        )
+        .await
+        .unwrap_or(Ok(()))
+    }
+
+    async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {
         let interrupt = CancellationToken::new();
         let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), self.shutdown_grace);
         let wake = match (&self.wake, self.polling_only) {

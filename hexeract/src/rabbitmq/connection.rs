@@ -40,6 +40,9 @@ pub struct RabbitMqConnection {
     recovering: bool,
 }
 
+/// How long opening a connection (TCP, TLS and the AMQP handshake) may take.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(30);
+
 impl RabbitMqConnection {
     /// Connects once, naming the connection after the executable (`orders-service` for
     /// `target/release/orders-service`), so that the broker's list of connections tells which
@@ -95,8 +98,18 @@ impl RabbitMqConnection {
         let (lapin_url, tls) = tls_settings(url)?;
         let runtime = lapin::runtime::default_runtime()
             .map_err(|error| BusError::Connection(format!("no tokio runtime: {error}")))?;
-        let inner = Connection::connect_with_config(&lapin_url, properties, tls, runtime)
+        // A broker that accepts the TCP connection and then never answers the handshake (a
+        // proxy with nothing behind it, a node stuck at boot) would hold this call for good.
+        let connecting = Connection::connect_with_config(&lapin_url, properties, tls, runtime);
+        let inner = tokio::time::timeout(CONNECT_DEADLINE, connecting)
             .await
+            .map_err(|_| {
+                BusError::Connection(format!(
+                    "cannot connect to {}: no answer to the AMQP handshake within \
+                     {CONNECT_DEADLINE:?}",
+                    redact_url(url)
+                ))
+            })?
             .map_err(|error| {
                 let error = error.to_string();
                 let hint = if error.contains("UnknownIssuer") {

@@ -635,9 +635,20 @@ impl RabbitMqWorker {
     /// running calls finish (up to the shutdown grace), acks what is settled and returns
     /// `Ok(())`. Returns [`BusError::Connection`] when a consumer stream ends without a
     /// cancellation (the connection or a channel is gone).
+    ///
+    /// Stopping has one hard deadline: the grace and 5 s to settle. A worker whose acks or
+    /// parkings cannot land by then (a broker alarm) stops anyway; the broker hands its
+    /// unacknowledged deliveries out again when its channels close.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), BusError> {
         let shared = self.shared;
-        let result = shared.run(cancel).await;
+        let result = crate::delivery::stop_by_deadline(
+            "RabbitMQ worker",
+            &cancel,
+            shared.shutdown_grace,
+            shared.run(cancel.clone()),
+        )
+        .await
+        .unwrap_or(Ok(()));
         if let Err(error) = &result {
             shared.health.fail(error);
         }

@@ -163,7 +163,15 @@ async fn connect(
 ) -> Result<RabbitMqConnection, BusError> {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
-        match RabbitMqConnection::connect_named(url, name).await {
+        let connecting = tokio::select! {
+            () = cancel.cancelled() => {
+                return Err(BusError::Connection(
+                    "stopped while connecting to RabbitMQ".to_owned(),
+                ))
+            }
+            connecting = RabbitMqConnection::connect_named(url, name) => connecting,
+        };
+        match connecting {
             Ok(connection) => return Ok(connection),
             Err(error) => {
                 let delay = backoff.next_delay();

@@ -395,7 +395,17 @@ impl SchedulerWorker {
     /// Runs until `cancel` fires, then lets the cycle in progress finish (jobs get the
     /// shutdown grace) and returns `Ok(())`. Store errors are logged and retried after
     /// `poll_interval`.
+    ///
+    /// Stopping has one hard deadline: the grace and 5 s to settle. A scheduler whose last
+    /// writes cannot land by then stops anyway; its claims run again once their lease ends.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let grace = self.shared.shutdown_grace;
+        crate::delivery::stop_by_deadline("scheduler", &cancel.clone(), grace, self.serve(cancel))
+            .await
+            .unwrap_or(Ok(()))
+    }
+
+    async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {
         let shared = &*self.shared;
         let interrupt = CancellationToken::new();
         let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), shared.shutdown_grace);

@@ -105,7 +105,14 @@ impl PgStore {
         // One connection first: an unreachable database or a refused login fails here at once,
         // with its cause, where the pool would retry for its whole acquire timeout (30 s) and
         // then report only that it timed out.
-        let probe = PgConnection::connect_with(&options).await?;
+        // A server that accepts the connection and never answers its startup (a proxy with
+        // nothing behind it) fails here after 30 s, as the pool's own connections would.
+        let probe = tokio::time::timeout(CONNECT_DEADLINE, PgConnection::connect_with(&options))
+            .await
+            .map_err(|_| StoreError::Timeout {
+                what: "connection's startup",
+                after: CONNECT_DEADLINE,
+            })??;
         let _ = probe.close().await;
         let pool = PgPoolOptions::new()
             .max_connections(10)
@@ -865,6 +872,9 @@ impl Statements {
         )
     }
 }
+
+/// How long [`PgStore::connect`] waits for the server to answer.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The schema version [`migrate_in`] brings a schema to.
 const SCHEMA_VERSION: i32 = 9;
