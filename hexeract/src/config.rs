@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::knobs::executable_name;
-pub(crate) use crate::knobs::KnobChecks;
 use crate::knobs::{millis, millis_option};
 pub use crate::knobs::{ConfigError, ConfigProblem};
 use crate::policy::Policy;
@@ -474,7 +473,7 @@ impl WorkerConfig {
             policy.poll_interval = ms(interval);
         }
         if let Some(lease) = read("DELIVERY_LEASE_MS", |v| whole_number(v, 1, 86_400_000)) {
-            policy.lease = ms(lease);
+            policy.lease = Some(ms(lease));
         }
         if let Some(max) = read("MAX_PAYLOAD_BYTES", |v| whole_number(v, 1, 1_073_741_824)) {
             policy.max_payload_bytes = max as usize;
@@ -854,7 +853,6 @@ impl WorkerConfig {
                 1,
                 3_600_000,
             ),
-            ("DELIVERY_LEASE_MS", ms(policy.lease), 1, 86_400_000),
             (
                 "MAX_PAYLOAD_BYTES",
                 policy.max_payload_bytes as u64,
@@ -895,6 +893,7 @@ impl WorkerConfig {
         }
         let scheduler = &self.scheduler;
         let optional = [
+            ("DELIVERY_LEASE_MS", policy.lease.map(ms), 1, 86_400_000),
             (
                 "SCHEDULER_POLL_INTERVAL_MS",
                 scheduler.poll_interval.map(ms),
@@ -1266,7 +1265,7 @@ mod tests {
                 lease: Some(Duration::from_millis(4321)),
             }
         );
-        assert_eq!(settings.policy.lease, Duration::from_secs(60));
+        assert_eq!(settings.policy.lease, Some(Duration::from_secs(60)));
         assert_eq!(settings.policy.max_payload_bytes, 4096);
         assert_eq!(settings.policy.store_timeout, Duration::from_millis(2500));
         assert_eq!(settings.policy.prefetch, 64);

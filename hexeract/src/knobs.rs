@@ -65,7 +65,6 @@ impl KnobChecks {
     }
 
     /// A problem found by a check of the caller's own.
-    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
     pub(crate) fn problem(self, knob: &str, value: String, expected: &str) -> KnobChecks {
         self.require(false, knob, value, expected)
     }
@@ -83,6 +82,18 @@ impl KnobChecks {
             format!("{value:?}"),
             "longer than zero",
         )
+    }
+
+    /// `value`, when set, must be longer than zero.
+    pub(crate) fn not_zero_when_set(
+        self,
+        knob: &str,
+        value: Option<std::time::Duration>,
+    ) -> KnobChecks {
+        match value {
+            Some(value) => self.not_zero(knob, value),
+            None => self,
+        }
     }
 
     pub(crate) fn finish(self) -> Result<(), ConfigError> {

@@ -8,9 +8,46 @@ use std::time::Duration;
 use crate::knobs::KnobChecks;
 use crate::retry::RetryPolicy;
 
+/// What a loop has, after its shutdown grace, to settle the calls that finished and hand back
+/// the ones it gave up on: store writes and broker acks, each a round trip when all is well.
+/// When they cannot finish in it (a database that stopped answering, a broker under an alarm),
+/// the loop stops anyway; what it still holds is handed out again when its lease ends (store
+/// claims) or when its channel or consumer closes (brokers), as after a crash.
+pub(crate) const SETTLE_AFTER_GRACE: Duration = Duration::from_secs(5);
+
 /// Calls of one handler running at once in the in-memory world, where nothing else bounds
 /// them (the other worlds are bounded by their claim batch, prefetch or partition).
 pub(crate) const IN_MEMORY_CONCURRENCY: u32 = 16;
+
+/// The longest call among handlers or jobs (`own`: each one's name and the timeout it sets,
+/// if any), the others taking `default` (the knob `knob`): how long, and who sets it.
+pub(crate) fn longest_call<'a>(
+    default: Duration,
+    knob: &str,
+    own: impl Iterator<Item = (&'a str, Option<Duration>)>,
+) -> (Duration, String) {
+    let mut longest: Option<(Duration, &str)> = None;
+    // With none at all, or one without a timeout of its own, the default is a call's length.
+    let mut default_applies = true;
+    for (at, (name, timeout)) in own.enumerate() {
+        if at == 0 {
+            default_applies = false;
+        }
+        match timeout {
+            Some(timeout) if longest.is_none_or(|(longest, _)| timeout > longest) => {
+                longest = Some((timeout, name));
+            }
+            Some(_) => {}
+            None => default_applies = true,
+        }
+    }
+    match longest {
+        Some((timeout, name)) if !default_applies || timeout > default => {
+            (timeout, format!("the timeout of {name:?}"))
+        }
+        _ => (default, knob.to_owned()),
+    }
+}
 
 /// The knobs around a handler call and a worker's loop, with their defaults written once. Each
 /// builder keeps one and its setters write into it, so a knob has one home and one default
@@ -55,9 +92,11 @@ pub struct Policy {
     pub poll_interval: Duration,
     /// Deliveries claimed, or rows relayed, per poll (`RELAY_BATCH_SIZE`).
     pub batch_size: u32,
-    /// How long a claim of a delivery lasts (`DELIVERY_LEASE_MS`).
-    #[serde(rename = "lease_ms", with = "crate::knobs::millis")]
-    pub lease: Duration,
+    /// How long a claim of a delivery lasts (`DELIVERY_LEASE_MS`). `None`: the longest handler
+    /// timeout and the room for the settle after it (35 s with the defaults); one set must be
+    /// at least that long, or the worker does not build ([`Policy::lease_for`]).
+    #[serde(rename = "lease_ms", with = "crate::knobs::millis_option")]
+    pub lease: Option<Duration>,
     /// Deliveries a broker may have in flight per consumer (`AMQP_PREFETCH`).
     pub prefetch: u32,
     /// Wait between two poll cycles that found work.
@@ -79,7 +118,8 @@ impl Default for Policy {
 impl Policy {
     /// The library's defaults, what every builder starts from (`seeds/000…`): 5 calls, 1 s →
     /// 300 s, 30 s per call, 1 MiB, 8 s of grace, `poll_interval` 100 ms, `batch_size` 10,
-    /// `lease` 30 s, `prefetch` 16, `min_cycle_delay` 5 ms, `store_timeout` 30 s.
+    /// `lease` derived (the longest handler timeout and 5 s: 35 s), `prefetch` 16,
+    /// `min_cycle_delay` 5 ms, `store_timeout` 30 s.
     pub fn library() -> Policy {
         Policy {
             retry: RetryPolicy::default(),
@@ -89,7 +129,7 @@ impl Policy {
             shutdown_grace: Duration::from_secs(8),
             poll_interval: Duration::from_millis(100),
             batch_size: 10,
-            lease: Duration::from_secs(30),
+            lease: None,
             prefetch: 16,
             min_cycle_delay: Duration::from_millis(5),
             store_timeout: Duration::from_secs(30),
@@ -156,6 +196,64 @@ impl Policy {
         }
     }
 
+    /// The room a lease keeps above the longest call for the settle that follows it: the store
+    /// timeout (what bounds that write), at most 5 s (the settle after the shutdown grace has
+    /// as long; a write that takes longer is refused by the claim check, and the delivery only
+    /// runs again).
+    pub fn settle_room(&self) -> Duration {
+        self.store_timeout.min(SETTLE_AFTER_GRACE)
+    }
+
+    /// The lease claims are taken for when the longest call a claim may run is `longest_call`
+    /// (the handler timeout, or the longest one a handler sets, with `who` naming it): the
+    /// lease set, or `longest_call` and the [`settle_room`](Policy::settle_room) when none is.
+    /// A lease set shorter than that is refused: a call that takes its whole timeout would
+    /// outlive its claim, and another worker could run the same delivery beside it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let mut policy = hexeract::Policy::library();
+    /// let timeout = policy.handler_timeout;
+    /// assert_eq!(policy.lease_for(timeout, "handler_timeout"), Ok(Duration::from_secs(35)));
+    /// policy.lease = Some(Duration::from_secs(30));
+    /// let refused = policy.lease_for(timeout, "handler_timeout").unwrap_err();
+    /// assert!(refused.contains("at least 35s"), "{refused}");
+    /// ```
+    pub fn lease_for(&self, longest_call: Duration, who: &str) -> Result<Duration, String> {
+        let needed = longest_call.saturating_add(self.settle_room());
+        match self.lease {
+            None => Ok(needed),
+            Some(lease) if lease >= needed => Ok(lease),
+            Some(_) => Err(format!(
+                "at least {needed:?}: the longest call a claim may run ({longest_call:?}, \
+                 {who}) and {:?} for its settle (the store timeout, at most 5 s); a shorter \
+                 lease lets another worker claim a delivery while its call still runs. Raise \
+                 the lease, lower that timeout, or leave the lease unset",
+                self.settle_room()
+            )),
+        }
+    }
+
+    /// Checks the lease against the longest call (see [`lease_for`](Policy::lease_for)),
+    /// adding its problem to `checks`; the lease to claim with when there is none.
+    /// `knob` names the lease as the problem says it (`lease (DELIVERY_LEASE_MS)`).
+    pub(crate) fn check_lease(
+        &self,
+        checks: KnobChecks,
+        knob: &str,
+        longest_call: (Duration, String),
+    ) -> (KnobChecks, Duration) {
+        let (longest, who) = longest_call;
+        match self.lease_for(longest, &who) {
+            Ok(lease) => (checks, lease),
+            Err(expected) => {
+                let asked = format!("{:?}", self.lease.unwrap_or_default());
+                (checks.problem(knob, asked, &expected), Duration::ZERO)
+            }
+        }
+    }
+
     /// The default concurrency limit of a handler, once [`checks`](Policy::checks) passed.
     pub(crate) fn concurrency_limit(&self) -> Option<NonZeroU32> {
         self.concurrency.and_then(NonZeroU32::new)
@@ -214,6 +312,71 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_lease_covers_the_longest_call_and_the_room_to_settle_it() {
+        let secs = Duration::from_secs;
+        let derived = Policy::library();
+        assert_eq!(derived.lease_for(secs(30), "handler_timeout"), Ok(secs(35)));
+        // The room is the store timeout when it is shorter than 5 s.
+        let quick_store = Policy {
+            store_timeout: Duration::from_millis(200),
+            lease: Some(Duration::from_millis(1_200)),
+            ..Policy::library()
+        };
+        assert_eq!(
+            quick_store.lease_for(secs(1), "handler_timeout"),
+            Ok(Duration::from_millis(1_200))
+        );
+        assert!(quick_store
+            .lease_for(Duration::from_millis(1_001), "handler_timeout")
+            .is_err());
+        // A lease equal to the timeout (the seed's 30 s and 30 s) is refused, naming both.
+        let equal = Policy {
+            lease: Some(secs(30)),
+            ..Policy::library()
+        };
+        let refused = equal
+            .lease_for(secs(30), "the timeout of \"orders\"")
+            .unwrap_err();
+        assert!(refused.contains("at least 35s"), "{refused}");
+        assert!(refused.contains("the timeout of \"orders\""), "{refused}");
+    }
+
+    #[test]
+    fn the_longest_call_is_the_default_only_where_some_handler_takes_it() {
+        let secs = Duration::from_secs;
+        let knob = || "handler_timeout".to_owned();
+        assert_eq!(
+            longest_call(secs(30), "handler_timeout", std::iter::empty()),
+            (secs(30), knob())
+        );
+        assert_eq!(
+            longest_call(
+                secs(30),
+                "handler_timeout",
+                [("a", Some(secs(60))), ("b", None)].into_iter()
+            ),
+            (secs(60), "the timeout of \"a\"".to_owned())
+        );
+        // Every handler sets a shorter one of its own: the default is nobody's.
+        assert_eq!(
+            longest_call(
+                secs(30),
+                "handler_timeout",
+                [("a", Some(secs(1))), ("b", Some(secs(2)))].into_iter()
+            ),
+            (secs(2), "the timeout of \"b\"".to_owned())
+        );
+        assert_eq!(
+            longest_call(
+                secs(30),
+                "handler_timeout",
+                [("a", Some(secs(1))), ("b", None)].into_iter()
+            ),
+            (secs(30), knob())
+        );
+    }
+
+    #[test]
     fn the_presets_are_the_seeds_defaults() {
         let library = Policy::library();
         assert_eq!(library.retry.max_deliveries_value(), 5);
@@ -225,10 +388,7 @@ mod tests {
             (library.poll_interval, library.batch_size),
             (Duration::from_millis(100), 10)
         );
-        assert_eq!(
-            (library.prefetch, library.lease),
-            (16, Duration::from_secs(30))
-        );
+        assert_eq!((library.prefetch, library.lease), (16, None));
         let process = Policy::process();
         assert_eq!(
             (process.poll_interval, process.batch_size),

@@ -15,7 +15,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{IfSet, SchedulerConfig, WorkerConfig};
-use crate::delivery::Policy;
 use crate::error::Error;
 use crate::outbox::OutboxWorkerBuilder;
 use crate::registry::Registry;
@@ -76,7 +75,7 @@ pub(crate) async fn start(
     // One sampler for the scrapes and the timer below: they share its samples and its pool.
     let gauges = endpoints
         .store
-        .get_or_init(|| Arc::new(crate::metrics::StoreGauges::new(store.clone())))
+        .get_or_init(|| Arc::new(crate::store::StoreGauges::new(store.clone())))
         .clone();
     // Not ready until every loop has added its component: served before they exist, an empty
     // list would read as ready.
@@ -155,7 +154,7 @@ async fn warn_about_unowned(store: &dyn crate::store::Housekeeping, registry: &R
 /// StatsD) sees them move without a scrape.
 async fn sample_gauges(
     health: crate::health::Health,
-    store: Arc<crate::metrics::StoreGauges>,
+    store: Arc<crate::store::StoreGauges>,
     stop: CancellationToken,
 ) {
     loop {
@@ -341,23 +340,18 @@ fn configure_scheduler(builder: SchedulerBuilder, settings: &WorkerConfig) -> Sc
         dispatch_timeout,
         lease,
     } = settings.scheduler;
-    // `configure` takes MAX_DELIVERIES and RETRY_MAX_DELAY_MS.
+    // MAX_DELIVERIES, RETRY_MAX_DELAY_MS and STORE_TIMEOUT_MS; HANDLER_TIMEOUT_MS is not a
+    // job's: SCHEDULER_DISPATCH_TIMEOUT_MS is.
     builder
-        .configure(settings)
+        .retry_policy(settings.policy.retry.clone())
+        .store_timeout(settings.policy.store_timeout)
         .if_set(poll_interval, SchedulerBuilder::poll_interval)
         .if_set(batch_size, SchedulerBuilder::batch_size)
         .if_set(min_cycle_delay, SchedulerBuilder::min_cycle_delay)
         .if_set(dispatch_timeout, SchedulerBuilder::dispatch_timeout)
-        .lease(lease.unwrap_or_else(|| run_scheduler_lease(dispatch_timeout)))
+        // Unset, the builder's: the longest dispatch timeout and 5 s to settle.
+        .if_set(lease, SchedulerBuilder::lease)
         .shutdown_grace(settings.policy.shutdown_grace)
-}
-
-/// The scheduler's lease under `hexeract::run` when `SCHEDULER_LEASE_MS` is unset: the dispatch
-/// timeout and 5 s of room for the settle after a timeout (35 s with the defaults), so that a
-/// run that takes its whole timeout still holds its claim.
-fn run_scheduler_lease(dispatch_timeout: Option<std::time::Duration>) -> std::time::Duration {
-    // The builder's default dispatch timeout (the seed's 30 s).
-    dispatch_timeout.unwrap_or(Policy::library().handler_timeout) + Duration::from_secs(5)
 }
 
 /// The outbox worker of `hexeract::run`: the process's defaults, the variables every world
@@ -418,7 +412,7 @@ mod tests {
         for knob in [
             "poll_interval: 250ms",
             "batch_size: 7",
-            "lease: 4.321s",
+            "lease: Some(4.321s)",
             "dispatch_timeout: 1.234s",
         ] {
             assert!(shown.contains(knob), "{knob} not in {shown}");
@@ -429,26 +423,32 @@ mod tests {
     async fn unset_variables_leave_the_builders_defaults_under_run() {
         let unset = settings(&[]);
         let store = store().await;
-        // All but the lease, which `run` gives 5 s of room above the dispatch timeout.
         assert_eq!(
             format!(
                 "{:?}",
                 configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &unset)
             ),
-            format!(
-                "{:?}",
-                SchedulerWorker::builder_shared(store.clone()).lease(Duration::from_secs(35))
-            ),
+            format!("{:?}", SchedulerWorker::builder_shared(store.clone())),
+        );
+        // The lease is derived when built: the dispatch timeout and 5 s to settle.
+        let scheduler = configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &unset)
+            .build()
+            .unwrap();
+        assert!(
+            format!("{scheduler:?}").contains("lease: 35s"),
+            "{scheduler:?}"
         );
         let longer = settings(&[("SCHEDULER_DISPATCH_TIMEOUT_MS", "60000")]);
         let scheduler =
-            configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &longer);
+            configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &longer)
+                .build()
+                .unwrap();
         assert!(
             format!("{scheduler:?}").contains("lease: 65s"),
             "{scheduler:?}"
         );
-        let worker = outbox_worker_of_run(store, &unset);
-        assert!(format!("{worker:?}").contains("lease: 30s"), "{worker:?}");
+        let worker = outbox_worker_of_run(store, &unset).build().unwrap();
+        assert!(format!("{worker:?}").contains("lease: 35s"), "{worker:?}");
     }
 
     #[tokio::test]
@@ -491,6 +491,9 @@ mod tests {
     async fn the_outbox_worker_of_run_takes_the_delivery_lease() {
         let set = settings(&[("DELIVERY_LEASE_MS", "90000")]);
         let worker = outbox_worker_of_run(store().await, &set);
-        assert!(format!("{worker:?}").contains("lease: 90s"), "{worker:?}");
+        assert!(
+            format!("{worker:?}").contains("lease: Some(90s)"),
+            "{worker:?}"
+        );
     }
 }

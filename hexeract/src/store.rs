@@ -51,6 +51,9 @@ mod dead_letters;
 pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;
 pub use queues::{DeclaredQueue, DeclaredQueues};
+mod gauges;
+pub use gauges::sample_gauges;
+pub(crate) use gauges::StoreGauges;
 pub(crate) mod limit;
 pub(crate) mod relay;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]

@@ -695,8 +695,10 @@ fn in_process_worker(
         .register_handler_with::<Job, _>(ledger("first"), HandlerOptions::new().name("first"))
         .register_handler_with::<Job, _>(ledger("second"), HandlerOptions::new().name("second"))
         .batch_size(20)
+        // The call's timeout and the room to settle it (the store timeout) fit in the lease.
         .lease(Duration::from_secs(1))
-        .handler_timeout(Duration::from_millis(800))
+        .handler_timeout(Duration::from_millis(500))
+        .store_timeout(Duration::from_millis(500))
         .retry_delays(Duration::from_millis(10), Duration::from_millis(100))
         .poll_interval(Duration::from_millis(10))
         .shutdown_grace(shutdown_grace)
@@ -912,7 +914,10 @@ fn droppable_worker(
         .register_handler_with::<Job, _>(handler("first"), HandlerOptions::new().name("first"))
         .register_handler_with::<Job, _>(handler("second"), HandlerOptions::new().name("second"))
         .batch_size(batch_size)
+        // The call's timeout and the room to settle it (the store timeout) fit in the lease.
         .lease(Duration::from_secs(1))
+        .handler_timeout(Duration::from_millis(500))
+        .store_timeout(Duration::from_millis(500))
         .retry_delays(Duration::from_millis(10), Duration::from_millis(100))
         .poll_interval(Duration::from_millis(5))
 }
@@ -1366,6 +1371,8 @@ async fn a_postgres_path_blackholed_during_a_claim_is_given_up_on_after_the_stor
     let worker = droppable_worker(&db, &store, &ledger_pool, 20)
         .max_deliveries(50)
         .store_timeout(Duration::from_secs(2))
+        // The call's timeout and 2 s to settle it.
+        .lease(Duration::from_millis(2_500))
         .polling_only()
         .build()
         .expect("worker builds");

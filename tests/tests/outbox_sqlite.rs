@@ -1007,3 +1007,65 @@ async fn writes_go_on_while_a_relay_pass_waits_for_its_broker() {
     );
     drop(store);
 }
+
+/// A handler that does nothing, with a timeout of its own when registered so.
+struct Idle;
+
+impl Handler<OrderPlaced> for Idle {
+    type Error = std::convert::Infallible;
+    async fn handle(&self, _: OrderPlaced, _: &Context) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// The lease covers the longest call and 5 s to settle it: unset, it is derived from them; set
+/// shorter (the seed's 30 s lease beside its 30 s timeout), the worker does not build, and the
+/// error names the lease, the least it may be and the call that needs it.
+#[tokio::test]
+async fn the_lease_covers_the_longest_call_and_its_settle_or_the_worker_does_not_build() {
+    let db = TestDb::new().await;
+    let builder = || {
+        OutboxWorker::builder(db.store())
+            .registry(Registry::new())
+            .register_handler_with::<OrderPlaced, _>(Idle, HandlerOptions::new().name("quick"))
+            .register_handler_with::<OrderPlaced, _>(
+                Idle,
+                HandlerOptions::new()
+                    .name("slow")
+                    .timeout(Duration::from_secs(60)),
+            )
+    };
+    let derived = builder().build().unwrap();
+    assert!(format!("{derived:?}").contains("lease: 65s"), "{derived:?}");
+    let refused = builder()
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap_err()
+        .to_string();
+    for part in [
+        "lease",
+        "\"30s\"",
+        "at least 65s",
+        "the timeout of \"slow\"",
+    ] {
+        assert!(refused.contains(part), "{part:?} not in: {refused}");
+    }
+    let seeds = OutboxWorker::builder(db.store())
+        .registry(Registry::new())
+        .register_handler::<OrderPlaced, _>(Idle)
+        .lease(Duration::from_secs(30))
+        .handler_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(seeds.contains("at least 35s"), "{seeds}");
+    assert!(seeds.contains("handler_timeout"), "{seeds}");
+    // Exactly the call and its room is enough.
+    OutboxWorker::builder(db.store())
+        .registry(Registry::new())
+        .register_handler::<OrderPlaced, _>(Idle)
+        .lease(Duration::from_secs(35))
+        .build()
+        .unwrap();
+    db.finish().await;
+}

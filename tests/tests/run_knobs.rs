@@ -1,10 +1,11 @@
 //! `hexeract::run` on SQLite passes the worker knobs of the environment to its workers:
 //! `MAX_PAYLOAD_BYTES` and `DELIVERY_LEASE_MS` to the outbox worker, `SCHEDULER_LEASE_MS`,
 //! `SCHEDULER_DISPATCH_TIMEOUT_MS` and `SHUTDOWN_GRACE_MS` to the scheduler. Each is set to a
-//! value the library default would not show.
+//! value the library default would not show; the leases show by being refused when they do
+//! not cover the longest call and the room to settle it.
 //!
 //! In a test binary of its own: `run` reads the process environment and runs every handler and
-//! job of the binary; nextest runs the test in a process of its own.
+//! job of the binary; nextest runs each test in a process of its own.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
@@ -35,7 +36,8 @@ async fn overrun(_ctx: &Context) -> Result<(), String> {
 static STUCK_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Its first run never ends on its own and ignores the cancellation: only the end of the
-/// shutdown grace stops it. Its own timeout is above `SCHEDULER_LEASE_MS`, for the warning.
+/// shutdown grace stops it. Its own timeout is the longest of the jobs': the scheduler's lease
+/// must cover it.
 #[scheduled(every = "1s", name = "knobs.stuck", catch_up = "none", timeout = "50s")]
 async fn stuck(_ctx: &Context) -> Result<(), String> {
     if STUCK_STARTED.swap(true, Ordering::SeqCst) {
@@ -84,10 +86,10 @@ async fn run_gives_the_outbox_worker_and_the_scheduler_their_variables() {
         ("CONSUMER_POLL_INTERVAL_MS", "50"),
         ("MAX_DELIVERIES", "1"),
         ("MAX_PAYLOAD_BYTES", "64"),
-        ("DELIVERY_LEASE_MS", "1500"),
+        ("DELIVERY_LEASE_MS", "40000"),
         ("SCHEDULER_POLL_INTERVAL_MS", "50"),
         ("SCHEDULER_DISPATCH_TIMEOUT_MS", "100"),
-        ("SCHEDULER_LEASE_MS", "45000"),
+        ("SCHEDULER_LEASE_MS", "55000"),
         ("SHUTDOWN_GRACE_MS", "0"),
     ] {
         std::env::set_var(variable, value);
@@ -139,27 +141,9 @@ async fn run_gives_the_outbox_worker_and_the_scheduler_their_variables() {
     .await;
     assert_eq!(overran.reason.as_str(), "handler_timeout");
 
-    // The builders' lease warnings name the leases they were given.
+    // The leases cover the longest calls (30 s and 50 s) and 5 s to settle: nothing warns.
     let text = logs.text();
-    let outbox = text
-        .lines()
-        .find(|line| line.contains("the handler's timeout is longer than the lease"))
-        .unwrap_or_else(|| panic!("no lease warning of the outbox worker in:\n{text}"));
-    assert!(
-        outbox.contains("knobs::bulky") && outbox.contains("lease=1.5s"),
-        "{outbox}"
-    );
-    let scheduler = text
-        .lines()
-        .find(|line| line.contains("the lease does not exceed these jobs' timeouts"))
-        .unwrap_or_else(|| panic!("no lease warning of the scheduler in:\n{text}"));
-    // The job with a 50 s timeout outlasts the 45 s lease; the one under the dispatch timeout
-    // does not.
-    assert!(
-        scheduler.contains("lease=45s") && scheduler.contains("knobs.stuck (50s)"),
-        "{scheduler}"
-    );
-    assert!(!scheduler.contains("knobs.overrun"), "{scheduler}");
+    assert!(!text.contains("lease"), "{text}");
 
     // SHUTDOWN_GRACE_MS: a job that ignores the cancellation is interrupted at once, not
     // after the default 8 s.
@@ -185,4 +169,57 @@ async fn run_gives_the_outbox_worker_and_the_scheduler_their_variables() {
     );
     drop(store);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Runs `run` with the outbox on a fresh SQLite file and `variables` set; returns its error.
+async fn run_refused(variables: &[(&str, &str)]) -> String {
+    let dir = std::env::temp_dir().join(format!("hexeract-run-knobs-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for variable in ["DATABASE_URL", "AMQP_URL", "KAFKA_BROKERS"] {
+        std::env::remove_var(variable);
+    }
+    std::env::set_var("HEXERACT_SQLITE_PATH", dir.join("outbox.db"));
+    std::env::set_var("WORKER_PORT", "0");
+    for (variable, value) in variables {
+        std::env::set_var(variable, value);
+    }
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        hexeract::run(CancellationToken::new()),
+    )
+    .await
+    .expect("run returns at once")
+    .expect_err("run refuses to start");
+    std::fs::remove_dir_all(&dir).ok();
+    refused.to_string()
+}
+
+/// `DELIVERY_LEASE_MS` under the handler timeout and 5 s to settle: nothing starts, and the
+/// error names the variable, the lease given and the least it may be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_a_delivery_lease_that_does_not_cover_a_call_and_its_settle() {
+    let refused = run_refused(&[("DELIVERY_LEASE_MS", "1500")]).await;
+    for part in [
+        "DELIVERY_LEASE_MS",
+        "\"1.5s\"",
+        "at least 35s",
+        "handler_timeout",
+    ] {
+        assert!(refused.contains(part), "{part:?} not in: {refused}");
+    }
+}
+
+/// `SCHEDULER_LEASE_MS` under the longest job's own timeout (50 s) and 5 s to settle: the
+/// error names that job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_a_scheduler_lease_under_a_jobs_own_timeout() {
+    let refused = run_refused(&[("SCHEDULER_LEASE_MS", "45000")]).await;
+    for part in [
+        "SCHEDULER_LEASE_MS",
+        "\"45s\"",
+        "at least 55s",
+        "the timeout of \"knobs.stuck\"",
+    ] {
+        assert!(refused.contains(part), "{part:?} not in: {refused}");
+    }
 }

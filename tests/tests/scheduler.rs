@@ -255,49 +255,75 @@ impl Tables<'_> {
     }
 }
 
-/// A run that outlives its lease: a new claim takes the occurrence over (the other worker's,
-/// or its own worker's: a slow run does not stop its worker from claiming) and fails it, due
-/// again in 5 s; the first run's late failure is refused: the outcome on record is the second
-/// run's, and nothing runs a third time meanwhile.
+/// A claim whose holder stalls past its lease (a process paused, a VM frozen: a worker's own
+/// calls cannot outlive it, since the builder refuses a lease shorter than the dispatch timeout
+/// and the room to settle): a new claim takes the occurrence over and fails it, due again in
+/// 5 s; the stalled holder's late failure is refused: the outcome on record is the second
+/// run's, and nothing runs a third time meanwhile. The stalled holder is a claim made through
+/// the store, as its worker would have made it; `scheduler_pause.rs` pauses a real scheduler
+/// process with SIGSTOP instead.
 async fn a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle(
     store: Arc<dyn Store>,
     tables: Tables<'_>,
 ) {
     let job = every_day("slow", slow_then_fast);
     due_now(&*store, std::slice::from_ref(&job), Duration::from_secs(1)).await;
-    let worker = |store: Arc<dyn Store>, retry: Duration| {
-        SchedulerWorker::builder_shared(store)
-            .job(job.clone())
-            .lease(Duration::from_millis(300))
-            .dispatch_timeout(Duration::from_secs(5))
-            .retry_delays(retry, retry)
-            .poll_interval(Duration::from_millis(20))
-            .build()
-            .unwrap()
-    };
+    let names = vec![job.name().to_owned()];
+    assert_eq!(
+        worker_plan_once(&store, &names).await,
+        1,
+        "one occurrence due"
+    );
+    let stalled = Uuid::now_v7();
+    let claimed = store
+        .claim_occurrences(stalled, &names, 10, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let worker = SchedulerWorker::builder_shared(store.clone())
+        .job(job.clone())
+        .dispatch_timeout(Duration::from_secs(5))
+        .retry_delays(Duration::from_secs(5), Duration::from_secs(5))
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
     let cancel = CancellationToken::new();
-    let first = tokio::spawn(worker(store.clone(), Duration::from_secs(5)).run(cancel.clone()));
-    wait_until("the first run", Duration::from_secs(10), || {
+    let second = tokio::spawn(worker.run(cancel.clone()));
+    wait_until("the takeover", Duration::from_secs(10), || {
         runs_of("slow").len() == 1
     })
     .await;
-    let second = tokio::spawn(worker(store.clone(), Duration::from_secs(5)).run(cancel.clone()));
-    wait_until("the takeover", Duration::from_secs(10), || {
-        runs_of("slow").len() == 2
+    // The second run has failed and settled; the stalled holder now settles its own, late.
+    wait_until("the second run's end", Duration::from_secs(10), || {
+        ledger(|ledger| ledger.running.is_empty())
     })
     .await;
-    // The first run ends at 1.5 s, long after its lease.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let settled_late = store
+        .occurrences()
+        .retry(
+            stalled,
+            claimed[0].id,
+            Duration::from_millis(10),
+            "the first run failed, late",
+        )
+        .await
+        .unwrap();
+    assert!(
+        !settled_late,
+        "the stalled holder's claim was lost: its failure is refused"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
     cancel.cancel();
-    first.await.unwrap().unwrap();
     second.await.unwrap().unwrap();
     let runs = runs_of("slow");
     assert_eq!(
         runs.iter().map(|(_, attempt)| *attempt).collect::<Vec<_>>(),
-        [1, 2],
-        "run once by each worker; the stale failure did not make it due again"
+        [2],
+        "run once, by the worker that took over, charged the stalled claim; the stale failure \
+         did not make it due again"
     );
-    assert_eq!(runs[0].0, runs[1].0, "the same occurrence");
+    assert_eq!(runs[0].0, claimed[0].id, "the same occurrence");
     assert_eq!(
         tables.last_errors().await,
         [Some(
@@ -340,6 +366,7 @@ async fn a_timed_out_run_retries_then_is_dead_lettered(store: Arc<dyn Store>) {
     let worker = SchedulerWorker::builder_shared(store.clone())
         .job(job)
         .dispatch_timeout(Duration::from_millis(100))
+        .store_timeout(Duration::from_secs(1))
         .lease(Duration::from_secs(2))
         .max_deliveries(3)
         .retry_delays(Duration::from_millis(10), Duration::from_millis(20))
@@ -579,10 +606,11 @@ fn slow_job(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
     })
 }
 
-/// A fast run claimed with a slow one is acked when it ends, not when the slow one does: with
-/// a lease shorter than the slow run, a second worker would otherwise take the fast one over
-/// and run it again. Nor does the slow run hold up the next cycles (a delayed message is
-/// released meanwhile).
+/// A fast run claimed with a slow one is acked when it ends, not when the slow one does: its
+/// claim is gone while the slow run still runs (were it held until then, a worker stalled
+/// past its lease in the slow run would let another take the fast one over and run it again),
+/// and a second worker never runs it. Nor does the slow run hold up the next cycles (a delayed
+/// message is released meanwhile).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_run_holds_up_neither_the_ack_of_a_fast_one_nor_the_next_cycles() {
     let (schema, store) = pg_store().await;
@@ -599,7 +627,6 @@ async fn a_slow_run_holds_up_neither_the_ack_of_a_fast_one_nor_the_next_cycles()
         SchedulerWorker::builder_shared(store.clone())
             .job(slow.clone())
             .job(fast.clone())
-            .lease(Duration::from_millis(1_000))
             .dispatch_timeout(Duration::from_secs(5))
             .poll_interval(Duration::from_millis(20))
             .build()
@@ -626,11 +653,30 @@ async fn a_slow_run_holds_up_neither_the_ack_of_a_fast_one_nor_the_next_cycles()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The fast run's claim is settled while the slow run goes on.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        let held: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.occurrences WHERE schedule = 'fast' AND lease_owner IS NOT NULL",
+            schema.schema
+        ))
+        .fetch_one(&schema.pool)
+        .await
+        .unwrap();
+        if held == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the fast run's claim is still held a second after it ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         ledger(|ledger| !ledger.running.is_empty()),
         "the slow run was still running"
     );
-    // Past the slow run's end and another lease.
+    // Past the slow run's end.
     tokio::time::sleep(Duration::from_millis(3_500)).await;
     cancel.cancel();
     first.await.unwrap().unwrap();

@@ -136,14 +136,15 @@ async fn a_scheduler_paused_past_its_lease_is_taken_over_and_cannot_settle_when_
         .await
         .unwrap();
 
-    // A: lease 1 s, retries after 10 ms. Its first run sleeps 2 s; it is paused meanwhile.
-    let first = ChildScheduler::start(&schema.schema, 1_000, 10).await;
+    // A: lease 3 s (2.25 s for a run, 0.75 s to settle it), retries after 10 ms. Its first run
+    // sleeps 2 s; it is paused meanwhile.
+    let first = ChildScheduler::start(&schema.schema, 3_000, 10).await;
     let started = wait_for_runs(&schema, 1, Duration::from_secs(20)).await;
     assert_eq!(started, [(1, first.pid())]);
     first.signal("-STOP");
 
     // B takes the occurrence over once A's lease ends; its run fails, due again in 5 s.
-    let second = ChildScheduler::start(&schema.schema, 1_000, 5_000).await;
+    let second = ChildScheduler::start(&schema.schema, 3_000, 5_000).await;
     let taken_over = wait_for_runs(&schema, 2, Duration::from_secs(20)).await;
     assert_eq!(taken_over[1], (2, second.pid()), "B ran the second attempt");
 

@@ -430,12 +430,7 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
     }
 }
 
-/// What a loop has, after its shutdown grace, to settle the calls that finished and hand back
-/// the ones it gave up on: store writes and broker acks, each a round trip when all is well.
-/// When they cannot finish in it (a database that stopped answering, a broker under an alarm),
-/// the loop stops anyway; what it still holds is handed out again when its lease ends (store
-/// claims) or when its channel or consumer closes (brokers), as after a crash.
-pub(crate) const SETTLE_AFTER_GRACE: Duration = Duration::from_secs(5);
+use crate::policy::SETTLE_AFTER_GRACE;
 
 /// Runs a loop until it returns, or until its hard shutdown deadline passes: `grace` +
 /// [`SETTLE_AFTER_GRACE`] after `cancel` fires. `None` when the deadline cut it short (logged,

@@ -10,8 +10,8 @@ use axum::Router;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::Health;
-use crate::metrics::StoreGauges;
 use crate::store::Store;
+use crate::store::StoreGauges;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 /// The gauges of the store whose backlog `/metrics` reports, set once the store is open: a

@@ -486,7 +486,7 @@ impl Group {
             let consumer = consumer.clone();
             tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync))
         };
-        match tokio::time::timeout(crate::delivery::SETTLE_AFTER_GRACE, committing).await {
+        match tokio::time::timeout(crate::policy::SETTLE_AFTER_GRACE, committing).await {
             Ok(Ok(
                 Ok(())
                 | Err(ClientError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)),
@@ -498,7 +498,7 @@ impl Group {
                 tracing::warn!(handler = %self.name, %error, "the commit at shutdown did not finish; the records after the last commit will be handled again")
             }
             Err(_) => {
-                tracing::warn!(handler = %self.name, deadline = ?crate::delivery::SETTLE_AFTER_GRACE, "the commit at shutdown got no answer in time; the records after the last commit will be handled again")
+                tracing::warn!(handler = %self.name, deadline = ?crate::policy::SETTLE_AFTER_GRACE, "the commit at shutdown got no answer in time; the records after the last commit will be handled again")
             }
         }
         consumer.unsubscribe();

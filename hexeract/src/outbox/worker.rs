@@ -95,10 +95,14 @@ impl OutboxWorkerBuilder {
         self
     }
 
-    /// How long a claim lasts (default 30 s): a worker that dies holding deliveries releases
-    /// them when it ends. Keep it above the handler timeout.
+    /// How long a claim lasts: a worker that dies holding deliveries releases them when it
+    /// ends. By default the longest handler timeout and 5 s for the settle after it (35 s with
+    /// the defaults; the store timeout when it is shorter than 5 s); [`build`] refuses a
+    /// shorter one, which would let another worker claim a delivery while its call still runs.
+    ///
+    /// [`build`]: OutboxWorkerBuilder::build
     pub fn lease(mut self, lease: Duration) -> OutboxWorkerBuilder {
-        self.policy.lease = lease;
+        self.policy.lease = Some(lease);
         self
     }
 
@@ -174,31 +178,26 @@ impl OutboxWorkerBuilder {
         policy
             .checks("max_deliveries")
             .at_least_one("batch_size", policy.batch_size.into())
-            .not_zero("lease", policy.lease)
+            .not_zero_when_set("lease", policy.lease)
             .not_zero("store_timeout", policy.store_timeout)
             .finish()?;
         let registry = self.handlers.build(None)?;
-        for info in registry.handlers() {
-            let timeout = info.timeout.unwrap_or(policy.handler_timeout);
-            if timeout > policy.lease {
-                tracing::warn!(
-                    handler = %info.name,
-                    timeout = ?timeout,
-                    lease = ?policy.lease,
-                    "the handler's timeout is longer than the lease: while a slow call still \
-                     runs, another worker may claim the same delivery; raise the lease"
-                );
-            }
-        }
+        let longest_call = crate::policy::longest_call(
+            policy.handler_timeout,
+            "handler_timeout",
+            registry.handlers().map(|info| (&*info.name, info.timeout)),
+        );
+        let (checks, lease) = policy.check_lease(
+            Default::default(),
+            "lease (DELIVERY_LEASE_MS)",
+            longest_call.clone(),
+        );
+        checks.finish()?;
         let health = self
             .health
             .unwrap_or_else(|| Probe::detached("outbox worker"));
-        let longest_call = registry
-            .handlers()
-            .filter_map(|info| info.timeout)
-            .fold(policy.handler_timeout, Duration::max);
         health.expect_progress_within(crate::health::stuck_after(
-            longest_call,
+            longest_call.0,
             policy.store_timeout,
             policy.poll_interval,
         ));
@@ -223,7 +222,7 @@ impl OutboxWorkerBuilder {
             store: self.store,
             poll_interval: policy.poll_interval,
             batch_size: policy.batch_size,
-            lease: policy.lease,
+            lease,
             store_timeout: policy.store_timeout,
             shutdown_grace: policy.shutdown_grace,
             wake: self.wake,

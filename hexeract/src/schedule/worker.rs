@@ -11,12 +11,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::KnobChecks;
 use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, World};
 use crate::envelope::Envelope;
 use crate::envelope::FIRE_TIME_HEADER;
 use crate::error::Error;
 use crate::health::Probe;
+use crate::knobs::KnobChecks;
 use crate::middleware::Middlewares;
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
@@ -153,10 +153,14 @@ impl SchedulerBuilder {
         self
     }
 
-    /// How long a claim holds an occurrence (default 30 s): past it, another worker may take
-    /// it over. Keep it above the dispatch timeout, with room for the settle that follows.
+    /// How long a claim holds an occurrence: past it, another worker may take it over. By
+    /// default the longest dispatch timeout and 5 s for the settle after it (35 s with the
+    /// defaults; the store timeout when it is shorter than 5 s); [`build`] refuses a shorter
+    /// one, which would let another worker run the same fire time beside a slow run.
+    ///
+    /// [`build`]: SchedulerBuilder::build
     pub fn lease(mut self, lease: Duration) -> SchedulerBuilder {
-        self.policy.lease = lease;
+        self.policy.lease = Some(lease);
         self
     }
 
@@ -207,10 +211,9 @@ impl SchedulerBuilder {
         self
     }
 
-    pub(crate) fn configure(mut self, settings: &crate::config::WorkerConfig) -> SchedulerBuilder {
-        // HANDLER_TIMEOUT_MS is not a job's: SCHEDULER_DISPATCH_TIMEOUT_MS is.
-        self.policy.retry = settings.policy.retry.clone();
-        self.policy.store_timeout = settings.policy.store_timeout;
+    /// Calls in all, backoff and jitter at once (`run` gives the process's).
+    pub(crate) fn retry_policy(mut self, retry: crate::retry::RetryPolicy) -> SchedulerBuilder {
+        self.policy.retry = retry;
         self
     }
 
@@ -218,7 +221,7 @@ impl SchedulerBuilder {
     pub fn build(self) -> Result<SchedulerWorker, Error> {
         let policy = self.policy;
         KnobChecks::default()
-            .not_zero("lease", policy.lease)
+            .not_zero_when_set("lease", policy.lease)
             .not_zero("dispatch_timeout", policy.handler_timeout)
             .not_zero("store_timeout", policy.store_timeout)
             .not_zero("poll_interval", policy.poll_interval)
@@ -251,7 +254,6 @@ impl SchedulerBuilder {
             .into());
         }
         let mut by_name = HashMap::new();
-        let mut without_headroom = Vec::new();
         for job in jobs {
             if let Spec::Every(period) = job.spec() {
                 if period.as_millis() == 0 {
@@ -262,10 +264,6 @@ impl SchedulerBuilder {
                     )));
                 }
             }
-            let timeout = job.own_timeout().unwrap_or(policy.handler_timeout);
-            if timeout >= policy.lease {
-                without_headroom.push(format!("{} ({timeout:?})", job.name()));
-            }
             if let Some(other) = by_name.insert(job.name().to_owned(), job) {
                 return Err(Error::Unsupported(format!(
                     "two scheduled jobs are named {:?}: give one a name of its own",
@@ -273,25 +271,24 @@ impl SchedulerBuilder {
                 )));
             }
         }
-        if !without_headroom.is_empty() {
-            without_headroom.sort();
-            tracing::warn!(
-                lease = ?policy.lease,
-                jobs = %without_headroom.join(", "),
-                "the lease does not exceed these jobs' timeouts: a run that takes its whole \
-                 timeout outlasts its claim, and another worker may run the same fire time at \
-                 once; set a lease above the dispatch timeout (or a shorter `timeout` on the job)"
-            );
-        }
+        let longest_run = crate::policy::longest_call(
+            policy.handler_timeout,
+            "dispatch_timeout",
+            by_name
+                .values()
+                .map(|job: &ScheduledJob| (job.name(), job.own_timeout())),
+        );
+        let (checks, lease) = policy.check_lease(
+            KnobChecks::default(),
+            "lease (SCHEDULER_LEASE_MS)",
+            longest_run.clone(),
+        );
+        checks.finish()?;
         let mut names: Vec<String> = by_name.keys().cloned().collect();
         names.sort();
         let health = self.health.unwrap_or_else(|| Probe::detached("scheduler"));
-        let longest_run = by_name
-            .values()
-            .filter_map(|job| job.own_timeout())
-            .fold(policy.handler_timeout, Duration::max);
         health.expect_progress_within(crate::health::stuck_after(
-            longest_run,
+            longest_run.0,
             policy.store_timeout,
             policy.poll_interval,
         ));
@@ -321,7 +318,7 @@ impl SchedulerBuilder {
                 batch_size: policy.batch_size,
                 min_cycle_delay: policy.min_cycle_delay,
                 dispatch_timeout: policy.handler_timeout,
-                lease: policy.lease,
+                lease,
                 store_timeout: policy.store_timeout,
                 catch_up_grace: self.catch_up_grace,
                 shutdown_grace: policy.shutdown_grace,

@@ -144,8 +144,10 @@ async fn run() -> Result<(), String> {
         .register_handler_with::<Job, _>(ledger("second"), HandlerOptions::new().name("second"))
         .batch_size(args.batch_size)
         .max_deliveries(args.max_deliveries)
+        // The call's timeout and the room to settle it (the store timeout) fit in the lease.
         .lease(Duration::from_secs(1))
-        .handler_timeout(Duration::from_millis(800))
+        .handler_timeout(Duration::from_millis(500))
+        .store_timeout(Duration::from_millis(500))
         .retry_delays(Duration::from_millis(10), Duration::from_millis(100))
         .poll_interval(Duration::from_millis(20))
         .shutdown_grace(Duration::from_secs(5))

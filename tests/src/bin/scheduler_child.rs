@@ -127,8 +127,11 @@ async fn run() -> Result<(), String> {
         .map_err(|_| "set twice".to_owned())?;
     let worker = SchedulerWorker::builder(store)
         .job(job())
+        // The lease covers a run's whole timeout and the room to settle it (the store
+        // timeout), as the builder requires: 3/4 of it for the run, 1/4 for the settle.
         .lease(lease)
-        .dispatch_timeout(Duration::from_secs(10))
+        .dispatch_timeout(lease * 3 / 4)
+        .store_timeout(lease / 4)
         .retry_delays(retry, retry)
         .poll_interval(Duration::from_millis(20))
         .build()

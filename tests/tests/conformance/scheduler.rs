@@ -244,7 +244,9 @@ impl Scheduler {
                 .max_deliveries(3)
                 .retry_delays(self.retry_delays.0, self.retry_delays.1)
                 .dispatch_timeout(dispatch_timeout)
-                .lease(Duration::from_secs(15))
+                // Long enough that no claim ends in a scenario; at least the run's timeout
+                // and 5 s to settle, which the builder requires.
+                .lease(Duration::from_secs(15).max(dispatch_timeout + Duration::from_secs(5)))
                 .poll_interval(Duration::from_millis(20)),
             |builder, job| builder.job(job.clone()),
         );
