@@ -58,34 +58,83 @@
 #[allow(unused_extern_crates)]
 extern crate self as hexeract;
 
-mod app;
-pub mod cli;
-pub mod config;
-mod context;
-mod dead_letter;
-mod delivery;
-mod envelope;
-mod error;
+// The modules sit in one folder per layer (docs/architecture.md: base, core, engine, store,
+// worlds, process): each folder is a module here, and the root names every module again, so
+// that paths read `crate::outbox` and `hexeract::outbox` whichever folder holds it.
+mod base {
+    pub(crate) mod knobs;
+    pub(crate) mod message;
+    pub(crate) mod policy;
+    pub(crate) mod reason;
+    pub(crate) mod redact;
+    pub(crate) mod retry;
+    pub(crate) mod secure;
+    pub(crate) mod signals;
+    pub(crate) mod state;
+}
+#[path = "core"]
+mod core_layer {
+    pub(crate) mod context;
+    pub(crate) mod dead_letter;
+    pub(crate) mod envelope;
+    pub(crate) mod handler;
+    pub mod middleware;
+    pub(crate) mod outcome;
+    #[cfg(all(test, any(feature = "rabbitmq", feature = "kafka")))]
+    pub(crate) mod proptest_support;
+    pub(crate) mod publish;
+    pub(crate) mod registry;
+    pub(crate) mod trace;
+}
+mod engine {
+    pub(crate) mod delivery;
+    pub mod health;
+    pub mod metrics;
+}
+#[path = "store/memory.rs"]
+mod memory;
+pub mod store;
+mod worlds {
+    #[cfg(feature = "kafka")]
+    pub mod kafka;
+    pub mod outbox;
+    #[cfg(feature = "rabbitmq")]
+    pub mod rabbitmq;
+    pub(crate) mod runtime;
+    pub mod schedule;
+    pub mod testing;
+}
+mod process {
+    pub(crate) mod app;
+    pub mod cli;
+    pub mod config;
+    pub(crate) mod error;
+    #[cfg(feature = "fuzzing")]
+    pub mod fuzzing;
+    pub(crate) mod run;
+}
+// What the macros' code reaches, as `::hexeract::__private` (the path their errors name).
+#[doc(hidden)]
+#[path = "process/__private.rs"]
+pub mod __private;
+use base::{knobs, message, policy, reason, redact, retry, secure, signals, state};
+pub use core_layer::middleware;
+#[cfg(all(test, any(feature = "rabbitmq", feature = "kafka")))]
+use core_layer::proptest_support;
+use core_layer::{context, dead_letter, envelope, handler, outcome, publish, registry, trace};
+use engine::delivery;
+pub use engine::{health, metrics};
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
-pub mod fuzzing;
-mod handler;
-pub mod health;
+pub use process::fuzzing;
+use process::{app, error, run};
+pub use process::{cli, config};
 #[cfg(feature = "kafka")]
-pub mod kafka;
-mod knobs;
-mod memory;
-mod message;
-pub mod metrics;
-pub mod middleware;
-pub mod outbox;
-mod outcome;
-mod policy;
-#[cfg(all(test, any(feature = "rabbitmq", feature = "kafka")))]
-mod proptest_support;
-mod publish;
+pub use worlds::kafka;
 #[cfg(feature = "rabbitmq")]
-pub mod rabbitmq;
+pub use worlds::rabbitmq;
+use worlds::runtime;
+pub use worlds::{outbox, schedule, testing};
 
 /// The guides of `docs/` that carry examples, compiled as doctests so that they stay true.
 #[cfg(all(doctest, feature = "rabbitmq"))]
@@ -106,23 +155,6 @@ pub struct SchedulerGuide;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/scheduled.md")]
 pub struct ScheduledReference;
-mod reason;
-mod redact;
-mod registry;
-mod retry;
-mod run;
-mod runtime;
-pub mod schedule;
-mod secure;
-mod signals;
-mod state;
-pub mod store;
-pub mod testing;
-mod trace;
-
-#[doc(hidden)]
-#[path = "private.rs"]
-pub mod __private;
 
 pub use app::run;
 pub use app::Worker;

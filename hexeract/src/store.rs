@@ -40,6 +40,8 @@ pub use schedules::{
     ScheduleStore, SCHEDULE_MESSAGE_TYPE,
 };
 
+// The process layer's (the process-wide default store): in its folder, under this module's path.
+#[path = "process/default_store.rs"]
 pub(crate) mod process;
 #[allow(deprecated)]
 pub use process::default_schedule_store;

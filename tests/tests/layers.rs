@@ -202,7 +202,9 @@ fn root_reexports(lib: &str) -> BTreeMap<String, String> {
                 None => continue,
             },
         };
-        if module.starts_with("hexeract_macros") || module.starts_with("tokio_util") {
+        // Modules re-exported from their layer's folder keep their names: not items.
+        let folder = ["base", "core_layer", "engine", "worlds", "process"].contains(&module);
+        if folder || module.starts_with("hexeract_macros") || module.starts_with("tokio_util") {
             continue;
         }
         for item in items.split(',') {
@@ -215,27 +217,61 @@ fn root_reexports(lib: &str) -> BTreeMap<String, String> {
     names
 }
 
-/// Every `.rs` file under `dir`, with its module path (`store::postgres`; `crate` for
-/// `lib.rs`), `#[path]` modules by their declared names.
-fn modules(dir: &Path) -> Vec<(PathBuf, String)> {
-    let mut renamed = BTreeMap::new();
-    let lib = std::fs::read_to_string(dir.join("lib.rs")).unwrap();
-    let lines: Vec<&str> = lib.lines().collect();
+/// The folders of `hexeract/src` that stand for a layer and not a module: `worlds/outbox.rs`
+/// is the module `outbox`. (The store layer's folder is the `store` module's own.)
+const LAYER_FOLDERS: [&str; 5] = ["base", "core", "engine", "worlds", "process"];
+
+/// The modules declared with `#[path = "…"]` in `source` (the file `file`, of module
+/// `module`): each target file with its module path. Attributes on inline folder modules
+/// (`#[path = "core"] mod core_layer {`) name folders, not files, and are left out.
+fn path_modules(file: &Path, module: &str, source: &str) -> Vec<(PathBuf, String)> {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut found = Vec::new();
     for (index, line) in lines.iter().enumerate() {
-        if let Some(file) = line
+        let Some(target) = line
             .trim()
             .strip_prefix("#[path = \"")
             .and_then(|rest| rest.strip_suffix("\"]"))
-        {
-            let declared = lines[index + 1..]
-                .iter()
-                .find_map(|next| next.trim().strip_prefix("pub mod "))
-                .expect("a #[path] attribute before a module")
-                .trim_end_matches(';');
-            renamed.insert(file.trim_end_matches(".rs").to_owned(), declared.to_owned());
+        else {
+            continue;
+        };
+        let declaration = lines[index + 1..]
+            .iter()
+            .map(|next| next.trim())
+            .find(|next| !next.starts_with("#["))
+            .expect("a module after a #[path] attribute");
+        let Some(name) = declaration
+            .split_whitespace()
+            .skip_while(|word| *word != "mod")
+            .nth(1)
+            .and_then(|name| name.strip_suffix(';'))
+        else {
+            continue;
+        };
+        // Relative to the folder of the declaring file (`lib.rs`, `store.rs`, `engine/health.rs`).
+        let folder = file.parent().expect("a file in a folder");
+        let mut target_file = folder.to_path_buf();
+        for part in target.split('/') {
+            match part {
+                ".." => {
+                    target_file.pop();
+                }
+                part => target_file.push(part),
+            }
         }
+        let declared = match module {
+            "crate" => name.to_owned(),
+            parent => format!("{parent}::{name}"),
+        };
+        found.push((target_file, declared));
     }
-    let mut found = Vec::new();
+    found
+}
+
+/// Every `.rs` file under `dir` with its module path (`store::postgres`; `crate` for
+/// `lib.rs`): the layer folder left out of the path, `#[path]` modules by their declared names.
+fn modules(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut files = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(folder) = pending.pop() {
         for entry in std::fs::read_dir(&folder).unwrap() {
@@ -243,18 +279,57 @@ fn modules(dir: &Path) -> Vec<(PathBuf, String)> {
             if path.is_dir() {
                 pending.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
-                let relative = path.strip_prefix(dir).unwrap().with_extension("");
-                let relative = relative.to_string_lossy().replace('/', "::");
-                let module = match relative.as_str() {
-                    "lib" => "crate".to_owned(),
-                    other => renamed.get(other).cloned().unwrap_or(relative.clone()),
-                };
-                found.push((path, module));
+                files.push(path);
+            }
+        }
+    }
+    let mut found: Vec<(PathBuf, String)> = files
+        .iter()
+        .map(|path| {
+            let relative = path.strip_prefix(dir).unwrap().with_extension("");
+            let mut parts: Vec<String> = relative
+                .components()
+                .map(|part| part.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if parts.len() > 1 && LAYER_FOLDERS.contains(&parts[0].as_str()) {
+                parts.remove(0);
+            }
+            let module = match parts.join("::").as_str() {
+                "lib" => "crate".to_owned(),
+                other => other.to_owned(),
+            };
+            (path.clone(), module)
+        })
+        .collect();
+    // Files loaded by `#[path]` are known by their declared names (repeated: a `#[path]`
+    // module may declare another).
+    for _ in 0..3 {
+        let declared: Vec<(PathBuf, String)> = found
+            .iter()
+            .flat_map(|(file, module)| {
+                path_modules(file, module, &std::fs::read_to_string(file).unwrap())
+            })
+            .collect();
+        for (target, module) in declared {
+            if let Some(entry) = found.iter_mut().find(|(file, _)| *file == target) {
+                entry.1 = module;
             }
         }
     }
     found.sort();
     found
+}
+
+/// The layer whose folder holds `file` (under `dir`): the first folder of its path, or the
+/// store's for `store.rs`; `None` for `lib.rs`.
+fn folder_layer(dir: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(dir).unwrap();
+    let first = relative.components().next()?.as_os_str().to_string_lossy();
+    match first.as_ref() {
+        "lib.rs" => None,
+        "store.rs" => Some("store".to_owned()),
+        folder => Some(folder.trim_end_matches(".rs").to_owned()),
+    }
 }
 
 #[test]
@@ -275,12 +350,21 @@ fn no_module_imports_from_a_layer_above_its_own_unless_listed() {
 
     let mut unlisted = Vec::new();
     let mut unclassified = Vec::new();
+    let mut misplaced = Vec::new();
     let mut seen = BTreeSet::new();
     for (file, module) in modules(&src) {
         let Some((_, rank, layer)) = layers.of(&module) else {
             unclassified.push(module);
             continue;
         };
+        if let Some(folder) = folder_layer(&src, &file) {
+            if folder != layer {
+                misplaced.push(format!(
+                    "{}: `{module}` is in the {layer} layer, its file in the {folder} folder",
+                    file.strip_prefix(&root).unwrap().display()
+                ));
+            }
+        }
         let source = std::fs::read_to_string(&file).unwrap();
         for reference in references(&source, &reexports) {
             let Some((entry, their_rank, their_layer)) = layers.of(&reference.module) else {
@@ -309,6 +393,12 @@ fn no_module_imports_from_a_layer_above_its_own_unless_listed() {
     assert!(
         unclassified.is_empty(),
         "modules in no layer of docs/architecture.md (add each to the Layers table): {unclassified:?}"
+    );
+    assert!(
+        misplaced.is_empty(),
+        "files outside their layer's folder (hexeract/src/<layer>/; store.rs and store/ for the \
+         store layer):\n{}",
+        misplaced.join("\n")
     );
     assert!(
         unlisted.is_empty(),

@@ -2,7 +2,7 @@
 //! Prometheus: `promtool` checks and unit-tests the rules, then a Prometheus on loopback scrapes
 //! a worker (outbox relay and bus worker on RabbitMQ, dead letters in SQLite) that handled,
 //! retried and dead-lettered messages, and evaluates every panel query and every rule. A
-//! series renamed in hexeract/src/metrics.rs, and not in the dashboard or the rules, fails here.
+//! series renamed in hexeract/src/engine/metrics.rs, and not in the dashboard or the rules, fails here.
 //!
 //! Needs Debian's `prometheus` package (`prometheus` and `promtool` on the `PATH`, or
 //! `PROMETHEUS_BIN` and `PROMTOOL_BIN`), and RabbitMQ (`TEST_AMQP_URL`).

@@ -1,4 +1,4 @@
-#![doc = include_str!("../docs/middleware.md")]
+#![doc = include_str!("../../docs/middleware.md")]
 
 use std::borrow::Cow;
 use std::fmt;

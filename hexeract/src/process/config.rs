@@ -1618,7 +1618,7 @@ mod tests {
     /// default, changes the settings: each maps to a field.
     #[test]
     fn every_documented_variable_maps_to_a_field() {
-        let doc = include_str!("../docs/configuration.md");
+        let doc = include_str!("../../docs/configuration.md");
         let documented: std::collections::BTreeSet<&str> = doc
             .lines()
             .filter_map(|line| line.strip_prefix("| `"))

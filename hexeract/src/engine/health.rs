@@ -36,6 +36,8 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
+// The process layer's: in its folder, under this module's path.
+#[path = "../process/health_server.rs"]
 pub(crate) mod server;
 pub use server::{router, serve};
 use std::sync::atomic::{AtomicU64, Ordering};
