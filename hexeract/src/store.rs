@@ -48,7 +48,9 @@ pub use process::default_schedule_store;
 pub use process::{default_store, wait_until_drained};
 mod claims;
 pub use claims::Claims;
-pub(crate) use claims::{within, ClaimedRows, Deliveries, Row};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use claims::Deliveries;
+pub(crate) use claims::{within, ClaimedRows, Row};
 mod dead_letters;
 pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;
@@ -81,6 +83,7 @@ pub struct Routes {
 
 impl Routes {
     /// The message types and the handlers, as two columns of the same length.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn columns(&self) -> (Vec<&str>, Vec<&str>) {
         self.pairs
             .iter()
@@ -92,6 +95,7 @@ impl Routes {
     /// handler (types, handlers), whose messages are claimed in place in the outbox as those of
     /// types no handler knows are, and the types with several (types, handlers), whose
     /// messages are expanded into a delivery per handler.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn split(&self) -> (RouteColumns<'_>, RouteColumns<'_>) {
         let mut single = RouteColumns::default();
         let mut several = RouteColumns::default();
@@ -120,6 +124,7 @@ impl Routes {
 }
 
 /// Routes as two columns of the same length, for binding as arrays.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 #[derive(Default)]
 pub(crate) struct RouteColumns<'a> {
     pub(crate) types: Vec<&'a str>,
@@ -163,6 +168,7 @@ pub enum DeliveryId {
 
 impl DeliveryId {
     /// The ids of `ids` split by where they live: `deliveries` rows, then outbox rows.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn split(ids: &[DeliveryId]) -> (Vec<i64>, Vec<Uuid>) {
         let mut rows = Vec::new();
         let mut outbox = Vec::new();

@@ -50,6 +50,7 @@ pub trait Claims<Id>: Send + Sync {
 /// Deliveries settled where they live: `deliveries` rows by `rows`, messages claimed in place in
 /// the outbox by `in_place`. An ack or a release of a batch that holds both runs a statement
 /// for each.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) struct Deliveries<R, P> {
     pub(crate) rows: R,
     pub(crate) in_place: P,
