@@ -102,7 +102,7 @@ async fn issue_refund(refund: RefundRequested, _ctx: &Context) -> HandlerOutcome
 
 /// A scheduled job: every second, on the second (fire times count from the Unix epoch, so every
 /// replica agrees on them and each one runs once). Missed beats are not caught up, and a beat
-/// that takes more than 5 s is a failed run (the default is the 30 s lease).
+/// that takes more than 5 s is a failed run (without `timeout`, the 30 s dispatch timeout).
 #[scheduled(every = "1s", catch_up = "none", timeout = "5s")]
 async fn heartbeat(ctx: &Context, State(demo): State<Demo>) -> Result<(), std::io::Error> {
     let beat = demo.heartbeats.fetch_add(1, Ordering::SeqCst) + 1;

@@ -21,7 +21,8 @@ use crate::registry::HandlerSet;
 use crate::store::{ClaimedRows, DeliveryId, DeliveryStore, Routes, Row, NO_HANDLER};
 
 /// Builds an [`OutboxWorker`]. The defaults are the library's: `poll_interval` 100 ms,
-/// `batch_size` 10, `lease` 30 s, 5 deliveries, handler timeout 30 s.
+/// `batch_size` 10, 5 deliveries, handler timeout 30 s, and a `lease` of the longest handler
+/// timeout and 5 s to settle (35 s).
 #[must_use]
 pub struct OutboxWorkerBuilder {
     store: Arc<dyn DeliveryStore>,
