@@ -849,7 +849,10 @@ mod tests {
         registry
             .register::<Ping, _>(Noop, HandlerOptions::new())
             .expect("a plain type path is a valid name");
-        assert!(registry.get("hexeract::registry::tests::Noop").is_some());
+        // The type's path, as `std::any::type_name` gives it.
+        let name = std::any::type_name::<Noop>();
+        assert!(name.ends_with("::registry::tests::Noop"), "{name}");
+        assert!(registry.get(name).is_some());
     }
 
     #[test]
