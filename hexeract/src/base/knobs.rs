@@ -65,6 +65,7 @@ impl KnobChecks {
     }
 
     /// A problem found by a check of the caller's own.
+    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
     pub(crate) fn problem(self, knob: &str, value: String, expected: &str) -> KnobChecks {
         self.require(false, knob, value, expected)
     }

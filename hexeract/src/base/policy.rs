@@ -28,11 +28,8 @@ pub(crate) fn longest_call<'a>(
 ) -> (Duration, String) {
     let mut longest: Option<(Duration, &str)> = None;
     // With none at all, or one without a timeout of its own, the default is a call's length.
-    let mut default_applies = true;
-    for (at, (name, timeout)) in own.enumerate() {
-        if at == 0 {
-            default_applies = false;
-        }
+    let mut default_applies = false;
+    for (name, timeout) in own {
         match timeout {
             Some(timeout) if longest.is_none_or(|(longest, _)| timeout > longest) => {
                 longest = Some((timeout, name));
@@ -235,23 +232,21 @@ impl Policy {
         }
     }
 
-    /// Checks the lease against the longest call (see [`lease_for`](Policy::lease_for)),
-    /// adding its problem to `checks`; the lease to claim with when there is none.
-    /// `knob` names the lease as the problem says it (`lease (DELIVERY_LEASE_MS)`).
-    pub(crate) fn check_lease(
+    /// The lease to claim with (see [`lease_for`](Policy::lease_for)), or the configuration
+    /// error that names the lease as `knob` (`lease (DELIVERY_LEASE_MS)`) and says why.
+    pub(crate) fn checked_lease(
         &self,
-        checks: KnobChecks,
         knob: &str,
-        longest_call: (Duration, String),
-    ) -> (KnobChecks, Duration) {
-        let (longest, who) = longest_call;
-        match self.lease_for(longest, &who) {
-            Ok(lease) => (checks, lease),
-            Err(expected) => {
-                let asked = format!("{:?}", self.lease.unwrap_or_default());
-                (checks.problem(knob, asked, &expected), Duration::ZERO)
-            }
-        }
+        (longest, who): (Duration, String),
+    ) -> Result<Duration, crate::knobs::ConfigError> {
+        self.lease_for(longest, &who)
+            .map_err(|expected| crate::knobs::ConfigError {
+                problems: vec![crate::knobs::ConfigProblem {
+                    setting: knob.to_owned(),
+                    value: format!("{:?}", self.lease.unwrap_or_default()),
+                    expected,
+                }],
+            })
     }
 
     /// The default concurrency limit of a handler, once [`checks`](Policy::checks) passed.

@@ -374,9 +374,8 @@ impl Runtime {
     /// Stopping has one hard deadline: the grace and 5 s to settle.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
         let grace = self.shared.shutdown_grace;
-        crate::delivery::stop_by_deadline("runtime", &cancel.clone(), grace, self.serve(cancel))
+        crate::delivery::stop_by_deadline("runtime", &cancel, grace, self.serve(cancel.clone()))
             .await
-            .unwrap_or(Ok(()))
     }
 
     async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {

@@ -433,19 +433,19 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
 use crate::policy::SETTLE_AFTER_GRACE;
 
 /// Runs a loop until it returns, or until its hard shutdown deadline passes: `grace` +
-/// [`SETTLE_AFTER_GRACE`] after `cancel` fires. `None` when the deadline cut it short (logged,
-/// with `what` naming the loop). The loop's future is dropped there: its store calls begin
+/// [`SETTLE_AFTER_GRACE`] after `cancel` fires; `Ok(())` when the deadline cut it short
+/// (logged, with `what` naming the loop). The loop's future is dropped there: its store calls begin
 /// their transactions through `store::begin`, so none is left open on a pooled connection.
-pub(crate) async fn stop_by_deadline<T>(
+pub(crate) async fn stop_by_deadline<E>(
     what: &'static str,
     cancel: &CancellationToken,
     grace: Duration,
-    running: impl Future<Output = T>,
-) -> Option<T> {
+    running: impl Future<Output = Result<(), E>>,
+) -> Result<(), E> {
     let deadline = grace.saturating_add(SETTLE_AFTER_GRACE);
     tokio::select! {
         biased;
-        stopped = running => Some(stopped),
+        stopped = running => stopped,
         () = async {
             cancel.cancelled().await;
             tokio::time::sleep(deadline).await;
@@ -457,7 +457,7 @@ pub(crate) async fn stop_by_deadline<T>(
                  settle): stopping now; what it still held runs again once its lease ends or its \
                  channel closes"
             );
-            None
+            Ok(())
         }
     }
 }

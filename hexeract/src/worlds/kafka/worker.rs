@@ -358,12 +358,11 @@ impl KafkaWorker {
         let grace = self.shutdown_grace;
         crate::delivery::stop_by_deadline(
             "Kafka worker",
-            &cancel.clone(),
+            &cancel,
             grace,
-            self.serve(cancel),
+            self.serve(cancel.clone()),
         )
         .await
-        .unwrap_or(Ok(()))
     }
 
     async fn serve(self, cancel: CancellationToken) -> Result<(), KafkaError> {

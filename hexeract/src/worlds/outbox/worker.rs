@@ -188,12 +188,7 @@ impl OutboxWorkerBuilder {
             "handler_timeout",
             registry.handlers().map(|info| (&*info.name, info.timeout)),
         );
-        let (checks, lease) = policy.check_lease(
-            Default::default(),
-            "lease (DELIVERY_LEASE_MS)",
-            longest_call.clone(),
-        );
-        checks.finish()?;
+        let lease = policy.checked_lease("lease (DELIVERY_LEASE_MS)", longest_call.clone())?;
         let health = self
             .health
             .unwrap_or_else(|| Probe::detached("outbox worker"));
@@ -297,12 +292,11 @@ impl OutboxWorker {
         let grace = self.shutdown_grace;
         crate::delivery::stop_by_deadline(
             "outbox worker",
-            &cancel.clone(),
+            &cancel,
             grace,
-            self.serve(cancel),
+            self.serve(cancel.clone()),
         )
         .await
-        .unwrap_or(Ok(()))
     }
 
     async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {

@@ -647,8 +647,7 @@ impl RabbitMqWorker {
             shared.shutdown_grace,
             shared.run(cancel.clone()),
         )
-        .await
-        .unwrap_or(Ok(()));
+        .await;
         if let Err(error) = &result {
             shared.health.fail(error);
         }

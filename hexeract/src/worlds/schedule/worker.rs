@@ -278,12 +278,7 @@ impl SchedulerBuilder {
                 .values()
                 .map(|job: &ScheduledJob| (job.name(), job.own_timeout())),
         );
-        let (checks, lease) = policy.check_lease(
-            KnobChecks::default(),
-            "lease (SCHEDULER_LEASE_MS)",
-            longest_run.clone(),
-        );
-        checks.finish()?;
+        let lease = policy.checked_lease("lease (SCHEDULER_LEASE_MS)", longest_run.clone())?;
         let mut names: Vec<String> = by_name.keys().cloned().collect();
         names.sort();
         let health = self.health.unwrap_or_else(|| Probe::detached("scheduler"));
@@ -397,9 +392,8 @@ impl SchedulerWorker {
     /// writes cannot land by then stops anyway; its claims run again once their lease ends.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
         let grace = self.shared.shutdown_grace;
-        crate::delivery::stop_by_deadline("scheduler", &cancel.clone(), grace, self.serve(cancel))
+        crate::delivery::stop_by_deadline("scheduler", &cancel, grace, self.serve(cancel.clone()))
             .await
-            .unwrap_or(Ok(()))
     }
 
     async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {
