@@ -90,6 +90,7 @@ mod engine {
     pub(crate) mod delivery;
     pub mod health;
     pub mod metrics;
+    pub mod worker;
 }
 #[path = "store/memory.rs"]
 mod memory;
@@ -123,7 +124,7 @@ pub use core_layer::middleware;
 use core_layer::proptest_support;
 use core_layer::{context, dead_letter, envelope, handler, outcome, publish, registry, trace};
 use engine::delivery;
-pub use engine::{health, metrics};
+pub use engine::{health, metrics, worker};
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub use process::fuzzing;
@@ -146,6 +147,9 @@ pub struct HealthGuide;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/operations.md")]
 pub struct OperationsGuide;
+#[cfg(all(doctest, feature = "sqlite"))]
+#[doc = include_str!("../docs/configuration.md")]
+pub struct ConfigurationGuide;
 #[cfg(all(doctest, feature = "kafka"))]
 #[doc = include_str!("../docs/kafka.md")]
 pub struct KafkaGuide;
@@ -176,11 +180,12 @@ pub use registry::{
     Registry, RegistryError,
 };
 pub use retry::RetryPolicy;
-pub use runtime::{HandlerStats, Runtime, RuntimeBuilder};
+pub use runtime::{HandlerStats, MemorySource, Runtime, RuntimeBuilder};
 pub use schedule::{schedule_after, schedule_at};
 pub use state::{FromStates, State, States};
 pub use store::process::publish;
 pub use tokio_util::sync::CancellationToken;
+pub use worker::WorkerBuilder;
 
 #[doc = include_str!("../docs/handlers.md")]
 pub use hexeract_macros::handler;

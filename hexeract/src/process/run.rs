@@ -362,7 +362,7 @@ fn outbox_worker_of_run(
     store: Arc<dyn crate::store::DeliveryStore>,
     settings: &WorkerConfig,
 ) -> OutboxWorkerBuilder {
-    OutboxWorkerBuilder::with_policy(store, settings.policy.clone())
+    OutboxWorkerBuilder::shared(store).policy(settings.policy.clone())
 }
 
 /// Runs `part` of the process; if it fails, stops the other parts too.

@@ -31,7 +31,7 @@ use std::fmt;
 
 pub use admin::ensure_topics;
 pub use relay::KafkaRelay;
-pub use worker::{KafkaWorker, KafkaWorkerBuilder};
+pub use worker::{KafkaSource, KafkaWorker, KafkaWorkerBuilder};
 
 /// Partitions of each topic Hexeract creates, unless [`KafkaConfig::partitions`] says
 /// otherwise (`KAFKA_TOPIC_PARTITIONS`).

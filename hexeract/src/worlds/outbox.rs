@@ -22,7 +22,7 @@ pub mod inbox;
 mod worker;
 
 pub(crate) use worker::StorePublisher;
-pub use worker::{OutboxWorker, OutboxWorkerBuilder};
+pub use worker::{OutboxSource, OutboxWorker, OutboxWorkerBuilder};
 
 use futures_util::future::BoxFuture;
 

@@ -51,7 +51,7 @@ pub use topology::{
 };
 pub use transport::RabbitMqTransport;
 pub use wire::headers;
-pub use worker::{AckMode, RabbitMqWorker, RabbitMqWorkerBuilder};
+pub use worker::{AckMode, RabbitMqSource, RabbitMqWorker, RabbitMqWorkerBuilder};
 
 /// A broker operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -16,14 +16,12 @@ use crate::dead_letter::DeadLetter;
 use crate::delivery::{Engine, Policy, Slot, Target, Verdict, World, IN_MEMORY_CONCURRENCY};
 use crate::envelope::Envelope;
 use crate::error::{ConfigError, Error};
-use crate::handler::Handler;
 use crate::memory::{InMemoryStore, Pending};
-use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::publish::Publish;
-use crate::registry::{HandlerInfo, HandlerOptions, HandlerSet, Registry};
-use crate::retry::RetryPolicy;
+use crate::registry::{HandlerInfo, HandlerSet, Registry};
 use crate::signals::stop_on_signal;
+use crate::worker::{MessageSource, Source, WorkerBuilder};
 
 type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 
@@ -42,174 +40,51 @@ type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 ///     .build()?;
 /// # Ok::<(), hexeract::Error>(())
 /// ```
-#[must_use]
-pub struct RuntimeBuilder {
-    handlers: HandlerSet,
+pub type RuntimeBuilder = WorkerBuilder<MemorySource>;
+
+/// The in-memory world's own half of a [`Runtime`]: the store its messages wait in, which
+/// handlers it keeps, where it counts their outcomes. Its setters are on [`RuntimeBuilder`].
+pub struct MemorySource {
     filter: Option<Filter>,
     store: Option<InMemoryStore>,
-    policy: Policy,
     handle_signals: bool,
     metrics: Option<Metrics>,
 }
 
-impl Default for RuntimeBuilder {
-    fn default() -> RuntimeBuilder {
-        RuntimeBuilder {
-            handlers: HandlerSet::program(),
-            filter: None,
-            store: None,
-            policy: Policy {
-                concurrency: Some(IN_MEMORY_CONCURRENCY),
-                ..Policy::library()
-            },
-            handle_signals: false,
-            metrics: None,
-        }
+impl fmt::Debug for MemorySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemorySource")
+            .field("filter", &self.filter.is_some())
+            .field("handle_signals", &self.handle_signals)
+            .finish_non_exhaustive()
     }
 }
 
-impl RuntimeBuilder {
-    /// Applies `MAX_DELIVERIES`, `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`,
-    /// `SHUTDOWN_GRACE_MS` and `MAX_PAYLOAD_BYTES` from the environment where set.
-    pub fn configure_from_env(self) -> Result<RuntimeBuilder, ConfigError> {
-        self.configure_from(|name| std::env::var(name).ok())
-    }
+impl crate::worker::sealed::Sealed for MemorySource {}
+impl MessageSource for MemorySource {}
 
-    /// Like [`configure_from_env`](RuntimeBuilder::configure_from_env), reading variables through
-    /// `lookup`.
-    pub fn configure_from(
-        mut self,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<RuntimeBuilder, ConfigError> {
-        let settings = WorkerConfig::from_lookup(&lookup)?;
-        self.policy.take_set_variables(&settings.policy, lookup);
-        Ok(self)
-    }
+impl Source for MemorySource {
+    type Worker = Runtime;
+    type Error = Error;
 
-    /// Uses these handlers instead of every `#[handler]` in the program.
-    pub fn registry(mut self, registry: Registry) -> RuntimeBuilder {
-        self.handlers.use_registry(registry);
-        self
-    }
-
-    /// Keeps only the handlers `keep` accepts.
-    pub fn handlers_where(
-        mut self,
-        keep: impl Fn(&HandlerInfo) -> bool + Send + 'static,
-    ) -> RuntimeBuilder {
-        self.filter = Some(Box::new(keep));
-        self
-    }
-
-    /// Adds a handler written as a type; its name is the type's name.
-    pub fn register_handler<M: Message, H: Handler<M>>(self, handler: H) -> RuntimeBuilder {
-        self.register_handler_with::<M, H>(handler, HandlerOptions::new())
-    }
-
-    /// Adds a handler written as a type, with its name, timeout or concurrency.
-    pub fn register_handler_with<M: Message, H: Handler<M>>(
-        mut self,
-        handler: H,
-        options: HandlerOptions,
-    ) -> RuntimeBuilder {
-        self.handlers.add::<M, H>(handler, options);
-        self
-    }
-
-    crate::registry::state_and_middleware!(RuntimeBuilder);
-
-    /// Where messages wait and dead letters are kept (default: [`InMemoryStore::global`]).
-    pub fn store(mut self, store: InMemoryStore) -> RuntimeBuilder {
-        self.store = Some(store);
-        self
-    }
-
-    /// Handler calls per message in total, the first included (default 5). Must be at least 1.
-    pub fn max_deliveries(mut self, max_deliveries: u32) -> RuntimeBuilder {
-        self.policy.max_deliveries(max_deliveries);
-        self
-    }
-
-    /// First and longest delay between calls (default 1 s and 300 s).
-    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> RuntimeBuilder {
-        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
-        self
-    }
-
-    /// The whole retry policy, its `max_deliveries` included: the same knobs as
-    /// [`max_deliveries`](RuntimeBuilder::max_deliveries) and
-    /// [`retry_delays`](RuntimeBuilder::retry_delays), so the call made last wins.
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> RuntimeBuilder {
-        self.policy.retry = policy;
-        self
-    }
-
-    /// Timeout of a handler call, unless the handler sets its own (default 30 s).
-    pub fn handler_timeout(mut self, timeout: Duration) -> RuntimeBuilder {
-        self.policy.handler_timeout = timeout;
-        self
-    }
-
-    /// Messages one handler may process at once, unless it sets its own (default 16).
-    pub fn concurrency(mut self, limit: u32) -> RuntimeBuilder {
-        self.policy.concurrency = Some(limit);
-        self
-    }
-
-    /// How long shutdown waits for running handlers (default 8 s). Handlers still running
-    /// then are interrupted, and their messages are put back in the store.
-    pub fn shutdown_grace(mut self, grace: Duration) -> RuntimeBuilder {
-        self.policy.shutdown_grace = grace;
-        self
-    }
-
-    /// Largest payload handled (default 1 MiB); larger messages are dead-lettered as
-    /// `payload_too_large` without being decoded.
-    pub fn max_payload_bytes(mut self, max: usize) -> RuntimeBuilder {
-        self.policy.max_payload_bytes = max;
-        self
-    }
-
-    /// Counts the handlers' outcomes in `metrics` (default: [`Metrics::global`], which
-    /// `/metrics` renders); a registry of its own keeps a runtime's [`Runtime::stats`] apart
-    /// from other runtimes with handlers of the same names.
-    ///
-    /// ```
-    /// use hexeract::metrics::Metrics;
-    /// use hexeract::{InMemoryStore, Runtime};
-    ///
-    /// let runtime = Runtime::builder()
-    ///     .store(InMemoryStore::new())
-    ///     .metrics(Metrics::new())
-    ///     .build()?;
-    /// # Ok::<(), hexeract::Error>(())
-    /// ```
-    pub fn metrics(mut self, metrics: Metrics) -> RuntimeBuilder {
-        self.metrics = Some(metrics);
-        self
-    }
-
-    /// Also stop on SIGTERM and Ctrl-C (default off; on in [`hexeract::run`](crate::run)).
-    pub fn handle_signals(mut self, handle: bool) -> RuntimeBuilder {
-        self.handle_signals = handle;
-        self
-    }
-
-    /// Checks the settings and registers the handlers.
-    pub fn build(self) -> Result<Runtime, Error> {
-        let policy = self.policy;
+    fn build(builder: RuntimeBuilder) -> Result<Runtime, Error> {
+        let WorkerBuilder {
+            handlers,
+            policy,
+            source,
+        } = builder;
         policy.checks("max_deliveries").finish()?;
 
-        let keep = self
+        let keep = source
             .filter
             .as_ref()
             .map(|keep| keep as &dyn Fn(&HandlerInfo) -> bool);
-        let registry = self.handlers.build(keep)?;
+        let registry = handlers.build(keep)?;
 
-        let store = self
+        let store = source
             .store
             .unwrap_or_else(|| InMemoryStore::global().clone());
-        let metrics = self.metrics.unwrap_or_else(|| Metrics::global().clone());
+        let metrics = source.metrics.unwrap_or_else(|| Metrics::global().clone());
         let slots: Vec<Slot> = registry
             .handlers()
             .filter_map(|info| registry.get(&info.name))
@@ -243,23 +118,90 @@ impl RuntimeBuilder {
                 engine: Engine::new(policy.retry, policy.max_payload_bytes, "memory")
                     .metrics_in(metrics),
                 shutdown_grace: policy.shutdown_grace,
-                handle_signals: self.handle_signals,
+                handle_signals: source.handle_signals,
             }),
         })
     }
 }
 
-impl fmt::Debug for RuntimeBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let policy = &self.policy;
-        f.debug_struct("RuntimeBuilder")
-            .field("max_deliveries", &policy.retry.max_deliveries_value())
-            .field("retry", &policy.retry)
-            .field("handler_timeout", &policy.handler_timeout)
-            .field("concurrency", &policy.concurrency)
-            .field("shutdown_grace", &policy.shutdown_grace)
-            .field("max_payload_bytes", &policy.max_payload_bytes)
-            .finish_non_exhaustive()
+impl Default for WorkerBuilder<MemorySource> {
+    /// Every `#[handler]` of the program, 16 calls of a handler at once, the library's other
+    /// defaults.
+    fn default() -> RuntimeBuilder {
+        let mut builder = WorkerBuilder::from_source(
+            MemorySource {
+                filter: None,
+                store: None,
+                handle_signals: false,
+                metrics: None,
+            },
+            Policy {
+                concurrency: Some(IN_MEMORY_CONCURRENCY),
+                ..Policy::library()
+            },
+        );
+        builder.handlers = HandlerSet::program();
+        builder
+    }
+}
+
+impl WorkerBuilder<MemorySource> {
+    /// Applies `MAX_DELIVERIES`, `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`,
+    /// `SHUTDOWN_GRACE_MS`, `MAX_PAYLOAD_BYTES` and `STORE_TIMEOUT_MS` from the environment
+    /// where set.
+    pub fn configure_from_env(self) -> Result<RuntimeBuilder, ConfigError> {
+        self.configure_from(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`configure_from_env`](RuntimeBuilder::configure_from_env), reading variables through
+    /// `lookup`.
+    pub fn configure_from(
+        mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<RuntimeBuilder, ConfigError> {
+        let settings = WorkerConfig::from_lookup(&lookup)?;
+        self.policy.take_set_variables(&settings.policy, lookup);
+        Ok(self)
+    }
+
+    /// Keeps only the handlers `keep` accepts.
+    pub fn handlers_where(
+        mut self,
+        keep: impl Fn(&HandlerInfo) -> bool + Send + 'static,
+    ) -> RuntimeBuilder {
+        self.source.filter = Some(Box::new(keep));
+        self
+    }
+
+    /// Where messages wait and dead letters are kept (default: [`InMemoryStore::global`]).
+    pub fn store(mut self, store: InMemoryStore) -> RuntimeBuilder {
+        self.source.store = Some(store);
+        self
+    }
+
+    /// Counts the handlers' outcomes in `metrics` (default: [`Metrics::global`], which
+    /// `/metrics` renders); a registry of its own keeps a runtime's [`Runtime::stats`] apart
+    /// from other runtimes with handlers of the same names.
+    ///
+    /// ```
+    /// use hexeract::metrics::Metrics;
+    /// use hexeract::{InMemoryStore, Runtime};
+    ///
+    /// let runtime = Runtime::builder()
+    ///     .store(InMemoryStore::new())
+    ///     .metrics(Metrics::new())
+    ///     .build()?;
+    /// # Ok::<(), hexeract::Error>(())
+    /// ```
+    pub fn metrics(mut self, metrics: Metrics) -> RuntimeBuilder {
+        self.source.metrics = Some(metrics);
+        self
+    }
+
+    /// Also stop on SIGTERM and Ctrl-C (default off; on in [`hexeract::run`](crate::run)).
+    pub fn handle_signals(mut self, handle: bool) -> RuntimeBuilder {
+        self.source.handle_signals = handle;
+        self
     }
 }
 

@@ -46,7 +46,7 @@ use crate::state::States;
 use crate::store::{Due, Plan};
 
 mod worker;
-pub use worker::{SchedulerBuilder, SchedulerWorker};
+pub use worker::{ScheduleSource, SchedulerBuilder, SchedulerWorker};
 
 /// What to do with the fire times a schedule missed (the scheduler was down, or busy).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

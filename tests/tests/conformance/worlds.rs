@@ -10,17 +10,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hexeract::kafka::{KafkaRelay, KafkaWorker, KafkaWorkerBuilder};
-use hexeract::outbox::{OutboxWorker, OutboxWorkerBuilder};
-use hexeract::rabbitmq::{RabbitMqPublisher, RabbitMqWorkerBuilder, Topology};
-use hexeract::schedule::SchedulerBuilder;
+use hexeract::kafka::{KafkaRelay, KafkaSource, KafkaWorker};
+use hexeract::outbox::{OutboxSource, OutboxWorker};
+use hexeract::rabbitmq::{RabbitMqPublisher, RabbitMqSource, RabbitMqWorkerBuilder, Topology};
+use hexeract::schedule::ScheduleSource;
 use hexeract::store::postgres::PgStore;
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
 use hexeract::store::Store;
+use hexeract::worker::{MessageSource, Source};
 use hexeract::{
-    CancellationToken, Context, DeadLetter, Envelope, HandlerOutcome, InMemoryStore, Middleware,
-    Next, Registry, Runtime, RuntimeBuilder,
+    CancellationToken, Context, DeadLetter, Envelope, HandlerOutcome, InMemoryStore, MemorySource,
+    Middleware, Next, Registry, Runtime, WorkerBuilder,
 };
 use hexeract_tests::amqp::TestBroker;
 use hexeract_tests::kafka::TestKafka;
@@ -57,60 +58,106 @@ impl Default for Knobs {
     }
 }
 
-/// `$then` on the builder inside `$builder` (named `$b`), put back in the same variant.
-macro_rules! on_any_builder {
-    ($builder:expr, |$b:ident| $then:expr) => {
-        match $builder {
-            AnyBuilder::Memory(inner) => {
-                let $b = *inner;
-                AnyBuilder::Memory(Box::new($then))
-            }
-            AnyBuilder::Outbox(inner) => {
-                let $b = *inner;
-                AnyBuilder::Outbox(Box::new($then))
-            }
-            AnyBuilder::RabbitMq(inner) => {
-                let $b = *inner;
-                AnyBuilder::RabbitMq(Box::new($then))
-            }
-            AnyBuilder::Kafka(inner) => {
-                let $b = *inner;
-                AnyBuilder::Kafka(Box::new($then))
-            }
-            AnyBuilder::Scheduler(inner) => {
-                let $b = *inner;
-                AnyBuilder::Scheduler(Box::new($then))
+/// What a scenario gives a worker's builder besides its handlers and knobs: values with
+/// `.state(value)`, middleware with `.middleware(m)` and `.middleware_for(handler, m)`, each
+/// given in the order written to the one builder every world (and the scheduler) has, at every
+/// start.
+#[derive(Clone, Default)]
+pub(crate) struct Equipment {
+    steps: Vec<Arc<dyn Step>>,
+}
+
+/// One thing given to a builder, written once for the builder of any world: a generic method,
+/// which a trait object cannot carry, so [`Step`] carries it for each source.
+trait Give: Send + Sync + 'static {
+    fn give<S: Source>(&self, builder: WorkerBuilder<S>) -> WorkerBuilder<S>;
+}
+
+/// [`Give`] as a trait object: its one generic method, at each source the suite builds.
+pub(crate) trait Step: Send + Sync {
+    fn memory(&self, builder: WorkerBuilder<MemorySource>) -> WorkerBuilder<MemorySource>;
+    fn outbox(&self, builder: WorkerBuilder<OutboxSource>) -> WorkerBuilder<OutboxSource>;
+    fn rabbitmq(&self, builder: WorkerBuilder<RabbitMqSource>) -> WorkerBuilder<RabbitMqSource>;
+    fn kafka(&self, builder: WorkerBuilder<KafkaSource>) -> WorkerBuilder<KafkaSource>;
+    fn schedule(&self, builder: WorkerBuilder<ScheduleSource>) -> WorkerBuilder<ScheduleSource>;
+}
+
+impl<G: Give> Step for G {
+    fn memory(&self, builder: WorkerBuilder<MemorySource>) -> WorkerBuilder<MemorySource> {
+        self.give(builder)
+    }
+    fn outbox(&self, builder: WorkerBuilder<OutboxSource>) -> WorkerBuilder<OutboxSource> {
+        self.give(builder)
+    }
+    fn rabbitmq(&self, builder: WorkerBuilder<RabbitMqSource>) -> WorkerBuilder<RabbitMqSource> {
+        self.give(builder)
+    }
+    fn kafka(&self, builder: WorkerBuilder<KafkaSource>) -> WorkerBuilder<KafkaSource> {
+        self.give(builder)
+    }
+    fn schedule(&self, builder: WorkerBuilder<ScheduleSource>) -> WorkerBuilder<ScheduleSource> {
+        self.give(builder)
+    }
+}
+
+/// A source whose builder [`Equipment`] gives to: which of [`Step`]'s methods is its.
+pub(crate) trait Equippable: Source + Sized {
+    fn take(step: &dyn Step, builder: WorkerBuilder<Self>) -> WorkerBuilder<Self>;
+}
+
+macro_rules! equippable {
+    ($source:ty, $method:ident) => {
+        impl Equippable for $source {
+            fn take(step: &dyn Step, builder: WorkerBuilder<$source>) -> WorkerBuilder<$source> {
+                step.$method(builder)
             }
         }
     };
 }
 
-/// What a scenario gives a worker's builder besides its handlers and knobs: values with
-/// `.state(value)`, middleware with `.middleware(m)` and `.middleware_for(handler, m)`, each
-/// given in the order written to whichever builder the world (or the scheduler) uses, at every
-/// start.
-#[derive(Clone, Default)]
-pub(crate) struct Equipment {
-    steps: Vec<Step>,
+equippable!(MemorySource, memory);
+equippable!(OutboxSource, outbox);
+equippable!(RabbitMqSource, rabbitmq);
+equippable!(KafkaSource, kafka);
+equippable!(ScheduleSource, schedule);
+
+/// `.state(value)`.
+struct GiveState<T>(T);
+
+impl<T: Clone + Send + Sync + 'static> Give for GiveState<T> {
+    fn give<S: Source>(&self, builder: WorkerBuilder<S>) -> WorkerBuilder<S> {
+        builder.state(self.0.clone())
+    }
 }
 
-/// One thing given to a builder.
-type Step = Arc<dyn Fn(AnyBuilder) -> AnyBuilder + Send + Sync>;
+/// `.middleware(m)`, or `.middleware_for(handler, m)`.
+struct GiveMiddleware<M> {
+    handler: Option<String>,
+    middleware: Arc<M>,
+}
+
+impl<M: Middleware> Give for GiveMiddleware<M> {
+    fn give<S: Source>(&self, builder: WorkerBuilder<S>) -> WorkerBuilder<S> {
+        let middleware = Shared(self.middleware.clone());
+        match &self.handler {
+            Some(handler) => builder.middleware_for(handler.clone(), middleware),
+            None => builder.middleware(middleware),
+        }
+    }
+}
 
 impl Equipment {
     /// `.state(value)`: a clone of `value` at each start.
     pub(crate) fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Equipment {
-        self.steps.push(Arc::new(move |builder| {
-            on_any_builder!(builder, |b| b.state(value.clone()))
-        }));
+        self.steps.push(Arc::new(GiveState(value)));
         self
     }
 
     /// `.middleware(middleware)`: around every handler, inside the middleware given before.
     pub(crate) fn middleware(mut self, middleware: impl Middleware) -> Equipment {
-        let middleware = Arc::new(middleware);
-        self.steps.push(Arc::new(move |builder| {
-            on_any_builder!(builder, |b| b.middleware(Shared(middleware.clone())))
+        self.steps.push(Arc::new(GiveMiddleware {
+            handler: None,
+            middleware: Arc::new(middleware),
         }));
         self
     }
@@ -122,21 +169,18 @@ impl Equipment {
         handler: &str,
         middleware: impl Middleware,
     ) -> Equipment {
-        let (handler, middleware) = (handler.to_owned(), Arc::new(middleware));
-        self.steps.push(Arc::new(move |builder| {
-            on_any_builder!(builder, |b| b
-                .middleware_for(handler.clone(), Shared(middleware.clone())))
+        self.steps.push(Arc::new(GiveMiddleware {
+            handler: Some(handler.to_owned()),
+            middleware: Arc::new(middleware),
         }));
         self
     }
 
     /// `builder` with everything given to it, in order.
-    pub(crate) fn give<B: Builder>(&self, builder: B) -> B {
-        B::from_any(
-            self.steps
-                .iter()
-                .fold(builder.into_any(), |builder, step| step(builder)),
-        )
+    pub(crate) fn give<S: Equippable>(&self, builder: WorkerBuilder<S>) -> WorkerBuilder<S> {
+        self.steps
+            .iter()
+            .fold(builder, |builder, step| S::take(&**step, builder))
     }
 }
 
@@ -157,44 +201,23 @@ impl<M: Middleware> Middleware for Shared<M> {
     }
 }
 
-/// The builder of any world (and the scheduler's), for [`Equipment`]'s steps: each has
-/// `state`, `middleware` and `middleware_for`, but no trait in common.
-pub(crate) enum AnyBuilder {
-    Memory(Box<RuntimeBuilder>),
-    Outbox(Box<OutboxWorkerBuilder>),
-    RabbitMq(Box<RabbitMqWorkerBuilder>),
-    Kafka(Box<KafkaWorkerBuilder>),
-    Scheduler(Box<SchedulerBuilder>),
+/// The builder of a world that handles messages with a scenario's handlers and knobs, written
+/// once: each world adds only what is its own.
+pub(crate) fn equip<S: Equippable + MessageSource>(
+    builder: WorkerBuilder<S>,
+    handlers: Registry,
+    knobs: &Knobs,
+) -> WorkerBuilder<S> {
+    let (initial, longest) = knobs.retry_delays;
+    knobs.equipment.give(
+        builder
+            .registry(handlers)
+            .max_deliveries(knobs.max_deliveries)
+            .retry_delays(initial, longest)
+            .handler_timeout(knobs.handler_timeout)
+            .max_payload_bytes(knobs.max_payload_bytes),
+    )
 }
-
-/// A worker builder [`Equipment`] gives to.
-pub(crate) trait Builder: Sized {
-    fn into_any(self) -> AnyBuilder;
-    fn from_any(any: AnyBuilder) -> Self;
-}
-
-macro_rules! builder {
-    ($builder:ty, $variant:ident) => {
-        impl Builder for $builder {
-            fn into_any(self) -> AnyBuilder {
-                AnyBuilder::$variant(Box::new(self))
-            }
-
-            fn from_any(any: AnyBuilder) -> $builder {
-                match any {
-                    AnyBuilder::$variant(builder) => *builder,
-                    _ => unreachable!("each step gives back the kind of builder it was given"),
-                }
-            }
-        }
-    };
-}
-
-builder!(RuntimeBuilder, Memory);
-builder!(OutboxWorkerBuilder, Outbox);
-builder!(RabbitMqWorkerBuilder, RabbitMq);
-builder!(KafkaWorkerBuilder, Kafka);
-builder!(SchedulerBuilder, Scheduler);
 
 /// A world: its own place, a worker started on it with a test's handlers, and what a
 /// scenario needs to see of it.
@@ -315,19 +338,12 @@ impl World for Memory {
         handlers: Registry,
         knobs: &Knobs,
     ) -> Result<(), hexeract::Error> {
-        let (initial, longest) = knobs.retry_delays;
-        let runtime = knobs
-            .equipment
-            .give(
-                Runtime::builder()
-                    .store(self.store.clone())
-                    .registry(handlers)
-                    .max_deliveries(knobs.max_deliveries)
-                    .retry_delays(initial, longest)
-                    .handler_timeout(knobs.handler_timeout)
-                    .max_payload_bytes(knobs.max_payload_bytes),
-            )
-            .build()?;
+        let runtime = equip(
+            Runtime::builder().store(self.store.clone()),
+            handlers,
+            knobs,
+        )
+        .build()?;
         self.running = Some(Running::spawn(|cancel| runtime.run(cancel)));
         Ok(())
     }
@@ -427,19 +443,13 @@ impl<D: Database> World for Outbox<D> {
         handlers: Registry,
         knobs: &Knobs,
     ) -> Result<(), hexeract::Error> {
-        let (initial, longest) = knobs.retry_delays;
-        let worker = knobs
-            .equipment
-            .give(
-                OutboxWorker::builder_shared(self.store.clone())
-                    .registry(handlers)
-                    .poll_interval(Duration::from_millis(10))
-                    .max_deliveries(knobs.max_deliveries)
-                    .retry_delays(initial, longest)
-                    .handler_timeout(knobs.handler_timeout)
-                    .max_payload_bytes(knobs.max_payload_bytes),
-            )
-            .build()?;
+        let worker = equip(
+            OutboxWorker::builder_shared(self.store.clone())
+                .poll_interval(Duration::from_millis(10)),
+            handlers,
+            knobs,
+        )
+        .build()?;
         self.running = Some(Running::spawn(|cancel| worker.run(cancel)));
         Ok(())
     }
@@ -546,22 +556,16 @@ impl World for RabbitMq {
             .broker
             .connect(&format!("{}.worker-{}", self.broker.prefix, self.starts))
             .await;
-        let (initial, longest) = knobs.retry_delays;
         // No wait tiers given: the builder's default tiers are the retry delays, doubling.
-        let worker = knobs
-            .equipment
-            .give(
-                RabbitMqWorkerBuilder::new(connection)
-                    .registry(handlers)
-                    .exchange(self.broker.exchange.clone())
-                    .prefix(self.broker.prefix.clone())
-                    .max_attempts(knobs.max_deliveries)
-                    .retry_delays(initial, longest)
-                    .handler_timeout(knobs.handler_timeout)
-                    .max_payload_bytes(knobs.max_payload_bytes)
-                    .dead_letters(self.dead_letters.clone()),
-            )
-            .build()?;
+        let worker = equip(
+            RabbitMqWorkerBuilder::new(connection)
+                .exchange(self.broker.exchange.clone())
+                .prefix(self.broker.prefix.clone())
+                .dead_letters(self.dead_letters.clone()),
+            handlers,
+            knobs,
+        )
+        .build()?;
         let topology = worker.topology().clone();
         let queue = topology.queue_for(&first);
         self.topology = Some((topology, queue));
@@ -722,19 +726,13 @@ impl<B: Brokers> World for Kafka<B> {
         handlers: Registry,
         knobs: &Knobs,
     ) -> Result<(), hexeract::Error> {
-        let (initial, longest) = knobs.retry_delays;
-        let worker = knobs
-            .equipment
-            .give(
-                KafkaWorker::builder(self.kafka.config(PARTITIONS), self.store.clone())
-                    .registry(handlers)
-                    .max_deliveries(knobs.max_deliveries)
-                    .retry_delays(initial, longest)
-                    .handler_timeout(knobs.handler_timeout)
-                    .max_payload_bytes(knobs.max_payload_bytes)
-                    .check_interval(Duration::from_millis(500)),
-            )
-            .build()?;
+        let worker = equip(
+            KafkaWorker::builder(self.kafka.config(PARTITIONS), self.store.clone())
+                .check_interval(Duration::from_millis(500)),
+            handlers,
+            knobs,
+        )
+        .build()?;
         self.running = Some(Running::spawn(|cancel| worker.run(cancel)));
         Ok(())
     }

@@ -42,7 +42,8 @@ pub(crate) async fn run_on_kafka(
 ) -> Result<(), Error> {
     let config = config(kafka);
     let policy = settings.policy.clone();
-    let worker = KafkaWorkerBuilder::with_policy(config.clone(), store.clone(), policy.clone())
+    let worker = KafkaWorkerBuilder::new(config.clone(), store.clone())
+        .policy(policy.clone())
         .registry(registry.clone())
         .health(health)
         .build()?;

@@ -61,7 +61,8 @@ pub(crate) async fn run_on_broker(
     let ctx_publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(store.clone(), wake));
     let worker = |connection: RabbitMqConnection| {
         let policy = settings.policy.clone();
-        let builder = RabbitMqWorkerBuilder::with_policy(connection, policy)
+        let builder = RabbitMqWorkerBuilder::new(connection)
+            .policy(policy)
             .registry(registry.clone())
             .exchange(broker.exchange.clone())
             .prefix(broker.prefix.clone());

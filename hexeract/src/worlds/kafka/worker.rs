@@ -34,129 +34,62 @@ use crate::metrics::Metrics;
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
 use crate::reason::Reason;
-use crate::registry::HandlerSet;
 use crate::retry::Backoff;
 use crate::store::{PartitionCalls, PartitionOf, Store};
+use crate::worker::{MessageSource, Source, WorkerBuilder};
 
 /// What one record counts for in a partition's queue besides its key and payload.
 const RECORD_OVERHEAD: usize = 256;
 
-/// Builds a [`KafkaWorker`]. The defaults are the library's: 5 deliveries, retries 1 s → 300 s,
-/// handler timeout 30 s, shutdown grace 8 s, payloads up to 1 MiB.
-#[must_use]
-pub struct KafkaWorkerBuilder {
+/// Builds a [`KafkaWorker`]: the one [`WorkerBuilder`] over Kafka's [`KafkaSource`]. The
+/// defaults are the library's: 5 deliveries, retries 1 s → 300 s, handler timeout 30 s,
+/// shutdown grace 8 s, payloads up to 1 MiB.
+pub type KafkaWorkerBuilder = WorkerBuilder<KafkaSource>;
+
+/// Kafka's own half of a [`KafkaWorker`]: the brokers and names of its [`KafkaConfig`], the
+/// store its dead letters and attempts go to, and its own knobs. Its setters are on
+/// [`KafkaWorkerBuilder`].
+pub struct KafkaSource {
     config: KafkaConfig,
     store: Arc<dyn Store>,
-    handlers: HandlerSet,
     publisher: Option<Arc<dyn Publish>>,
-    policy: Policy,
     check_interval: Duration,
     partition_queue_bytes: usize,
     health: Option<Health>,
 }
 
-impl KafkaWorkerBuilder {
-    /// A worker on the brokers of `config` whose dead letters go to `store`, with no handlers
-    /// yet.
-    pub fn new(config: KafkaConfig, store: Arc<dyn Store>) -> KafkaWorkerBuilder {
-        KafkaWorkerBuilder::with_policy(config, store, Policy::library())
+impl fmt::Debug for KafkaSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("config", &self.config)
+            .field("check_interval", &self.check_interval)
+            .field("partition_queue_bytes", &self.partition_queue_bytes)
+            .finish_non_exhaustive()
     }
+}
 
-    /// A worker that starts from `policy`'s defaults.
-    pub(crate) fn with_policy(
-        config: KafkaConfig,
-        store: Arc<dyn Store>,
-        policy: Policy,
-    ) -> KafkaWorkerBuilder {
-        KafkaWorkerBuilder {
-            config,
-            store,
-            handlers: HandlerSet::none(),
-            publisher: None,
-            policy,
-            check_interval: Duration::from_secs(5),
-            partition_queue_bytes: 8 * 1024 * 1024,
-            health: None,
-        }
-    }
+impl crate::worker::sealed::Sealed for KafkaSource {}
+impl MessageSource for KafkaSource {}
 
-    crate::registry::handler_registration!(KafkaWorkerBuilder);
-
-    /// Where `ctx.publish` in a handler writes (default: the store's outbox, which the relay
-    /// takes to Kafka).
-    pub fn publish_to(mut self, publisher: Arc<dyn Publish>) -> KafkaWorkerBuilder {
-        self.publisher = Some(publisher);
-        self
-    }
-
-    /// Handler calls per record in total (default 5); then the record goes to the dead
-    /// letters and its partition moves on.
-    pub fn max_deliveries(mut self, max_deliveries: u32) -> KafkaWorkerBuilder {
-        self.policy.max_deliveries(max_deliveries);
-        self
-    }
-
-    /// First and longest delay between calls (default 1 s and 300 s). The partition waits
-    /// meanwhile: the records behind a failed one are not handled before it.
-    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> KafkaWorkerBuilder {
-        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
-        self
-    }
-
-    /// Timeout of a handler call unless the handler sets its own (default 30 s).
-    pub fn handler_timeout(mut self, timeout: Duration) -> KafkaWorkerBuilder {
-        self.policy.handler_timeout = timeout;
-        self
-    }
-
-    /// How long a cancelled worker lets running handlers finish (default 8 s).
-    pub fn shutdown_grace(mut self, grace: Duration) -> KafkaWorkerBuilder {
-        self.policy.shutdown_grace = grace;
-        self
-    }
-
-    /// Largest payload handed to a handler (default 1 MiB); a larger record is dead-lettered
-    /// as `payload_too_large` without being decoded.
-    pub fn max_payload_bytes(mut self, max: usize) -> KafkaWorkerBuilder {
-        self.policy.max_payload_bytes = max;
-        self
-    }
-
-    /// How often each consumer checks that the brokers answer and measures its partitions'
-    /// lag (default 5 s).
-    pub fn check_interval(mut self, interval: Duration) -> KafkaWorkerBuilder {
-        self.check_interval = interval;
-        self
-    }
-
-    /// Bytes of records one partition may have waiting in the worker (default 8 MiB, each
-    /// record counted with its key, its payload and 256 bytes): above, the partition is paused
-    /// (librdkafka stops fetching it) until half of it is handled. Memory is bounded by the
-    /// partitions held times this, not by the backlog. Pausing and resuming cost fetch round
-    /// trips, so keep it well above a few seconds of records.
-    pub fn partition_queue_bytes(mut self, bytes: usize) -> KafkaWorkerBuilder {
-        self.partition_queue_bytes = bytes;
-        self
-    }
-
-    /// Reports readiness to `health`: one component per handler, `kafka consumer <handler>`,
-    /// ready once the brokers answered and failing while they do not.
-    pub fn health(mut self, health: &Health) -> KafkaWorkerBuilder {
-        self.health = Some(health.clone());
-        self
-    }
+impl Source for KafkaSource {
+    type Worker = KafkaWorker;
+    type Error = Error;
 
     /// Checks the knobs, registers the handlers and checks that each handler's message type
     /// declares an aggregate (its topic).
-    pub fn build(self) -> Result<KafkaWorker, Error> {
-        let policy = self.policy;
+    fn build(builder: KafkaWorkerBuilder) -> Result<KafkaWorker, Error> {
+        let WorkerBuilder {
+            handlers,
+            policy,
+            source,
+        } = builder;
         policy
             .checks("max_deliveries")
-            .not_zero("check_interval", self.check_interval)
-            .at_least_one("partition_queue_bytes", self.partition_queue_bytes as u64)
+            .not_zero("check_interval", source.check_interval)
+            .at_least_one("partition_queue_bytes", source.partition_queue_bytes as u64)
             .finish()?;
-        let registry = self.handlers.build(None)?;
-        let health = self.health.unwrap_or_default();
+        let registry = handlers.build(None)?;
+        let health = source.health.unwrap_or_default();
         let mut groups = Vec::new();
         for info in registry.handlers() {
             let handler = registry.get(&info.name).expect("listed").clone();
@@ -167,13 +100,13 @@ impl KafkaWorkerBuilder {
                 }
                 .into());
             };
-            let group_id = self.config.group(&info.name);
+            let group_id = source.config.group(&info.name);
             let probe = health.probe(format!("kafka consumer {}", info.name));
             // It passes at each check of the brokers (a metadata request of at most 2 s).
             probe.expect_progress_within(crate::health::stuck_after(
                 Duration::from_secs(2),
                 Duration::ZERO,
-                self.check_interval,
+                source.check_interval,
             ));
             let slot = HandlerSlot::handler(
                 &handler,
@@ -187,7 +120,7 @@ impl KafkaWorkerBuilder {
                 name: Arc::from(&*info.name),
                 message_type: info.message_type,
                 aggregate,
-                topic: self.config.topic(aggregate),
+                topic: source.config.topic(aggregate),
                 slot,
                 group_id,
                 probe,
@@ -196,13 +129,13 @@ impl KafkaWorkerBuilder {
         Ok(KafkaWorker {
             groups,
             shared: Arc::new(Shared {
-                config: self.config,
-                store: self.store,
-                publisher: self.publisher,
+                config: source.config,
+                store: source.store,
+                publisher: source.publisher,
                 engine: Engine::new(policy.retry.clone(), policy.max_payload_bytes, "kafka"),
                 max_payload_bytes: policy.max_payload_bytes,
-                check_interval: self.check_interval,
-                partition_queue_bytes: self.partition_queue_bytes,
+                check_interval: source.check_interval,
+                partition_queue_bytes: source.partition_queue_bytes,
                 store_timeout: policy.store_timeout,
             }),
             shutdown_grace: policy.shutdown_grace,
@@ -210,13 +143,52 @@ impl KafkaWorkerBuilder {
     }
 }
 
-impl fmt::Debug for KafkaWorkerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KafkaWorkerBuilder")
-            .field("config", &self.config)
-            .field("max_deliveries", &self.policy.retry.max_deliveries_value())
-            .field("handler_timeout", &self.policy.handler_timeout)
-            .finish_non_exhaustive()
+impl WorkerBuilder<KafkaSource> {
+    /// A worker on the brokers of `config` whose dead letters go to `store`, with no handlers
+    /// yet.
+    pub fn new(config: KafkaConfig, store: Arc<dyn Store>) -> KafkaWorkerBuilder {
+        WorkerBuilder::from_source(
+            KafkaSource {
+                config,
+                store,
+                publisher: None,
+                check_interval: Duration::from_secs(5),
+                partition_queue_bytes: 8 * 1024 * 1024,
+                health: None,
+            },
+            Policy::library(),
+        )
+    }
+
+    /// Where `ctx.publish` in a handler writes (default: the store's outbox, which the relay
+    /// takes to Kafka).
+    pub fn publish_to(mut self, publisher: Arc<dyn Publish>) -> KafkaWorkerBuilder {
+        self.source.publisher = Some(publisher);
+        self
+    }
+
+    /// How often each consumer checks that the brokers answer and measures its partitions'
+    /// lag (default 5 s).
+    pub fn check_interval(mut self, interval: Duration) -> KafkaWorkerBuilder {
+        self.source.check_interval = interval;
+        self
+    }
+
+    /// Bytes of records one partition may have waiting in the worker (default 8 MiB, each
+    /// record counted with its key, its payload and 256 bytes): above, the partition is paused
+    /// (librdkafka stops fetching it) until half of it is handled. Memory is bounded by the
+    /// partitions held times this, not by the backlog. Pausing and resuming cost fetch round
+    /// trips, so keep it well above a few seconds of records.
+    pub fn partition_queue_bytes(mut self, bytes: usize) -> KafkaWorkerBuilder {
+        self.source.partition_queue_bytes = bytes;
+        self
+    }
+
+    /// Reports readiness to `health`: one component per handler, `kafka consumer <handler>`,
+    /// ready once the brokers answered and failing while they do not.
+    pub fn health(mut self, health: &Health) -> KafkaWorkerBuilder {
+        self.source.health = Some(health.clone());
+        self
     }
 }
 

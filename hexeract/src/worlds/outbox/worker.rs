@@ -17,179 +17,61 @@ use crate::error::Error;
 use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
-use crate::registry::HandlerSet;
 use crate::store::{ClaimedRows, DeliveryId, DeliveryStore, Routes, Row, NO_HANDLER};
+use crate::worker::{ClaimSource, MessageSource, Source, WorkerBuilder};
 
-/// Builds an [`OutboxWorker`]. The defaults are the library's: `poll_interval` 100 ms,
-/// `batch_size` 10, 5 deliveries, handler timeout 30 s, and a `lease` of the longest handler
-/// timeout and 5 s to settle (35 s).
-#[must_use]
-pub struct OutboxWorkerBuilder {
+/// Builds an [`OutboxWorker`]: the one [`WorkerBuilder`] over the outbox's [`OutboxSource`].
+/// The defaults are the library's: `poll_interval` 100 ms, `batch_size` 10, 5 deliveries,
+/// handler timeout 30 s, and a `lease` of the longest handler timeout and 5 s to settle
+/// (35 s).
+pub type OutboxWorkerBuilder = WorkerBuilder<OutboxSource>;
+
+/// The outbox's own half of an [`OutboxWorker`]: the store it claims deliveries from, what
+/// wakes it, and the probe it reports to. Its setters are on [`OutboxWorkerBuilder`].
+pub struct OutboxSource {
     store: Arc<dyn DeliveryStore>,
-    handlers: HandlerSet,
-    policy: Policy,
     wake: Option<Arc<Notify>>,
     polling_only: bool,
     health: Option<Probe>,
 }
 
-impl OutboxWorkerBuilder {
-    /// A worker over `store`, with no handlers yet.
-    pub fn new(store: impl DeliveryStore) -> OutboxWorkerBuilder {
-        OutboxWorkerBuilder::shared(Arc::new(store))
+impl fmt::Debug for OutboxSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxSource")
+            .field("wake", &self.wake.is_some())
+            .field("polling_only", &self.polling_only)
+            .finish_non_exhaustive()
     }
+}
 
-    /// A worker over a store shared with other parts of the program (such as
-    /// [`default_store`](crate::store::default_store)), with no handlers yet.
-    pub fn shared(store: Arc<dyn DeliveryStore>) -> OutboxWorkerBuilder {
-        OutboxWorkerBuilder::with_policy(store, Policy::library())
-    }
+impl crate::worker::sealed::Sealed for OutboxSource {}
+impl MessageSource for OutboxSource {}
+impl ClaimSource for OutboxSource {}
 
-    /// A worker over `store` that starts from `policy`'s defaults.
-    pub(crate) fn with_policy(
-        store: Arc<dyn DeliveryStore>,
-        policy: Policy,
-    ) -> OutboxWorkerBuilder {
-        OutboxWorkerBuilder {
-            store,
-            handlers: HandlerSet::none(),
+impl Source for OutboxSource {
+    type Worker = OutboxWorker;
+    type Error = Error;
+
+    fn build(builder: OutboxWorkerBuilder) -> Result<OutboxWorker, Error> {
+        let WorkerBuilder {
+            handlers,
             policy,
-            wake: None,
-            polling_only: false,
-            health: None,
-        }
-    }
-
-    crate::registry::handler_registration!(OutboxWorkerBuilder);
-
-    /// How long to sleep after a poll that found nothing (default 100 ms). A publish in this
-    /// process wakes the worker sooner.
-    pub fn poll_interval(mut self, interval: Duration) -> OutboxWorkerBuilder {
-        self.policy.poll_interval = interval;
-        self
-    }
-
-    /// Deliveries claimed per poll (default 10).
-    pub fn batch_size(mut self, batch_size: u32) -> OutboxWorkerBuilder {
-        self.policy.batch_size = batch_size;
-        self
-    }
-
-    /// How long one statement of the worker's own (take, ack, settle) may take before the
-    /// cycle gives up on it (default 30 s): the cycle fails, `/health/ready` says so, and the
-    /// next one starts on another connection. PostgreSQL has no heartbeat: without this, a
-    /// connection whose network path went silent mid-statement would hold the worker until the
-    /// kernel gives up on the socket (many minutes, or never without keepalives). The
-    /// connection given up on stays out of the pool until its socket fails.
-    ///
-    /// ```
-    /// # fn example(store: hexeract::store::postgres::PgStore) {
-    /// use std::time::Duration;
-    /// use hexeract::outbox::OutboxWorker;
-    ///
-    /// let builder = OutboxWorker::builder(store).store_timeout(Duration::from_secs(5));
-    /// # let _ = builder;
-    /// # }
-    /// ```
-    pub fn store_timeout(mut self, timeout: Duration) -> OutboxWorkerBuilder {
-        self.policy.store_timeout = timeout;
-        self
-    }
-
-    /// How long a claim lasts: a worker that dies holding deliveries releases them when it
-    /// ends. By default the longest handler timeout and 5 s for the settle after it (35 s with
-    /// the defaults; the store timeout when it is shorter than 5 s); [`build`] refuses a
-    /// shorter one, which would let another worker claim a delivery while its call still runs.
-    ///
-    /// [`build`]: OutboxWorkerBuilder::build
-    pub fn lease(mut self, lease: Duration) -> OutboxWorkerBuilder {
-        self.policy.lease = Some(lease);
-        self
-    }
-
-    /// Handler calls per delivery in total (default 5).
-    pub fn max_deliveries(mut self, max_deliveries: u32) -> OutboxWorkerBuilder {
-        self.policy.max_deliveries(max_deliveries);
-        self
-    }
-
-    /// First and longest delay between calls (default 1 s and 300 s).
-    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> OutboxWorkerBuilder {
-        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
-        self
-    }
-
-    /// Timeout of a handler call unless the handler sets its own (default 30 s).
-    pub fn handler_timeout(mut self, timeout: Duration) -> OutboxWorkerBuilder {
-        self.policy.handler_timeout = timeout;
-        self
-    }
-
-    /// How long a cancelled worker lets running handlers finish (default 8 s).
-    pub fn shutdown_grace(mut self, grace: Duration) -> OutboxWorkerBuilder {
-        self.policy.shutdown_grace = grace;
-        self
-    }
-
-    /// Reports readiness to `probe`: ready after each cycle that reached the store, failing
-    /// after one that did not.
-    ///
-    /// ```
-    /// use hexeract::health::Health;
-    /// use hexeract::outbox::OutboxWorker;
-    /// use hexeract::store::sqlite::SqliteStore;
-    ///
-    /// # async fn example(store: SqliteStore) -> Result<(), hexeract::Error> {
-    /// let health = Health::new();
-    /// let worker = OutboxWorker::builder(store)
-    ///     .from_registry()
-    ///     .health(health.probe("outbox worker"))
-    ///     .build()?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn health(mut self, probe: Probe) -> OutboxWorkerBuilder {
-        self.health = Some(probe);
-        self
-    }
-
-    /// Largest payload handed to a handler (default 1 MiB); a larger message is dead-lettered
-    /// as `payload_too_large` without being decoded.
-    pub fn max_payload_bytes(mut self, max: usize) -> OutboxWorkerBuilder {
-        self.policy.max_payload_bytes = max;
-        self
-    }
-
-    /// Wakes the worker from its poll sleep when notified, instead of the store's own signal
-    /// ([`DeliveryStore::wakeups`]).
-    pub fn wake_on(mut self, wake: Arc<Notify>) -> OutboxWorkerBuilder {
-        self.wake = Some(wake);
-        self
-    }
-
-    /// Polls only: ignore the store's wake-up signal (for measuring what it saves).
-    pub fn polling_only(mut self) -> OutboxWorkerBuilder {
-        self.polling_only = true;
-        self
-    }
-
-    /// Checks the knobs and registers the handlers.
-    pub fn build(self) -> Result<OutboxWorker, Error> {
-        let policy = self.policy;
+            source,
+        } = builder;
         policy
             .checks("max_deliveries")
             .at_least_one("batch_size", policy.batch_size.into())
             .not_zero_when_set("lease", policy.lease)
             .not_zero("store_timeout", policy.store_timeout)
             .finish()?;
-        let registry = self.handlers.build(None)?;
+        let registry = handlers.build(None)?;
         let longest_call = crate::policy::longest_call(
             policy.handler_timeout,
             "handler_timeout",
             registry.handlers().map(|info| (&*info.name, info.timeout)),
         );
         let lease = policy.checked_lease("lease (DELIVERY_LEASE_MS)", longest_call.clone())?;
-        let health = self
+        let health = source
             .health
             .unwrap_or_else(|| Probe::detached("outbox worker"));
         health.expect_progress_within(crate::health::stuck_after(
@@ -214,29 +96,73 @@ impl OutboxWorkerBuilder {
         Ok(OutboxWorker {
             routes: Routes::from_registry(&registry),
             handlers,
-            engine: Engine::new(policy.retry, policy.max_payload_bytes, self.store.kind()),
-            store: self.store,
+            engine: Engine::new(policy.retry, policy.max_payload_bytes, source.store.kind()),
+            store: source.store,
             poll_interval: policy.poll_interval,
             batch_size: policy.batch_size,
             lease,
             store_timeout: policy.store_timeout,
             shutdown_grace: policy.shutdown_grace,
-            wake: self.wake,
-            polling_only: self.polling_only,
+            wake: source.wake,
+            polling_only: source.polling_only,
             health,
         })
     }
 }
 
-impl fmt::Debug for OutboxWorkerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OutboxWorkerBuilder")
-            .field("poll_interval", &self.policy.poll_interval)
-            .field("batch_size", &self.policy.batch_size)
-            .field("lease", &self.policy.lease)
-            .field("max_deliveries", &self.policy.retry.max_deliveries_value())
-            .field("store_timeout", &self.policy.store_timeout)
-            .finish_non_exhaustive()
+impl WorkerBuilder<OutboxSource> {
+    /// A worker over `store`, with no handlers yet.
+    pub fn new(store: impl DeliveryStore) -> OutboxWorkerBuilder {
+        OutboxWorkerBuilder::shared(Arc::new(store))
+    }
+
+    /// A worker over a store shared with other parts of the program (such as
+    /// [`default_store`](crate::store::default_store)), with no handlers yet.
+    pub fn shared(store: Arc<dyn DeliveryStore>) -> OutboxWorkerBuilder {
+        WorkerBuilder::from_source(
+            OutboxSource {
+                store,
+                wake: None,
+                polling_only: false,
+                health: None,
+            },
+            Policy::library(),
+        )
+    }
+
+    /// Reports readiness to `probe`: ready after each cycle that reached the store, failing
+    /// after one that did not.
+    ///
+    /// ```
+    /// use hexeract::health::Health;
+    /// use hexeract::outbox::OutboxWorker;
+    /// use hexeract::store::sqlite::SqliteStore;
+    ///
+    /// # async fn example(store: SqliteStore) -> Result<(), hexeract::Error> {
+    /// let health = Health::new();
+    /// let worker = OutboxWorker::builder(store)
+    ///     .from_registry()
+    ///     .health(health.probe("outbox worker"))
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn health(mut self, probe: Probe) -> OutboxWorkerBuilder {
+        self.source.health = Some(probe);
+        self
+    }
+
+    /// Wakes the worker from its poll sleep when notified, instead of the store's own signal
+    /// ([`DeliveryStore::wakeups`]).
+    pub fn wake_on(mut self, wake: Arc<Notify>) -> OutboxWorkerBuilder {
+        self.source.wake = Some(wake);
+        self
+    }
+
+    /// Polls only: ignore the store's wake-up signal (for measuring what it saves).
+    pub fn polling_only(mut self) -> OutboxWorkerBuilder {
+        self.source.polling_only = true;
+        self
     }
 }
 

@@ -33,9 +33,10 @@ use crate::rabbitmq::{
     ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology,
     DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PARKING_MAX_LENGTH, DEFAULT_PREFIX,
 };
-use crate::registry::{HandlerSet, RegisteredHandler};
+use crate::registry::RegisteredHandler;
 use crate::retry::Backoff;
 use crate::store::DeadLetterStore;
+use crate::worker::{MessageSource, Source, WorkerBuilder};
 
 /// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
 /// `max_payload_bytes` 1 MiB, handler timeout 30 s, shutdown grace 8 s, confirm timeout 30 s.
@@ -75,16 +76,18 @@ use crate::store::DeadLetterStore;
 /// # Ok(())
 /// # }
 /// ```
-#[must_use]
-pub struct RabbitMqWorkerBuilder {
+pub type RabbitMqWorkerBuilder = WorkerBuilder<RabbitMqSource>;
+
+/// RabbitMQ's own half of a [`RabbitMqWorker`]: the connection, the names and the broker-side
+/// knobs of its queues, where parked messages are recorded. Its setters are on
+/// [`RabbitMqWorkerBuilder`].
+pub struct RabbitMqSource {
     connection: RabbitMqConnection,
-    handlers: HandlerSet,
     exchange: String,
     prefix: String,
     wait_tiers: Option<Vec<Duration>>,
     queue: Option<String>,
     dead_letter_routing_key: Option<String>,
-    policy: Policy,
     confirm_timeout: Duration,
     delivery_limit: u32,
     parking_max_length: u64,
@@ -96,50 +99,55 @@ pub struct RabbitMqWorkerBuilder {
     health: Option<Probe>,
 }
 
-impl RabbitMqWorkerBuilder {
+impl fmt::Debug for RabbitMqSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitMqSource")
+            .field("connection", &self.connection)
+            .field("exchange", &self.exchange)
+            .field("prefix", &self.prefix)
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl crate::worker::sealed::Sealed for RabbitMqSource {}
+impl MessageSource for RabbitMqSource {}
+
+impl WorkerBuilder<RabbitMqSource> {
     /// A worker on `connection`, with no handlers yet.
     pub fn new(connection: RabbitMqConnection) -> RabbitMqWorkerBuilder {
-        RabbitMqWorkerBuilder::with_policy(connection, Policy::library())
+        WorkerBuilder::from_source(
+            RabbitMqSource {
+                connection,
+                exchange: DEFAULT_EXCHANGE.to_owned(),
+                prefix: DEFAULT_PREFIX.to_owned(),
+                wait_tiers: None,
+                queue: None,
+                dead_letter_routing_key: None,
+                confirm_timeout: Duration::from_secs(30),
+                delivery_limit: DEFAULT_DELIVERY_LIMIT,
+                parking_max_length: DEFAULT_PARKING_MAX_LENGTH,
+                ack_mode: AckMode::Manual,
+                declare: true,
+                dead_letters: None,
+                park_without_rows: false,
+                publisher: None,
+                health: None,
+            },
+            Policy::library(),
+        )
     }
-
-    /// A worker on `connection` that starts from `policy`'s defaults.
-    pub(crate) fn with_policy(
-        connection: RabbitMqConnection,
-        policy: Policy,
-    ) -> RabbitMqWorkerBuilder {
-        RabbitMqWorkerBuilder {
-            connection,
-            handlers: HandlerSet::none(),
-            exchange: DEFAULT_EXCHANGE.to_owned(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-            wait_tiers: None,
-            queue: None,
-            dead_letter_routing_key: None,
-            policy,
-            confirm_timeout: Duration::from_secs(30),
-            delivery_limit: DEFAULT_DELIVERY_LIMIT,
-            parking_max_length: DEFAULT_PARKING_MAX_LENGTH,
-            ack_mode: AckMode::Manual,
-            declare: true,
-            dead_letters: None,
-            park_without_rows: false,
-            publisher: None,
-            health: None,
-        }
-    }
-
-    crate::registry::handler_registration!(RabbitMqWorkerBuilder);
 
     /// The message exchange (default `hexeract`).
     pub fn exchange(mut self, exchange: impl Into<String>) -> RabbitMqWorkerBuilder {
-        self.exchange = exchange.into();
+        self.source.exchange = exchange.into();
         self
     }
 
     /// The prefix of queue names (default `hexeract`): each handler consumes
     /// `<prefix>.<handler name>`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> RabbitMqWorkerBuilder {
-        self.prefix = prefix.into();
+        self.source.prefix = prefix.into();
         self
     }
 
@@ -150,7 +158,7 @@ impl RabbitMqWorkerBuilder {
         mut self,
         tiers: impl IntoIterator<Item = Duration>,
     ) -> RabbitMqWorkerBuilder {
-        self.wait_tiers = Some(tiers.into_iter().collect());
+        self.source.wait_tiers = Some(tiers.into_iter().collect());
         self
     }
 
@@ -158,7 +166,7 @@ impl RabbitMqWorkerBuilder {
     /// goes to the handler of its type (so each type may have only one handler here). The
     /// queue must exist; retries come back to it.
     pub fn queue(mut self, queue: impl Into<String>) -> RabbitMqWorkerBuilder {
-        self.queue = Some(queue.into());
+        self.source.queue = Some(queue.into());
         self
     }
 
@@ -166,7 +174,7 @@ impl RabbitMqWorkerBuilder {
     /// `<queue>.parked`), where messages that cannot be handled are published through the
     /// default exchange.
     pub fn dead_letter_routing_key(mut self, key: impl Into<String>) -> RabbitMqWorkerBuilder {
-        self.dead_letter_routing_key = Some(key.into());
+        self.source.dead_letter_routing_key = Some(key.into());
         self
     }
 
@@ -183,36 +191,9 @@ impl RabbitMqWorkerBuilder {
         self
     }
 
-    /// Largest payload handed to a handler (default 1 MiB), checked before the payload is
-    /// copied or decoded; a larger one is parked as `payload_too_large`. Pair it with the
-    /// broker's `max_message_size`: the broker has buffered the frame already.
-    pub fn max_payload_bytes(mut self, max: usize) -> RabbitMqWorkerBuilder {
-        self.policy.max_payload_bytes = max;
-        self
-    }
-
-    /// First and longest delay between calls (default 1 s and 300 s).
-    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> RabbitMqWorkerBuilder {
-        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
-        self
-    }
-
-    /// Timeout of a handler call unless the handler sets its own (default 30 s).
-    pub fn handler_timeout(mut self, timeout: Duration) -> RabbitMqWorkerBuilder {
-        self.policy.handler_timeout = timeout;
-        self
-    }
-
-    /// How long a cancelled worker lets running handlers finish (default 8 s). Calls still
-    /// running then are given back to the queue.
-    pub fn shutdown_grace(mut self, grace: Duration) -> RabbitMqWorkerBuilder {
-        self.policy.shutdown_grace = grace;
-        self
-    }
-
     /// How long a retry or parking publish waits for the broker's confirm (default 30 s).
     pub fn confirm_timeout(mut self, timeout: Duration) -> RabbitMqWorkerBuilder {
-        self.confirm_timeout = timeout;
+        self.source.confirm_timeout = timeout;
         self
     }
 
@@ -223,7 +204,7 @@ impl RabbitMqWorkerBuilder {
     /// would have the broker park it without either. With [`queue`](Self::queue) or
     /// [`skip_declare`](Self::skip_declare), set it to the limit the queues were declared with.
     pub fn delivery_limit(mut self, limit: u32) -> RabbitMqWorkerBuilder {
-        self.delivery_limit = limit;
+        self.source.delivery_limit = limit;
         self
     }
 
@@ -232,7 +213,7 @@ impl RabbitMqWorkerBuilder {
     /// its queue instead of being acked, to be parked once there is room. The queues are
     /// declared with it: changing it migrates them ([`migrate_queue`](crate::rabbitmq::migrate_queue)).
     pub fn parking_max_length(mut self, length: u64) -> RabbitMqWorkerBuilder {
-        self.parking_max_length = length;
+        self.source.parking_max_length = length;
         self
     }
 
@@ -240,13 +221,13 @@ impl RabbitMqWorkerBuilder {
     /// that nothing is lost). [`AckMode::Automatic`] acks it as a call takes it, before the
     /// handler runs: at most once, the one exception to at-least-once.
     pub fn ack_mode(mut self, mode: AckMode) -> RabbitMqWorkerBuilder {
-        self.ack_mode = mode;
+        self.source.ack_mode = mode;
         self
     }
 
     /// Declare nothing: the topology exists already (default: declare it at start).
     pub fn skip_declare(mut self) -> RabbitMqWorkerBuilder {
-        self.declare = false;
+        self.source.declare = false;
         self
     }
 
@@ -254,7 +235,7 @@ impl RabbitMqWorkerBuilder {
     /// before the park: where operators list, replay and purge them. Required, unless
     /// [`park_without_rows`](RabbitMqWorkerBuilder::park_without_rows) says otherwise.
     pub fn dead_letters(mut self, store: Arc<dyn DeadLetterStore>) -> RabbitMqWorkerBuilder {
-        self.dead_letters = Some(store);
+        self.source.dead_letters = Some(store);
         self
     }
 
@@ -263,14 +244,14 @@ impl RabbitMqWorkerBuilder {
     /// Without this or [`dead_letters`](RabbitMqWorkerBuilder::dead_letters), `build` fails,
     /// so that no message is parked without the row a person looks for.
     pub fn park_without_rows(mut self) -> RabbitMqWorkerBuilder {
-        self.park_without_rows = true;
+        self.source.park_without_rows = true;
         self
     }
 
     /// Where `ctx.publish` sends follow-up messages (default: straight to the exchange, with
     /// confirms; `hexeract::run` gives the outbox).
     pub fn publish_to(mut self, publisher: Arc<dyn Publish>) -> RabbitMqWorkerBuilder {
-        self.publisher = Some(publisher);
+        self.source.publisher = Some(publisher);
         self
     }
 
@@ -293,19 +274,27 @@ impl RabbitMqWorkerBuilder {
     /// # }
     /// ```
     pub fn health(mut self, probe: Probe) -> RabbitMqWorkerBuilder {
-        self.health = Some(probe);
+        self.source.health = Some(probe);
         self
     }
+}
 
-    /// Checks the knobs and registers the handlers.
-    pub fn build(self) -> Result<RabbitMqWorker, Error> {
-        let policy = self.policy;
+impl Source for RabbitMqSource {
+    type Worker = RabbitMqWorker;
+    type Error = Error;
+
+    fn build(builder: RabbitMqWorkerBuilder) -> Result<RabbitMqWorker, Error> {
+        let WorkerBuilder {
+            handlers,
+            policy,
+            source,
+        } = builder;
         let mut checks = policy
             .checks("max_attempts")
             .at_least_one("prefetch", policy.prefetch.into())
-            .not_zero("confirm_timeout", self.confirm_timeout)
-            .at_least_one("delivery_limit", self.delivery_limit.into())
-            .at_least_one("parking_max_length", self.parking_max_length);
+            .not_zero("confirm_timeout", source.confirm_timeout)
+            .at_least_one("delivery_limit", source.delivery_limit.into())
+            .at_least_one("parking_max_length", source.parking_max_length);
         if policy.prefetch > u32::from(u16::MAX) {
             checks = checks.problem(
                 "prefetch",
@@ -314,7 +303,7 @@ impl RabbitMqWorkerBuilder {
             );
         }
         let (initial, longest) = policy.retry.delays();
-        let wait_tiers = self
+        let wait_tiers = source
             .wait_tiers
             .clone()
             .unwrap_or_else(|| crate::rabbitmq::tiers_for(initial, longest));
@@ -325,19 +314,19 @@ impl RabbitMqWorkerBuilder {
                 "at least one delay, each longer than zero",
             );
         }
-        if self.connection.is_recovering() {
+        if source.connection.is_recovering() {
             checks = checks.problem(
                 "connection",
                 format!(
                     "{:?} with lapin's automatic recovery on",
-                    self.connection.name()
+                    source.connection.name()
                 ),
                 "a connection from connect_named or connect_named_with_retry: a recovered \
                  channel starts its delivery tags again, and acks would reach the wrong \
                  deliveries",
             );
         }
-        if self.dead_letters.is_none() && !self.park_without_rows {
+        if source.dead_letters.is_none() && !source.park_without_rows {
             checks = checks.problem(
                 "dead_letters",
                 "not set".to_owned(),
@@ -346,21 +335,21 @@ impl RabbitMqWorkerBuilder {
                  queues alone",
             );
         }
-        if self.dead_letter_routing_key.is_some() && self.queue.is_none() {
+        if source.dead_letter_routing_key.is_some() && source.queue.is_none() {
             checks = checks.problem(
                 "dead_letter_routing_key",
-                self.dead_letter_routing_key.clone().unwrap_or_default(),
+                source.dead_letter_routing_key.clone().unwrap_or_default(),
                 "only with queue(…): handler queues park in <queue>.parked",
             );
         }
         checks.finish()?;
-        let registry = self.handlers.build(None)?;
+        let registry = handlers.build(None)?;
         let topology = Topology::from_registry(&registry)
-            .exchange(self.exchange.clone())
-            .prefix(self.prefix)
+            .exchange(source.exchange.clone())
+            .prefix(source.prefix)
             .wait_tiers(wait_tiers)
-            .delivery_limit(self.delivery_limit)
-            .parking_max_length(self.parking_max_length);
+            .delivery_limit(source.delivery_limit)
+            .parking_max_length(source.parking_max_length);
         topology.validate().map_err(|error| {
             config_problem(
                 "queue and exchange names",
@@ -368,7 +357,7 @@ impl RabbitMqWorkerBuilder {
                 &error.to_string(),
             )
         })?;
-        let health = self
+        let health = source
             .health
             .clone()
             .unwrap_or_else(|| Probe::detached("bus worker"));
@@ -382,7 +371,7 @@ impl RabbitMqWorkerBuilder {
             slot.watch(&health);
             slot
         };
-        let consumers = match &self.queue {
+        let consumers = match &source.queue {
             Some(queue) => {
                 let mut by_type = HashMap::new();
                 for info in registry.handlers() {
@@ -404,7 +393,7 @@ impl RabbitMqWorkerBuilder {
                     }
                 }
                 vec![QueueConsumer {
-                    parking: self
+                    parking: source
                         .dead_letter_routing_key
                         .clone()
                         .unwrap_or_else(|| parking_queue(queue)),
@@ -433,21 +422,21 @@ impl RabbitMqWorkerBuilder {
         }
         Ok(RabbitMqWorker {
             shared: Arc::new(Shared {
-                connection: self.connection,
+                connection: source.connection,
                 topology,
-                exchange: self.exchange,
+                exchange: source.exchange,
                 consumers,
                 prefetch: u16::try_from(policy.prefetch).expect("checked above"),
                 engine: Engine::new(policy.retry, policy.max_payload_bytes, "rabbitmq"),
                 max_payload_bytes: policy.max_payload_bytes,
                 shutdown_grace: policy.shutdown_grace,
-                confirm_timeout: self.confirm_timeout,
-                delivery_limit: self.delivery_limit,
-                ack_mode: self.ack_mode,
-                declare: self.declare,
-                dead_letters: self.dead_letters,
+                confirm_timeout: source.confirm_timeout,
+                delivery_limit: source.delivery_limit,
+                ack_mode: source.ack_mode,
+                declare: source.declare,
+                dead_letters: source.dead_letters,
                 store_timeout: policy.store_timeout,
-                publisher: self.publisher,
+                publisher: source.publisher,
                 health,
                 subscribed: AtomicUsize::new(0),
             }),
@@ -463,19 +452,6 @@ fn config_problem(setting: &str, value: &str, expected: &str) -> Error {
             expected: expected.to_owned(),
         }],
     })
-}
-
-impl fmt::Debug for RabbitMqWorkerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RabbitMqWorkerBuilder")
-            .field("connection", &self.connection)
-            .field("exchange", &self.exchange)
-            .field("prefix", &self.prefix)
-            .field("queue", &self.queue)
-            .field("prefetch", &self.policy.prefetch)
-            .field("max_attempts", &self.policy.retry.max_deliveries_value())
-            .finish_non_exhaustive()
-    }
 }
 
 /// Consumes RabbitMQ queues and calls their handlers, until cancelled or until the connection is

@@ -27,9 +27,11 @@ use crate::store::{
     ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition, ScheduleStore, StoreError,
     SCHEDULE_MESSAGE_TYPE,
 };
+use crate::worker::{ClaimSource, Source, WorkerBuilder};
 
 /// Builds a [`SchedulerWorker`]. The defaults are the library's: `poll_interval` 100 ms,
-/// `batch_size` 10, `min_cycle_delay` 5 ms, `dispatch_timeout` 30 s, `lease` 30 s.
+/// `batch_size` 10, `min_cycle_delay` 5 ms, `dispatch_timeout` 30 s, and a `lease` of the
+/// longest dispatch timeout and 5 s to settle (35 s).
 ///
 /// ```
 /// use std::time::Duration;
@@ -46,180 +48,59 @@ use crate::store::{
 /// # Ok(())
 /// # }
 /// ```
-pub struct SchedulerBuilder {
+pub type SchedulerBuilder = WorkerBuilder<ScheduleSource>;
+
+/// The scheduler's own half of a [`SchedulerWorker`]: the store its schedules and occurrences
+/// are kept in, its jobs, and its own knobs. Its setters are on [`SchedulerBuilder`].
+pub struct ScheduleSource {
     store: Arc<dyn ScheduleStore>,
     jobs: Vec<ScheduledJob>,
     from_inventory: bool,
-    /// Its `handler_timeout` is the `dispatch_timeout`.
-    policy: Policy,
     catch_up_grace: Duration,
     release_messages: bool,
     health: Option<Probe>,
-    /// What jobs take as `State<T>`.
-    states: States,
-    /// What runs around each run.
-    middleware: Middlewares,
 }
 
-impl SchedulerBuilder {
-    /// A scheduler over `store`, with no jobs yet.
-    pub fn new(store: Arc<dyn ScheduleStore>) -> SchedulerBuilder {
-        SchedulerBuilder {
-            store,
-            jobs: Vec::new(),
-            from_inventory: false,
-            policy: Policy::library(),
-            catch_up_grace: Duration::from_secs(60),
-            release_messages: true,
-            health: None,
-            states: States::new(),
-            middleware: Middlewares::default(),
-        }
+impl fmt::Debug for ScheduleSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScheduleSource")
+            .field("jobs", &self.jobs)
+            .field("from_inventory", &self.from_inventory)
+            .field("catch_up_grace", &self.catch_up_grace)
+            .field("release_messages", &self.release_messages)
+            .finish_non_exhaustive()
+    }
+}
+
+impl crate::worker::sealed::Sealed for ScheduleSource {}
+impl ClaimSource for ScheduleSource {}
+
+impl Source for ScheduleSource {
+    type Worker = SchedulerWorker;
+    type Error = Error;
+
+    /// In the scheduler's words: its handler timeout is the `dispatch_timeout`.
+    fn fmt_builder(builder: &SchedulerBuilder, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let policy = &builder.policy;
+        f.debug_struct("SchedulerBuilder")
+            .field("source", &builder.source)
+            .field("poll_interval", &policy.poll_interval)
+            .field("batch_size", &policy.batch_size)
+            .field("min_cycle_delay", &policy.min_cycle_delay)
+            .field("lease", &policy.lease)
+            .field("dispatch_timeout", &policy.handler_timeout)
+            .field("store_timeout", &policy.store_timeout)
+            .field("retry", &policy.retry)
+            .field("shutdown_grace", &policy.shutdown_grace)
+            .finish_non_exhaustive()
     }
 
-    /// Gives the jobs a value they take as [`State<T>`](crate::State).
-    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> SchedulerBuilder {
-        self.states.insert(value);
-        self
-    }
-
-    /// Runs `middleware` around every job's run (see [`middleware`](crate::middleware)).
-    pub fn middleware(
-        mut self,
-        middleware: impl crate::middleware::Middleware,
-    ) -> SchedulerBuilder {
-        self.middleware.add(middleware);
-        self
-    }
-
-    /// Runs `middleware` around the runs of the job named `job` alone; a name that is not one
-    /// of the scheduler's jobs stops `build()`.
-    pub fn middleware_for(
-        mut self,
-        job: impl Into<std::borrow::Cow<'static, str>>,
-        middleware: impl crate::middleware::Middleware,
-    ) -> SchedulerBuilder {
-        self.middleware.add_for(job, middleware);
-        self
-    }
-
-    /// The state and middleware of a [`Worker`](crate::Worker), shared with its handlers.
-    pub(crate) fn with_shared(
-        mut self,
-        states: &States,
-        middleware: Middlewares,
-    ) -> SchedulerBuilder {
-        self.states.extend(states);
-        self.middleware.extend(middleware);
-        self
-    }
-
-    /// Every `#[scheduled]` job of the program (plus those added with
-    /// [`job`](SchedulerBuilder::job)).
-    pub fn from_inventory(mut self) -> SchedulerBuilder {
-        self.from_inventory = true;
-        self
-    }
-
-    /// Adds a job.
-    pub fn job(mut self, job: ScheduledJob) -> SchedulerBuilder {
-        self.jobs.push(job);
-        self
-    }
-
-    /// Wait after a cycle that claimed nothing, or failed (default 100 ms).
-    pub fn poll_interval(mut self, interval: Duration) -> SchedulerBuilder {
-        self.policy.poll_interval = interval;
-        self
-    }
-
-    /// Occurrences claimed per cycle, and delayed messages moved per cycle (default 10).
-    pub fn batch_size(mut self, batch_size: u32) -> SchedulerBuilder {
-        self.policy.batch_size = batch_size;
-        self
-    }
-
-    /// Wait between two cycles that found work (default 5 ms): a backlog drains quickly
-    /// without a busy loop.
-    pub fn min_cycle_delay(mut self, delay: Duration) -> SchedulerBuilder {
-        self.policy.min_cycle_delay = delay;
-        self
-    }
-
-    /// Deadline of one run of a job (default 30 s); a run slower than this is a failed attempt
-    /// (`handler_timeout`) and follows the retry path. A job's own `timeout` takes precedence.
-    pub fn dispatch_timeout(mut self, timeout: Duration) -> SchedulerBuilder {
-        self.policy.handler_timeout = timeout;
-        self
-    }
-
-    /// How long a claim holds an occurrence: past it, another worker may take it over. By
-    /// default the longest dispatch timeout and 5 s for the settle after it (35 s with the
-    /// defaults; the store timeout when it is shorter than 5 s); [`build`] refuses a shorter
-    /// one, which would let another worker run the same fire time beside a slow run.
-    ///
-    /// [`build`]: SchedulerBuilder::build
-    pub fn lease(mut self, lease: Duration) -> SchedulerBuilder {
-        self.policy.lease = Some(lease);
-        self
-    }
-
-    /// Runs of one occurrence in all, counting those that never finished (default 5); then it
-    /// is dead-lettered.
-    pub fn max_deliveries(mut self, max: u32) -> SchedulerBuilder {
-        self.policy.max_deliveries(max);
-        self
-    }
-
-    /// Retry delays: from `initial`, doubling, up to `max` (default 1 s to 300 s, jittered).
-    pub fn retry_delays(mut self, initial: Duration, max: Duration) -> SchedulerBuilder {
-        self.policy.retry = self.policy.retry.initial_delay(initial).max_delay(max);
-        self
-    }
-
-    /// How late a fire time may be found and still run, for a `catch_up = "none"` schedule
-    /// (default 60 s).
-    pub fn catch_up_grace(mut self, grace: Duration) -> SchedulerBuilder {
-        self.catch_up_grace = grace;
-        self
-    }
-
-    /// How long a cancelled scheduler lets running jobs finish (default 8 s).
-    pub fn shutdown_grace(mut self, grace: Duration) -> SchedulerBuilder {
-        self.policy.shutdown_grace = grace;
-        self
-    }
-
-    /// Leaves delayed messages to another scheduler (by default each scheduler moves those
-    /// due into the outbox).
-    pub fn without_delayed_messages(mut self) -> SchedulerBuilder {
-        self.release_messages = false;
-        self
-    }
-
-    /// How long one of the scheduler's own statements (plan, claim, settle, the move of due
-    /// messages) may take before the cycle fails and the next starts on another connection
-    /// (default 30 s): what gets it out of a statement whose network path went silent.
-    pub fn store_timeout(mut self, timeout: Duration) -> SchedulerBuilder {
-        self.policy.store_timeout = timeout;
-        self
-    }
-
-    /// Reports readiness to `probe`: ready after each cycle that reached the store.
-    pub fn health(mut self, probe: Probe) -> SchedulerBuilder {
-        self.health = Some(probe);
-        self
-    }
-
-    /// Calls in all, backoff and jitter at once (`run` gives the process's).
-    pub(crate) fn retry_policy(mut self, retry: crate::retry::RetryPolicy) -> SchedulerBuilder {
-        self.policy.retry = retry;
-        self
-    }
-
-    /// Checks the knobs (all problems at once) and the jobs' names.
-    pub fn build(self) -> Result<SchedulerWorker, Error> {
-        let policy = self.policy;
+    fn build(builder: SchedulerBuilder) -> Result<SchedulerWorker, Error> {
+        let WorkerBuilder {
+            handlers,
+            policy,
+            source,
+        } = builder;
         KnobChecks::default()
             .not_zero_when_set("lease", policy.lease)
             .not_zero("dispatch_timeout", policy.handler_timeout)
@@ -228,19 +109,19 @@ impl SchedulerBuilder {
             .at_least_one("batch_size", policy.batch_size.into())
             .at_least_one("max_deliveries", policy.retry.max_deliveries_value().into())
             .finish()?;
-        let mut jobs = self.jobs;
-        if self.from_inventory {
+        let mut jobs = source.jobs;
+        if source.from_inventory {
             jobs.extend(jobs_from_inventory()?);
         }
         let mut missing = Vec::new();
         let jobs: Vec<ScheduledJob> = jobs
             .iter()
-            .filter_map(|job| job.provide(&self.states, &mut missing))
+            .filter_map(|job| job.provide(&handlers.states, &mut missing))
             .collect();
         if !missing.is_empty() {
             return Err(RegistryError::MissingState(missing).into());
         }
-        let unknown: Vec<String> = self
+        let unknown: Vec<String> = handlers
             .middleware
             .named()
             .filter(|name| !jobs.iter().any(|job| job.name() == *name))
@@ -281,7 +162,9 @@ impl SchedulerBuilder {
         let lease = policy.checked_lease("lease (SCHEDULER_LEASE_MS)", longest_run.clone())?;
         let mut names: Vec<String> = by_name.keys().cloned().collect();
         names.sort();
-        let health = self.health.unwrap_or_else(|| Probe::detached("scheduler"));
+        let health = source
+            .health
+            .unwrap_or_else(|| Probe::detached("scheduler"));
         health.expect_progress_within(crate::health::stuck_after(
             longest_run.0,
             policy.store_timeout,
@@ -294,7 +177,7 @@ impl SchedulerBuilder {
                 let slot = Slot::job(
                     job.shared_name(),
                     job.runner(),
-                    self.middleware.chain_for(name),
+                    handlers.middleware.chain_for(name),
                     timeout,
                 );
                 slot.watch(&health);
@@ -303,7 +186,7 @@ impl SchedulerBuilder {
             .collect();
         Ok(SchedulerWorker {
             shared: Arc::new(Shared {
-                store: self.store,
+                store: source.store,
                 jobs: by_name,
                 slots,
                 names,
@@ -315,25 +198,87 @@ impl SchedulerBuilder {
                 dispatch_timeout: policy.handler_timeout,
                 lease,
                 store_timeout: policy.store_timeout,
-                catch_up_grace: self.catch_up_grace,
+                catch_up_grace: source.catch_up_grace,
                 shutdown_grace: policy.shutdown_grace,
-                release_messages: self.release_messages,
+                release_messages: source.release_messages,
                 health,
             }),
         })
     }
 }
 
-impl fmt::Debug for SchedulerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SchedulerBuilder")
-            .field("jobs", &self.jobs)
-            .field("poll_interval", &self.policy.poll_interval)
-            .field("batch_size", &self.policy.batch_size)
-            .field("lease", &self.policy.lease)
-            .field("dispatch_timeout", &self.policy.handler_timeout)
-            .field("store_timeout", &self.policy.store_timeout)
-            .finish_non_exhaustive()
+impl WorkerBuilder<ScheduleSource> {
+    /// A scheduler over `store`, with no jobs yet.
+    pub fn new(store: Arc<dyn ScheduleStore>) -> SchedulerBuilder {
+        WorkerBuilder::from_source(
+            ScheduleSource {
+                store,
+                jobs: Vec::new(),
+                from_inventory: false,
+                catch_up_grace: Duration::from_secs(60),
+                release_messages: true,
+                health: None,
+            },
+            Policy::library(),
+        )
+    }
+
+    /// The state and middleware of a [`Worker`](crate::Worker), shared with its handlers.
+    pub(crate) fn with_shared(
+        mut self,
+        states: &States,
+        middleware: Middlewares,
+    ) -> SchedulerBuilder {
+        self.handlers.states.extend(states);
+        self.handlers.middleware.extend(middleware);
+        self
+    }
+
+    /// Every `#[scheduled]` job of the program (plus those added with
+    /// [`job`](SchedulerBuilder::job)).
+    pub fn from_inventory(mut self) -> SchedulerBuilder {
+        self.source.from_inventory = true;
+        self
+    }
+
+    /// Adds a job.
+    pub fn job(mut self, job: ScheduledJob) -> SchedulerBuilder {
+        self.source.jobs.push(job);
+        self
+    }
+
+    /// Wait between two cycles that found work (default 5 ms): a backlog drains quickly
+    /// without a busy loop.
+    pub fn min_cycle_delay(mut self, delay: Duration) -> SchedulerBuilder {
+        self.policy.min_cycle_delay = delay;
+        self
+    }
+
+    /// Deadline of one run of a job (default 30 s); a run slower than this is a failed attempt
+    /// (`handler_timeout`) and follows the retry path. A job's own `timeout` takes precedence.
+    pub fn dispatch_timeout(mut self, timeout: Duration) -> SchedulerBuilder {
+        self.policy.handler_timeout = timeout;
+        self
+    }
+
+    /// How late a fire time may be found and still run, for a `catch_up = "none"` schedule
+    /// (default 60 s).
+    pub fn catch_up_grace(mut self, grace: Duration) -> SchedulerBuilder {
+        self.source.catch_up_grace = grace;
+        self
+    }
+
+    /// Leaves delayed messages to another scheduler (by default each scheduler moves those
+    /// due into the outbox).
+    pub fn without_delayed_messages(mut self) -> SchedulerBuilder {
+        self.source.release_messages = false;
+        self
+    }
+
+    /// Reports readiness to `probe`: ready after each cycle that reached the store.
+    pub fn health(mut self, probe: Probe) -> SchedulerBuilder {
+        self.source.health = Some(probe);
+        self
     }
 }
 
