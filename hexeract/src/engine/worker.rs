@@ -52,14 +52,11 @@ pub trait Source: Sized + sealed::Sealed {
     #[doc(hidden)]
     fn build(builder: WorkerBuilder<Self>) -> Result<Self::Worker, Self::Error>;
 
-    /// The builder as `{:?}` shows it: by default its source and its policy.
+    /// The builder as `{:?}` shows it: by default its source's name and its policy.
     #[doc(hidden)]
-    fn fmt_builder(builder: &WorkerBuilder<Self>, f: &mut fmt::Formatter<'_>) -> fmt::Result
-    where
-        Self: fmt::Debug,
-    {
+    fn fmt_builder(builder: &WorkerBuilder<Self>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerBuilder")
-            .field("source", &builder.source)
+            .field("source", &std::any::type_name::<Self>())
             .field("policy", &builder.policy)
             .finish_non_exhaustive()
     }
@@ -106,6 +103,11 @@ impl<S: Source> WorkerBuilder<S> {
             policy,
             source,
         }
+    }
+
+    /// The handlers, the policy and the source, for the source's `build`.
+    pub(crate) fn into_parts(self) -> (HandlerSet, Policy, S) {
+        (self.handlers, self.policy, self.source)
     }
 
     /// Every knob the worlds share at once, replacing what earlier setters set (later ones
@@ -274,7 +276,7 @@ impl<S: ClaimSource> WorkerBuilder<S> {
     }
 }
 
-impl<S: Source + fmt::Debug> fmt::Debug for WorkerBuilder<S> {
+impl<S: Source> fmt::Debug for WorkerBuilder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         S::fmt_builder(self, f)
     }

@@ -12,6 +12,7 @@ use crate::knobs::{millis, millis_option};
 pub use crate::knobs::{ConfigError, ConfigProblem};
 use crate::policy::Policy;
 use crate::redact::redact_url;
+use crate::worker::{MessageSource, WorkerBuilder};
 
 /// Where [`hexeract::run`](crate::run), [`Worker`](crate::Worker) and
 /// [`hexeract::publish`](crate::publish) keep messages.
@@ -419,6 +420,35 @@ pub(crate) const DEFAULT_WORKER_PORT: u16 = 8081;
 /// interface.
 pub(crate) const DEFAULT_WORKER_ADDR: std::net::IpAddr =
     std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
+/// Configuring any world's builder from the environment: the shared knobs of its [`Policy`].
+impl<S: MessageSource> WorkerBuilder<S> {
+    /// Applies `MAX_DELIVERIES`, `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`,
+    /// `SHUTDOWN_GRACE_MS`, `MAX_PAYLOAD_BYTES` and `STORE_TIMEOUT_MS` from the environment
+    /// where set; an invalid one is an error naming it. A builder reads no variable unless
+    /// asked to by this.
+    ///
+    /// ```
+    /// use hexeract::Runtime;
+    ///
+    /// let runtime = Runtime::builder().configure_from_env()?.build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn configure_from_env(self) -> Result<WorkerBuilder<S>, ConfigError> {
+        self.configure_from(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`configure_from_env`](WorkerBuilder::configure_from_env), reading variables
+    /// through `lookup`.
+    pub fn configure_from(
+        mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<WorkerBuilder<S>, ConfigError> {
+        let settings = WorkerConfig::from_lookup(&lookup)?;
+        self.policy.take_set_variables(&settings.policy, lookup);
+        Ok(self)
+    }
+}
 
 impl WorkerConfig {
     /// The settings of the environment's variables (`docs/configuration.md`); every invalid

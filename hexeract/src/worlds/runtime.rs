@@ -11,11 +11,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::WorkerConfig;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{Engine, Policy, Slot, Target, Verdict, World, IN_MEMORY_CONCURRENCY};
 use crate::envelope::Envelope;
-use crate::error::{ConfigError, Error};
+use crate::error::Error;
 use crate::memory::{InMemoryStore, Pending};
 use crate::metrics::Metrics;
 use crate::publish::Publish;
@@ -54,8 +53,7 @@ pub struct MemorySource {
 impl fmt::Debug for MemorySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemorySource")
-            .field("filter", &self.filter.is_some())
-            .field("handle_signals", &self.handle_signals)
+            .field("store", &self.store)
             .finish_non_exhaustive()
     }
 }
@@ -68,11 +66,7 @@ impl Source for MemorySource {
     type Error = Error;
 
     fn build(builder: RuntimeBuilder) -> Result<Runtime, Error> {
-        let WorkerBuilder {
-            handlers,
-            policy,
-            source,
-        } = builder;
+        let (handlers, policy, source) = builder.into_parts();
         policy.checks("max_deliveries").finish()?;
 
         let keep = source
@@ -146,24 +140,6 @@ impl Default for WorkerBuilder<MemorySource> {
 }
 
 impl WorkerBuilder<MemorySource> {
-    /// Applies `MAX_DELIVERIES`, `RETRY_MAX_DELAY_MS`, `HANDLER_TIMEOUT_MS`,
-    /// `SHUTDOWN_GRACE_MS`, `MAX_PAYLOAD_BYTES` and `STORE_TIMEOUT_MS` from the environment
-    /// where set.
-    pub fn configure_from_env(self) -> Result<RuntimeBuilder, ConfigError> {
-        self.configure_from(|name| std::env::var(name).ok())
-    }
-
-    /// Like [`configure_from_env`](RuntimeBuilder::configure_from_env), reading variables through
-    /// `lookup`.
-    pub fn configure_from(
-        mut self,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<RuntimeBuilder, ConfigError> {
-        let settings = WorkerConfig::from_lookup(&lookup)?;
-        self.policy.take_set_variables(&settings.policy, lookup);
-        Ok(self)
-    }
-
     /// Keeps only the handlers `keep` accepts.
     pub fn handlers_where(
         mut self,

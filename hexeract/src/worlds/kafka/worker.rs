@@ -62,8 +62,6 @@ impl fmt::Debug for KafkaSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaSource")
             .field("config", &self.config)
-            .field("check_interval", &self.check_interval)
-            .field("partition_queue_bytes", &self.partition_queue_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -78,11 +76,7 @@ impl Source for KafkaSource {
     /// Checks the knobs, registers the handlers and checks that each handler's message type
     /// declares an aggregate (its topic).
     fn build(builder: KafkaWorkerBuilder) -> Result<KafkaWorker, Error> {
-        let WorkerBuilder {
-            handlers,
-            policy,
-            source,
-        } = builder;
+        let (handlers, policy, source) = builder.into_parts();
         policy
             .checks("max_deliveries")
             .not_zero("check_interval", source.check_interval)

@@ -38,8 +38,7 @@ pub struct OutboxSource {
 impl fmt::Debug for OutboxSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutboxSource")
-            .field("wake", &self.wake.is_some())
-            .field("polling_only", &self.polling_only)
+            .field("store", &self.store.kind())
             .finish_non_exhaustive()
     }
 }
@@ -53,11 +52,7 @@ impl Source for OutboxSource {
     type Error = Error;
 
     fn build(builder: OutboxWorkerBuilder) -> Result<OutboxWorker, Error> {
-        let WorkerBuilder {
-            handlers,
-            policy,
-            source,
-        } = builder;
+        let (handlers, policy, source) = builder.into_parts();
         policy
             .checks("max_deliveries")
             .at_least_one("batch_size", policy.batch_size.into())

@@ -103,9 +103,6 @@ impl fmt::Debug for RabbitMqSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RabbitMqSource")
             .field("connection", &self.connection)
-            .field("exchange", &self.exchange)
-            .field("prefix", &self.prefix)
-            .field("queue", &self.queue)
             .finish_non_exhaustive()
     }
 }
@@ -284,11 +281,7 @@ impl Source for RabbitMqSource {
     type Error = Error;
 
     fn build(builder: RabbitMqWorkerBuilder) -> Result<RabbitMqWorker, Error> {
-        let WorkerBuilder {
-            handlers,
-            policy,
-            source,
-        } = builder;
+        let (handlers, policy, source) = builder.into_parts();
         let mut checks = policy
             .checks("max_attempts")
             .at_least_one("prefetch", policy.prefetch.into())

@@ -65,9 +65,6 @@ impl fmt::Debug for ScheduleSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScheduleSource")
             .field("jobs", &self.jobs)
-            .field("from_inventory", &self.from_inventory)
-            .field("catch_up_grace", &self.catch_up_grace)
-            .field("release_messages", &self.release_messages)
             .finish_non_exhaustive()
     }
 }
@@ -83,7 +80,8 @@ impl Source for ScheduleSource {
     fn fmt_builder(builder: &SchedulerBuilder, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let policy = &builder.policy;
         f.debug_struct("SchedulerBuilder")
-            .field("source", &builder.source)
+            .field("jobs", &builder.source.jobs)
+            .field("from_inventory", &builder.source.from_inventory)
             .field("poll_interval", &policy.poll_interval)
             .field("batch_size", &policy.batch_size)
             .field("min_cycle_delay", &policy.min_cycle_delay)
@@ -96,11 +94,7 @@ impl Source for ScheduleSource {
     }
 
     fn build(builder: SchedulerBuilder) -> Result<SchedulerWorker, Error> {
-        let WorkerBuilder {
-            handlers,
-            policy,
-            source,
-        } = builder;
+        let (handlers, policy, source) = builder.into_parts();
         KnobChecks::default()
             .not_zero_when_set("lease", policy.lease)
             .not_zero("dispatch_timeout", policy.handler_timeout)
