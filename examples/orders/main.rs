@@ -140,8 +140,8 @@ async fn migrate() -> Result<(), Box<dyn std::error::Error>> {
 
 /// The shop's worker: every handler and the scheduled job, with the pool and the settings as
 /// their state and the shop check around every handler call.
-fn worker(settings: &Settings, pool: PgPool) -> Result<hexeract::Worker, hexeract::Error> {
-    Ok(hexeract::Worker::new(hexeract::WorkerConfig::from_env()?)
+fn worker(settings: &Settings, pool: PgPool) -> Result<hexeract::App, hexeract::Error> {
+    Ok(hexeract::App::new(hexeract::AppConfig::from_env()?)
         .state(pool)
         .state(shop::ShopSettings {
             shop_id: settings.shop_id.clone(),

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hexeract::{
-    handler, scheduled, CancellationToken, Context, Envelope, HandlerOutcome, Message, State,
-    Worker, WorkerConfig,
+    handler, scheduled, App, AppConfig, CancellationToken, Context, Envelope, HandlerOutcome,
+    Message, State,
 };
 
 /// What the handlers share, given to the worker as state (`State<Demo>`): a real program gives
@@ -129,7 +129,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // graceful shutdown. (`hexeract::run(cancel)` is the same for handlers without state.)
     let demo = Demo::default();
     let cancel = CancellationToken::new();
-    let worker = Worker::new(WorkerConfig::from_env()?).state(demo.clone());
+    let worker = App::new(AppConfig::from_env()?).state(demo.clone());
     let runtime = tokio::spawn(worker.try_run(cancel.clone()));
 
     println!("publishing 2 orders, 2 refunds and 1 refund whose payload does not decode:");

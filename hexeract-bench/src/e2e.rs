@@ -5,7 +5,7 @@
 //!   notifying in the same statement); a relay takes rows under `FOR UPDATE SKIP LOCKED`,
 //!   publishes them persistent and confirmed to a quorum queue and deletes them once confirmed;
 //!   a consumer (prefetch 16, manual acks) decodes each and calls the handler. Hexeract's side is
-//!   `outbox::enqueue_envelopes` → [`OutboxRelay`] → [`RabbitMqWorker`](hexeract::rabbitmq::RabbitMqWorker);
+//!   `outbox::enqueue_envelopes` → [`RabbitMqRelay`] → [`RabbitMqWorker`](hexeract::rabbitmq::RabbitMqWorker);
 //!   the raw side is sqlx and lapin: its own outbox table, `LISTEN`, a confirm window of 128,
 //!   acks coalesced with `multiple` whenever no further delivery is ready.
 //! - `e2e_pg_kafka` (librdkafka's mock cluster in the process) and `e2e_pg_kafka_tansu` (the
@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
 use hexeract::outbox::OutboxWorker;
-use hexeract::rabbitmq::{OutboxRelay, RabbitMqWorkerBuilder};
+use hexeract::rabbitmq::{RabbitMqRelay, RabbitMqWorkerBuilder};
 use hexeract::store::postgres::PgStore;
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
@@ -685,7 +685,7 @@ async fn pg_rabbitmq_hexeract(clock: Arc<Clock>, producers: PgPool) -> Pipeline 
         .expect("worker");
     let place = Place::whole(worker.topology());
     place.declare(&setup).await;
-    let relay = OutboxRelay::new(Arc::new(store.clone()), &relay_connection)
+    let relay = RabbitMqRelay::new(Arc::new(store.clone()), &relay_connection)
         .await
         .expect("relay")
         .exchange(&prefix)

@@ -35,8 +35,8 @@ mod scheduler;
 mod soak;
 
 use hexeract::{
-    handler, CancellationToken, Context, Envelope, HandlerOutcome, InMemoryStore, Message,
-    Middleware, Next, Registry, Runtime, State,
+    handler, CancellationToken, Context, Envelope, HandlerOutcome, InMemoryStore, MemoryWorker,
+    Message, Middleware, Next, Registry, State,
 };
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -296,7 +296,7 @@ fn dispatch_direct(envelope: &Envelope, ctx: &Context, messages: u64) {
 /// (`RegisteredHandler::call`: the middleware chain, then decode and call), on one thread.
 fn dispatch_state_middleware(messages: u64) -> Figures {
     let built = |name: &'static str| {
-        let runtime = Runtime::builder()
+        let runtime = MemoryWorker::builder()
             .store(InMemoryStore::new())
             .handlers_where(move |info| info.name == name)
             .state(Arc::new(Ledger::default()))
@@ -307,7 +307,7 @@ fn dispatch_state_middleware(messages: u64) -> Figures {
         runtime.registry().get(name).expect("the handler").clone()
     };
     let plain = {
-        let runtime = Runtime::builder()
+        let runtime = MemoryWorker::builder()
             .store(InMemoryStore::new())
             .handlers_where(|info| info.name == "bench.record")
             .build()
@@ -368,7 +368,7 @@ async fn in_process(messages: u64) -> Figures {
     let mut hexeract = Vec::new();
     let mut baseline = Vec::new();
     for _ in 0..5 {
-        let runtime = Runtime::builder()
+        let runtime = MemoryWorker::builder()
             .store(InMemoryStore::new())
             .handlers_where(|info| info.name == "bench.record")
             .build()

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::StreamExt;
 use hexeract::rabbitmq::{
-    ensure_topology, headers, redact_url, Binding, Exchange, OutboxRelay, Queue,
-    RabbitMqConnection, RabbitMqPublisher, RabbitMqWorker, RabbitMqWorkerBuilder, Topology,
+    ensure_topology, headers, redact_url, Binding, Exchange, Queue, RabbitMqConnection,
+    RabbitMqPublisher, RabbitMqRelay, RabbitMqWorker, RabbitMqWorkerBuilder, Topology,
 };
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
@@ -782,7 +782,7 @@ async fn relay_hexeract(
     let store = filled_outbox(&dir, messages).await;
     let place = Place::handler_queue(&topology(&fresh_prefix()));
     place.declare(setup).await;
-    let relay = OutboxRelay::new(Arc::new(store.clone()), connection)
+    let relay = RabbitMqRelay::new(Arc::new(store.clone()), connection)
         .await
         .expect("relay")
         .exchange(place.exchange.clone())

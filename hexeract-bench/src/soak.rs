@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hexeract::rabbitmq::{BusError, OutboxRelay, RabbitMqWorkerBuilder};
+use hexeract::rabbitmq::{BusError, RabbitMqRelay, RabbitMqWorkerBuilder};
 use hexeract::store::postgres::PgStore;
 use hexeract::store::DeliveryStore;
 use hexeract::{CancellationToken, Context, Envelope, Handler, HandlerOptions, Message, Registry};
@@ -360,7 +360,7 @@ async fn run(messages: u64) -> bool {
     // queue is bound; the worker declares the same again.
     let place = Place::whole(worker.topology());
     place.declare(&setup).await;
-    let relay = OutboxRelay::new(Arc::new(store.clone()), &relay_connection)
+    let relay = RabbitMqRelay::new(Arc::new(store.clone()), &relay_connection)
         .await
         .expect("relay")
         .exchange(&prefix)

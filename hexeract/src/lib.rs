@@ -3,7 +3,7 @@
 //! Message handlers for Rust. Write a plain async fn, put `#[handler]` on it, and run:
 //!
 //! ```
-//! use hexeract::{handler, CancellationToken, Context, InMemoryStore, Message, Runtime};
+//! use hexeract::{handler, CancellationToken, Context, InMemoryStore, Message, MemoryWorker};
 //!
 //! #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
 //! #[message(type = "OrderPlaced")]
@@ -17,9 +17,9 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     // The in-memory runtime, for tests and programs that need no durability;
+//!     // The in-memory worker, for tests and programs that need no durability;
 //!     // `hexeract::run(cancel)` runs the same handlers on the durable outbox.
-//!     let runtime = Runtime::builder().store(InMemoryStore::new()).build()?;
+//!     let runtime = MemoryWorker::builder().store(InMemoryStore::new()).build()?;
 //!     let store = runtime.store().clone();
 //!     let cancel = CancellationToken::new();
 //!     let running = tokio::spawn(runtime.run(cancel.clone()));
@@ -161,8 +161,8 @@ pub struct SchedulerGuide;
 pub struct ScheduledReference;
 
 pub use app::run;
-pub use app::Worker;
-pub use config::WorkerConfig;
+pub use app::App;
+pub use config::AppConfig;
 pub use context::Context;
 pub use dead_letter::{DeadLetter, MAX_DETAIL_BYTES};
 pub use delivery::Policy;
@@ -180,11 +180,26 @@ pub use registry::{
     Registry, RegistryError,
 };
 pub use retry::RetryPolicy;
-pub use runtime::{HandlerStats, MemorySource, Runtime, RuntimeBuilder};
+pub use runtime::{HandlerStats, MemorySource, MemoryWorker, MemoryWorkerBuilder};
 pub use schedule::{schedule_after, schedule_at};
 pub use state::{FromStates, State, States};
 pub use store::process::publish;
 pub use tokio_util::sync::CancellationToken;
+/// The application builder's name before it was [`App`]: the seed's
+/// `Worker::new(config).try_run(cancel)` keeps compiling.
+#[deprecated(
+    note = "renamed `App` (a world's loop is a worker: `OutboxWorker`, `MemoryWorker`, …)"
+)]
+pub type Worker = App;
+/// The settings' name before they were [`AppConfig`].
+#[deprecated(note = "renamed `AppConfig`")]
+pub type WorkerConfig = AppConfig;
+/// The in-memory world's name before it was [`MemoryWorker`].
+#[deprecated(note = "renamed `MemoryWorker`: the in-memory world's worker")]
+pub type Runtime = MemoryWorker;
+/// The in-memory world's builder's name before it was [`MemoryWorkerBuilder`].
+#[deprecated(note = "renamed `MemoryWorkerBuilder`")]
+pub type RuntimeBuilder = MemoryWorkerBuilder;
 pub use worker::WorkerBuilder;
 
 #[doc = include_str!("../docs/handlers.md")]

@@ -302,7 +302,7 @@ async fn a_publish_lost_on_its_way_gives_the_channel_up() {
         hexeract::rabbitmq::RabbitMqConnection::connect_named(&through_proxy, "relay")
             .await
             .expect("connect through the proxy");
-    let relay = hexeract::rabbitmq::OutboxRelay::new(relay_store.clone(), &relay_connection)
+    let relay = hexeract::rabbitmq::RabbitMqRelay::new(relay_store.clone(), &relay_connection)
         .await
         .unwrap()
         .exchange(broker.exchange.clone())
@@ -345,7 +345,7 @@ async fn a_publish_lost_on_its_way_gives_the_channel_up() {
         "{stopped:?}"
     );
     let fresh = broker.connect("relay.again").await;
-    let relay = hexeract::rabbitmq::OutboxRelay::new(relay_store, &fresh)
+    let relay = hexeract::rabbitmq::RabbitMqRelay::new(relay_store, &fresh)
         .await
         .unwrap()
         .exchange(broker.exchange.clone())

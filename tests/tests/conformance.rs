@@ -1,4 +1,4 @@
-//! The delivery contract, written once and run in every world: the in-memory runtime, the
+//! The delivery contract, written once and run in every world: the in-memory worker, the
 //! outbox on SQLite and on PostgreSQL, RabbitMQ, Kafka (on tansu and on librdkafka's mock
 //! cluster) and, where it applies, the scheduler. Each scenario is a function generic over
 //! `World` (`worlds.rs`); `on_every_world!` makes it one test per world,
@@ -1114,7 +1114,7 @@ async fn missing_state_stops_the_build<W: World>() {
         error.to_string(),
         format!(
             "handlers take state that was not given to the worker; give each value with \
-             `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
+             `.state(value)` on `hexeract::App` (or on the worker's builder) before it runs:\n  \
              `conformance.stateful` ({location}) takes `State<Arc<Sightings>>` and \
              `State<String>`"
         )

@@ -1,7 +1,7 @@
 //! Two handlers with the same name are a startup error naming both places. In a test binary
 //! of its own: every other binary's registry must stay valid.
 
-use hexeract::{handler, Context, Message, Runtime};
+use hexeract::{handler, Context, MemoryWorker, Message};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
 #[message(type = "test.Ping")]
@@ -24,7 +24,7 @@ mod copy {
 
 #[test]
 fn a_shared_name_stops_startup_and_names_both_places() {
-    let error = Runtime::builder()
+    let error = MemoryWorker::builder()
         .build()
         .expect_err("duplicate names accepted");
     let text = error.to_string();

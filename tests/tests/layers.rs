@@ -426,7 +426,7 @@ fn the_reader_finds_grouped_renamed_and_reexported_paths() {
     assert_eq!(reexports["Error"], "error");
     assert_eq!(reexports["publish"], "store::process");
     let source = "use crate::{envelope::Envelope, store::{self, DeliveryStore}};\n\
-                  // use crate::config::WorkerConfig;\n\
+                  // use crate::config::AppConfig;\n\
                   fn f() -> Result<(), crate::Error> { crate::publish::Publish; crate::publish(); }\n\
                   #[cfg(test)]\nmod tests { use crate::cli; }";
     let found: Vec<(usize, String)> = references(source, &reexports)

@@ -11,7 +11,7 @@ use std::time::Duration;
 use hexeract::config::Database;
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
-use hexeract::{handler, CancellationToken, Context, Envelope, Message, Worker, WorkerConfig};
+use hexeract::{handler, App, AppConfig, CancellationToken, Context, Envelope, Message};
 use hexeract_tests::temp::TempDir;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -31,12 +31,12 @@ async fn work(job: Job, ctx: &Context) -> Result<(), String> {
 }
 
 /// A worker on a new SQLite file, with retries 20 ms apart.
-fn worker() -> (TempDir, Worker) {
+fn worker() -> (TempDir, App) {
     let dir = TempDir::new("hexeract-metrics");
-    let mut config = WorkerConfig {
+    let mut config = AppConfig {
         database: Database::Sqlite(dir.join("outbox.db")),
         worker_port: 0,
-        ..WorkerConfig::default()
+        ..AppConfig::default()
     };
     config.policy.retry = config
         .policy
@@ -45,7 +45,7 @@ fn worker() -> (TempDir, Worker) {
         .initial_delay(Duration::from_millis(20))
         .jitter(0.0);
     config.policy.shutdown_grace = Duration::from_secs(2);
-    (dir, Worker::new(config).listen(false))
+    (dir, App::new(config).listen(false))
 }
 
 /// Runs `worker` while one job is handled, one fails once and is handled on its retry, and one
@@ -53,7 +53,7 @@ fn worker() -> (TempDir, Worker) {
 /// `during` runs before the stop, with the worker still running.
 async fn one_of_each<F: std::future::Future<Output = ()>>(
     dir: &TempDir,
-    worker: Worker,
+    worker: App,
     during: impl FnOnce() -> F,
 ) {
     let cancel = CancellationToken::new();
@@ -276,7 +276,7 @@ async fn an_abandoned_call_counts_in_flight_until_it_ends() {
             })
     };
     let store = hexeract::InMemoryStore::new();
-    let runtime = hexeract::Runtime::builder()
+    let runtime = hexeract::MemoryWorker::builder()
         .store(store.clone())
         .handlers_where(|info| info.name == "metered.slow")
         .handler_timeout(Duration::from_millis(100))

@@ -15,7 +15,7 @@ use std::time::Duration;
 use hexeract::config::{Amqp, Database};
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::DeliveryStore;
-use hexeract::{handler, CancellationToken, Context, Envelope, Message, Worker, WorkerConfig};
+use hexeract::{handler, App, AppConfig, CancellationToken, Context, Envelope, Message};
 use hexeract_tests::amqp::TestBroker;
 use hexeract_tests::temp::TempDir;
 use serde_json::Value;
@@ -264,7 +264,7 @@ async fn every_panel_query_and_rule_reads_series_a_scraped_worker_serves() {
     let dir = TempDir::new("hexeract-observed");
     let file = dir.join("outbox.db");
     let port = hexeract_tests::http::free_port();
-    let mut config = WorkerConfig {
+    let mut config = AppConfig {
         database: Database::Sqlite(file.clone()),
         worker_port: port,
         worker_addr: [127, 0, 0, 1].into(),
@@ -275,11 +275,11 @@ async fn every_panel_query_and_rule_reads_series_a_scraped_worker_serves() {
             queue_prefix: broker.prefix.clone(),
             ..Amqp::new("")
         }),
-        ..WorkerConfig::default()
+        ..AppConfig::default()
     };
     config.policy.shutdown_grace = Duration::from_secs(2);
     let cancel = CancellationToken::new();
-    let running = tokio::spawn(Worker::new(config).try_run(cancel.clone()));
+    let running = tokio::spawn(App::new(config).try_run(cancel.clone()));
     hexeract_tests::http::wait_for_status(port, "/health/ready", 200, Duration::from_secs(30))
         .await;
     let prometheus = Prometheus::start(port);

@@ -13,7 +13,7 @@ use std::time::Duration;
 use hexeract::config::{Amqp, Database, Kafka};
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::{DeadLetterStore, DeliveryStore};
-use hexeract::{handler, CancellationToken, Context, Message, Worker, WorkerConfig};
+use hexeract::{handler, App, AppConfig, CancellationToken, Context, Message};
 use hexeract_tests::temp::TempDir;
 use opentelemetry::trace::{SpanId, SpanKind, Status, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
@@ -90,12 +90,12 @@ fn install() -> (InMemorySpanExporter, SdkTracerProvider) {
     (exporter, provider)
 }
 
-fn config(dir: &TempDir) -> WorkerConfig {
-    let mut config = WorkerConfig {
+fn config(dir: &TempDir) -> AppConfig {
+    let mut config = AppConfig {
         database: Database::Sqlite(dir.join("outbox.db")),
         worker_port: 0,
         relay_poll_interval: Duration::from_millis(50),
-        ..WorkerConfig::default()
+        ..AppConfig::default()
     };
     config.policy.retry = config
         .policy
@@ -109,7 +109,7 @@ fn config(dir: &TempDir) -> WorkerConfig {
 
 /// Runs `config`'s worker, enqueues one order inside an `http.request` span, waits for the
 /// follow-up to be handled and returns every span ended meanwhile.
-async fn one_order(dir: &TempDir, config: WorkerConfig, system: &str) -> Vec<SpanData> {
+async fn one_order(dir: &TempDir, config: AppConfig, system: &str) -> Vec<SpanData> {
     let (exporter, provider) = install();
     let store = SqliteStore::open(dir.join("outbox.db")).await.unwrap();
     store.migrate().await.unwrap();
@@ -118,7 +118,7 @@ async fn one_order(dir: &TempDir, config: WorkerConfig, system: &str) -> Vec<Spa
     config.worker_port = port;
     config.worker_addr = [127, 0, 0, 1].into();
     let cancel = CancellationToken::new();
-    let running = tokio::spawn(Worker::new(config).try_run(cancel.clone()));
+    let running = tokio::spawn(App::new(config).try_run(cancel.clone()));
     // Every loop ready (on Kafka: each consumer group joined) before the order is placed.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while hexeract_tests::http::get(port, "/health/ready")
@@ -411,7 +411,7 @@ async fn a_replayed_dead_letter_is_handled_in_its_trace() {
         .clone()
         .max_deliveries(std::num::NonZeroU32::new(1).unwrap());
     let cancel = CancellationToken::new();
-    let running = tokio::spawn(Worker::new(config).listen(false).try_run(cancel.clone()));
+    let running = tokio::spawn(App::new(config).listen(false).try_run(cancel.clone()));
     enqueue_in_a_request(&store, &Refund { order_id: 9 }).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let letter = loop {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use hexeract::health::Health;
 use hexeract::outbox::OutboxWorker;
-use hexeract::rabbitmq::{headers, OutboxRelay, Topology};
+use hexeract::rabbitmq::{headers, RabbitMqRelay, Topology};
 use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::{DeliveryStore, RelayStore};
 use hexeract::{
@@ -356,7 +356,7 @@ async fn relay_setup(broker: &TestBroker) -> (Topology, String) {
 
 /// Runs `relay` until `store` owes nothing, and checks it stayed ready.
 async fn relay_until_drained(
-    relay: OutboxRelay,
+    relay: RabbitMqRelay,
     health: &Health,
     store: &dyn hexeract::store::Store,
 ) {
@@ -368,8 +368,8 @@ async fn relay_until_drained(
     running.await.unwrap().unwrap();
 }
 
-async fn relay(store: Arc<dyn RelayStore>, broker: &TestBroker, health: &Health) -> OutboxRelay {
-    OutboxRelay::new(store, &broker.connection)
+async fn relay(store: Arc<dyn RelayStore>, broker: &TestBroker, health: &Health) -> RabbitMqRelay {
+    RabbitMqRelay::new(store, &broker.connection)
         .await
         .unwrap()
         .exchange(broker.exchange.clone())

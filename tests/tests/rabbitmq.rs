@@ -1118,7 +1118,7 @@ async fn the_relay_publishes_the_outbox_and_dead_letters_a_row_it_can_never_publ
     let store = Arc::new(store);
 
     let health = Health::new();
-    let relay = hexeract::rabbitmq::OutboxRelay::new(store.clone(), &broker.connection)
+    let relay = hexeract::rabbitmq::RabbitMqRelay::new(store.clone(), &broker.connection)
         .await
         .unwrap()
         .exchange(broker.exchange.clone())

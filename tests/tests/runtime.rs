@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use hexeract::{
-    handler, CancellationToken, Context, HandlerOutcome, InMemoryStore, Message, Reason, Runtime,
-    RuntimeBuilder,
+    handler, CancellationToken, Context, HandlerOutcome, InMemoryStore, MemoryWorker,
+    MemoryWorkerBuilder, Message, Reason,
 };
 use tokio::task::JoinHandle;
 
@@ -31,8 +31,8 @@ struct Pong {
 
 /// A runtime over a store of its own, running the handlers named `<prefix>.*`, with retry
 /// delays short enough for tests.
-fn runtime(prefix: &'static str) -> RuntimeBuilder {
-    Runtime::builder()
+fn runtime(prefix: &'static str) -> MemoryWorkerBuilder {
+    MemoryWorker::builder()
         .store(InMemoryStore::new())
         .handlers_where(move |info| info.name.starts_with(&format!("{prefix}.")))
         .retry_delays(Duration::from_millis(1), Duration::from_millis(5))
@@ -40,12 +40,12 @@ fn runtime(prefix: &'static str) -> RuntimeBuilder {
 
 struct Running {
     store: InMemoryStore,
-    runtime: Runtime,
+    runtime: MemoryWorker,
     cancel: CancellationToken,
     task: JoinHandle<Result<(), hexeract::Error>>,
 }
 
-fn start(builder: RuntimeBuilder) -> Running {
+fn start(builder: MemoryWorkerBuilder) -> Running {
     let runtime = builder.build().expect("runtime builds");
     let cancel = CancellationToken::new();
     Running {
@@ -102,7 +102,7 @@ async fn resume_as(
     }
     let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
     let resumed = start(
-        Runtime::builder()
+        MemoryWorker::builder()
             .store(store)
             .registry(hexeract::Registry::new())
             .max_deliveries(max_deliveries)
@@ -271,7 +271,7 @@ async fn a_handler_still_running_after_the_grace_is_interrupted_and_its_message_
 
 #[test]
 fn invalid_settings_are_all_reported_and_nothing_starts() {
-    let error = Runtime::builder()
+    let error = MemoryWorker::builder()
         .configure_from(|name| match name {
             "MAX_DELIVERIES" => Some("zero".into()),
             "HANDLER_TIMEOUT_MS" => Some("-5".into()),
@@ -282,7 +282,7 @@ fn invalid_settings_are_all_reported_and_nothing_starts() {
     assert!(text.contains("MAX_DELIVERIES = \"zero\""), "{text}");
     assert!(text.contains("HANDLER_TIMEOUT_MS = \"-5\""), "{text}");
 
-    let error = Runtime::builder()
+    let error = MemoryWorker::builder()
         .store(InMemoryStore::new())
         .max_deliveries(0)
         .concurrency(0)
@@ -314,7 +314,7 @@ async fn a_message_for_a_handler_that_is_gone_is_dead_lettered_naming_it() {
 
     // The next deployment renamed the handler; replaying the old dead letter must not lose it.
     let second = start(
-        Runtime::builder()
+        MemoryWorker::builder()
             .store(store)
             .registry(hexeract::Registry::new())
             .max_deliveries(2)
@@ -476,7 +476,7 @@ async fn messages_taken_but_not_started_when_the_runtime_stops_go_back_unused() 
         }
     }
     let cancel = CancellationToken::new();
-    let runtime = Runtime::builder()
+    let runtime = MemoryWorker::builder()
         .store(InMemoryStore::new())
         .registry(hexeract::Registry::new())
         .register_handler_with::<Ping, _>(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use hexeract::health::{Health, Status};
-use hexeract::rabbitmq::OutboxRelay;
+use hexeract::rabbitmq::RabbitMqRelay;
 use hexeract::schedule::{ScheduledJob, SchedulerWorker, Spec};
 use hexeract::store::{DeliveryStore, RelayStore};
 use hexeract::{CancellationToken, Context, Envelope, HandlerOutcome, Message};
@@ -115,7 +115,7 @@ async fn a_relay_on_a_silent_postgres_path_gives_up_on_its_pass_stops_on_cancel_
         Arc::new(schema.store_on(connect_through(&proxy, &application_name).await));
     let connection = broker.connect(&format!("{}.relay", broker.prefix)).await;
     let health = Health::new();
-    let relay = OutboxRelay::new(relay_store.clone(), &connection)
+    let relay = RabbitMqRelay::new(relay_store.clone(), &connection)
         .await
         .unwrap()
         .exchange(broker.exchange.clone())
@@ -182,7 +182,7 @@ async fn a_relay_on_a_silent_postgres_path_gives_up_on_its_pass_stops_on_cancel_
 
     // A relay on a healthy path takes the rest; every message reaches the queue.
     let cancel = CancellationToken::new();
-    let rest = OutboxRelay::new(Arc::new(schema.store()), &connection)
+    let rest = RabbitMqRelay::new(Arc::new(schema.store()), &connection)
         .await
         .unwrap()
         .exchange(broker.exchange.clone())

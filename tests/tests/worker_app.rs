@@ -1,4 +1,4 @@
-//! `hexeract::Worker`, the application builder: a `WorkerConfig` built in code, state for
+//! `hexeract::App`, the application builder: an `AppConfig` built in code, state for
 //! `#[handler]` fns and `#[scheduled]` jobs, middleware, a handler written as a type, the one
 //! error that lists every missing state before anything starts, `cli::execute_with` on the same
 //! worker, and the test harness with state.
@@ -16,8 +16,8 @@ use hexeract::store::sqlite::SqliteStore;
 use hexeract::store::{DeadLetterStore, DeliveryStore};
 use hexeract::testing::Harness;
 use hexeract::{
-    handler, scheduled, CancellationToken, Context, Envelope, Error, Handler, HandlerOptions,
-    HandlerOutcome, Message, Middleware, Next, RegistryError, State, Worker, WorkerConfig,
+    handler, scheduled, App, AppConfig, CancellationToken, Context, Envelope, Error, Handler,
+    HandlerOptions, HandlerOutcome, Message, Middleware, Next, RegistryError, State,
 };
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, Message)]
@@ -103,11 +103,11 @@ impl File {
         File(std::env::temp_dir().join(format!("hexeract-app-{}.db", uuid::Uuid::now_v7())))
     }
 
-    fn config(&self) -> WorkerConfig {
-        let mut config = WorkerConfig {
+    fn config(&self) -> AppConfig {
+        let mut config = AppConfig {
             database: Database::Sqlite(self.0.clone()),
             worker_port: 0,
-            ..WorkerConfig::default()
+            ..AppConfig::default()
         };
         config.policy.shutdown_grace = Duration::from_secs(2);
         config
@@ -125,7 +125,7 @@ impl Drop for File {
 #[tokio::test]
 async fn missing_state_of_handlers_and_jobs_is_one_error_before_anything_starts() {
     let file = File::new();
-    let error = Worker::new(file.config())
+    let error = App::new(file.config())
         .try_run(CancellationToken::new())
         .await
         .expect_err("the state is missing");
@@ -138,7 +138,7 @@ async fn missing_state_of_handlers_and_jobs_is_one_error_before_anything_starts(
         error.to_string(),
         format!(
             "handlers take state that was not given to the worker; give each value with \
-             `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
+             `.state(value)` on `hexeract::App` (or on the worker's builder) before it runs:\n  \
              `app.stateful` (tests/tests/worker_app.rs:{handler_line}:10) takes \
              `State<Journal>` and `State<Warehouse>`\n  \
              `app.nightly` (tests/tests/worker_app.rs:{job_line}:10) takes \
@@ -150,7 +150,7 @@ async fn missing_state_of_handlers_and_jobs_is_one_error_before_anything_starts(
     assert!(!file.0.exists(), "the store was created before the check");
 
     // One of the two given: the rest is still named.
-    let error = Worker::new(file.config())
+    let error = App::new(file.config())
         .state(Journal::default())
         .try_run(CancellationToken::new())
         .await
@@ -170,7 +170,7 @@ async fn a_worker_built_in_code_runs_handlers_with_their_state_and_middleware() 
     let file = File::new();
     let journal = Journal::default();
     let cancel = CancellationToken::new();
-    let worker = Worker::new(file.config())
+    let worker = App::new(file.config())
         .state(journal.clone())
         .state(Warehouse("eu-west"))
         .middleware(Around {
@@ -268,7 +268,7 @@ async fn a_worker_built_in_code_runs_handlers_with_their_state_and_middleware() 
 #[tokio::test]
 async fn the_operations_commands_take_the_worker() {
     let file = File::new();
-    let worker = Worker::new(file.config())
+    let worker = App::new(file.config())
         .state(Journal::default())
         .state(Warehouse("eu-west"))
         .register_handler_with::<Ping, _>(
@@ -292,12 +292,9 @@ async fn the_operations_commands_take_the_worker() {
 
     // Without the state, the commands refuse as `run` would.
     let mut out = String::new();
-    let refused = hexeract::cli::execute_with(
-        Worker::new(file.config()),
-        &["handlers".to_owned()],
-        &mut out,
-    )
-    .await;
+    let refused =
+        hexeract::cli::execute_with(App::new(file.config()), &["handlers".to_owned()], &mut out)
+            .await;
     assert!(
         matches!(&refused, Err(hexeract::cli::CliError::Failed(error)) if error.to_string().contains("`app.stateful`")),
         "{refused:?}"
@@ -338,7 +335,7 @@ async fn hexeract_publish_writes_where_a_worker_built_in_code_reads() {
     let file = File::new();
     let journal = Journal::default();
     let cancel = CancellationToken::new();
-    let worker = Worker::new(file.config())
+    let worker = App::new(file.config())
         .state(journal.clone())
         .state(Warehouse("eu-west"));
     let running = tokio::spawn(worker.try_run(cancel.clone()));
@@ -375,7 +372,7 @@ async fn a_worker_refuses_a_database_other_than_the_open_process_store() {
     // Something published first: the process's store is the environment's.
     hexeract::publish(&Ping { n: 1 }).await.expect("publish");
     let other = File::new();
-    let error = Worker::new(other.config())
+    let error = App::new(other.config())
         .state(Journal::default())
         .state(Warehouse("eu-west"))
         .try_run(CancellationToken::new())
@@ -397,7 +394,7 @@ fn line_of(text: &str) -> usize {
         + 1
 }
 
-/// `Worker::router()` serves the worker's health, readiness and metrics on the application's
+/// `App::router()` serves the worker's health, readiness and metrics on the application's
 /// own port (here nested under `/ops` beside a route of the application's), and with
 /// `listen(false)` the worker binds no port of its own.
 #[tokio::test]
@@ -406,7 +403,7 @@ async fn the_worker_s_endpoints_are_served_on_the_application_s_port() {
     let own_port = hexeract_tests::http::free_port();
     let mut config = file.config();
     config.worker_port = own_port;
-    let worker = Worker::new(config)
+    let worker = App::new(config)
         .state(Journal::default())
         .state(Warehouse("eu-west"))
         .listen(false);

@@ -48,11 +48,11 @@ pub(crate) fn longest_call<'a>(
 
 /// The knobs around a handler call and a worker's loop, with their defaults written once. Each
 /// builder keeps one and its setters write into it, so a knob has one home and one default
-/// whatever the order of the calls; [`WorkerConfig`](crate::WorkerConfig) holds the one a
+/// whatever the order of the calls; [`AppConfig`](crate::AppConfig) holds the one a
 /// process runs with.
 ///
 /// Two presets: [`Policy::library`] (what every worker's builder starts from) and
-/// [`Policy::process`] (what [`hexeract::run`](crate::run) and [`Worker`](crate::Worker) start
+/// [`Policy::process`] (what [`hexeract::run`](crate::run) and [`App`](crate::App) start
 /// from). In a configuration file every key is optional, durations are in milliseconds:
 ///
 /// ```

@@ -23,7 +23,7 @@ use std::time::Duration;
 /// assert!(policy.is_exhausted(5));
 /// ```
 ///
-/// In a configuration file ([`WorkerConfig`](crate::WorkerConfig)) it reads
+/// In a configuration file ([`AppConfig`](crate::AppConfig)) it reads
 /// `{ "max_deliveries": 5, "initial_delay_ms": 1000, "max_delay_ms": 300000, "jitter": 0.2 }`,
 /// every key optional.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -58,7 +58,7 @@ impl<T> DerefMut for State<T> {
 
 /// The state a worker was given: one value per type.
 ///
-/// Builders fill it with `.state(value)`; [`Worker`](crate::Worker) and every worker builder
+/// Builders fill it with `.state(value)`; [`App`](crate::App) and every worker builder
 /// have that method.
 ///
 /// ```
@@ -135,7 +135,7 @@ impl fmt::Debug for States {
 #[diagnostic::on_unimplemented(
     message = "the parameters after `&Context` are state, `State<T>`, not `{Self}`",
     label = "expected `State<…>`",
-    note = "take it as `name: State<T>` (or `State(name): State<T>`) and give the value to the worker with `.state(value)`, e.g. `async fn reserve_stock(event: OrderPlaced, ctx: &Context, db: State<PgPool>)` and `Worker::new(config).state(pool)`"
+    note = "take it as `name: State<T>` (or `State(name): State<T>`) and give the value to the worker with `.state(value)`, e.g. `async fn reserve_stock(event: OrderPlaced, ctx: &Context, db: State<PgPool>)` and `App::new(config).state(pool)`"
 )]
 pub trait FromStates: Clone + Send + Sync + 'static {
     /// The value, or the name of the type that is missing.

@@ -18,7 +18,7 @@ use crate::reason::Reason;
 /// `#[handler]` implements this for an async fn; implement it yourself for a handler that
 /// carries state (a pool, a client), and register it with a builder's `register_handler`
 /// ([`OutboxWorkerBuilder`](crate::outbox::OutboxWorkerBuilder::register_handler),
-/// [`RuntimeBuilder`](crate::RuntimeBuilder::register_handler), …).
+/// [`MemoryWorkerBuilder`](crate::MemoryWorkerBuilder::register_handler), …).
 ///
 /// `Ok(())` acks. An `Err` is retried (with backoff, until the calls run out) when `Error` is an
 /// ordinary error; with `type Error = HandlerOutcome` the handler says what an `Err` does, such

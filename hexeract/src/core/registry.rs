@@ -81,7 +81,7 @@ impl HandlerInfo {
 }
 
 /// Settings for a handler registered in code with
-/// [`RuntimeBuilder::register_handler_with`](crate::RuntimeBuilder::register_handler_with).
+/// [`MemoryWorkerBuilder::register_handler_with`](crate::MemoryWorkerBuilder::register_handler_with).
 #[derive(Clone, Default)]
 pub struct HandlerOptions {
     name: Option<Cow<'static, str>>,
@@ -602,7 +602,7 @@ impl MissingState {
     pub(crate) fn describe(missing: &[MissingState]) -> String {
         let mut text = String::from(
             "handlers take state that was not given to the worker; give each value with \
-             `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:",
+             `.state(value)` on `hexeract::App` (or on the worker's builder) before it runs:",
         );
         let mut index = 0;
         while let Some(first) = missing.get(index) {
@@ -730,7 +730,7 @@ macro_rules! state_and_middleware {
         }
 
         /// Runs `middleware` around the calls of the handler named `handler` alone, inside the
-        /// worker's middleware (on a `Worker`, the name may be a scheduled job's too). A name
+        /// worker's middleware (on an `App`, the name may be a scheduled job's too). A name
         /// that is not one of the worker's stops it before it starts (`build()`, `try_run`).
         pub fn middleware_for(
             mut self,

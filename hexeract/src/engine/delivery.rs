@@ -1,5 +1,5 @@
 //! The delivery engine: what happens between "a delivery arrived" and "its verdict is carried
-//! out", written once for every world (the in-memory runtime, the outbox on SQLite and
+//! out", written once for every world (the in-memory worker, the outbox on SQLite and
 //! PostgreSQL, RabbitMQ, Kafka, and the scheduler's job runs).
 //!
 //! ```text

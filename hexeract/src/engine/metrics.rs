@@ -3,7 +3,7 @@
 //! Every series is recorded with `metrics::counter!`, `histogram!` or `gauge!`, so the
 //! recorder the application installed gets them: a Prometheus exporter of its own, an OTLP or
 //! Datadog bridge, or a test's recorder. When the process installed none,
-//! [`run`](crate::run) (and [`Worker`](crate::Worker), [`health::router`](crate::health::router))
+//! [`run`](crate::run) (and [`App`](crate::App), [`health::router`](crate::health::router))
 //! install [`metrics-exporter-prometheus`](metrics_exporter_prometheus)'s, and `GET /metrics`
 //! renders it. Install your own recorder before the worker is built: handles are taken when a
 //! worker builds its handlers, and a handle taken before a recorder exists records nothing.
@@ -160,7 +160,7 @@ fn retry_label(reason: &Reason) -> &'static str {
 /// recorder yet; `None` when the application installed its own (its recorder then gets every
 /// series, and `/metrics` answers `404`).
 ///
-/// [`run`](crate::run) and [`Worker::new`](crate::Worker::new) call it; call it yourself
+/// [`run`](crate::run) and [`App::new`](crate::App::new) call it; call it yourself
 /// before you build a worker some other way if you want `/metrics` served. Histograms are
 /// rendered as Prometheus histograms (buckets from 1 ms to 10 s); a thread of its own drains
 /// them every 5 s, so samples never pile up between scrapes.
@@ -260,7 +260,7 @@ pub fn describe() {
     );
 }
 
-/// The counts of every handler of a process, for [`Runtime::stats`](crate::Runtime::stats)
+/// The counts of every handler of a process, for [`MemoryWorker::stats`](crate::MemoryWorker::stats)
 /// and tests; the series themselves go to the installed recorder.
 #[derive(Clone, Default)]
 pub struct Metrics {

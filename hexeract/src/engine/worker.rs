@@ -44,13 +44,13 @@ use crate::retry::RetryPolicy;
 /// The worlds of this crate implement it; it is sealed.
 pub trait Source: Sized + sealed::Sealed {
     /// The worker [`WorkerBuilder::build`] makes.
-    type Worker;
+    type App;
     /// What [`WorkerBuilder::build`] returns when the settings or the handlers are refused.
     type Error;
 
     /// Builds the worker from what the builder was given.
     #[doc(hidden)]
-    fn build(builder: WorkerBuilder<Self>) -> Result<Self::Worker, Self::Error>;
+    fn build(builder: WorkerBuilder<Self>) -> Result<Self::App, Self::Error>;
 
     /// The builder as `{:?}` shows it: by default its source's name and its policy.
     #[doc(hidden)]
@@ -82,7 +82,7 @@ pub(crate) mod sealed {
 /// and the knobs of a [`Policy`]. The names the worlds have always had are this type with
 /// their source: [`OutboxWorkerBuilder`](crate::outbox::OutboxWorkerBuilder),
 /// [`SchedulerBuilder`](crate::schedule::SchedulerBuilder), `RabbitMqWorkerBuilder`,
-/// `KafkaWorkerBuilder` and [`RuntimeBuilder`](crate::RuntimeBuilder).
+/// `KafkaWorkerBuilder` and [`MemoryWorkerBuilder`](crate::MemoryWorkerBuilder).
 ///
 /// Every setter takes the builder and gives it back; the call made last wins where two set
 /// the same knob ([`policy`](WorkerBuilder::policy) sets them all).
@@ -174,7 +174,7 @@ impl<S: Source> WorkerBuilder<S> {
     }
 
     /// Checks the knobs (every problem at once) and the handlers, and makes the worker.
-    pub fn build(self) -> Result<S::Worker, S::Error> {
+    pub fn build(self) -> Result<S::App, S::Error> {
         S::build(self)
     }
 }

@@ -1,21 +1,21 @@
-//! [`Worker`]: the application builder, and [`run`], its shorthand. Everything [`hexeract::run`](crate::run) does (the store
+//! [`App`]: the application builder, and [`run`], its shorthand. Everything [`hexeract::run`](crate::run) does (the store
 //! and the transport from the configuration, the scheduler, the relays, health and metrics,
 //! retention, SIGTERM), plus what an application adds in code: state, middleware, handlers
 //! registered as types, and settings.
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::WorkerConfig;
+use crate::config::AppConfig;
 use crate::error::Error;
 use crate::registry::{HandlerSet, RegistryError};
 use crate::run::{Application, Endpoints};
 use crate::schedule::jobs_from_inventory;
 
-/// The application builder: [`WorkerConfig`] (from the environment, from a file or from code)
+/// The application builder: [`AppConfig`] (from the environment, from a file or from code)
 /// and what the application gives its handlers.
 ///
 /// ```no_run
-/// use hexeract::{handler, CancellationToken, Context, HandlerOutcome, Message, Middleware, Next, State, Worker, WorkerConfig};
+/// use hexeract::{handler, CancellationToken, Context, HandlerOutcome, Message, Middleware, Next, State, App, AppConfig};
 ///
 /// #[derive(Clone)]
 /// struct Shop { warehouse: String }
@@ -44,8 +44,8 @@ use crate::schedule::jobs_from_inventory;
 ///
 /// #[tokio::main]
 /// async fn main() -> Result<(), hexeract::Error> {
-///     let config = WorkerConfig::from_env()?;
-///     hexeract::Worker::new(config)
+///     let config = AppConfig::from_env()?;
+///     hexeract::App::new(config)
 ///         .state(Shop { warehouse: "eu-west".into() })
 ///         .middleware(RequireTenant)
 ///         .try_run(CancellationToken::new())
@@ -54,25 +54,25 @@ use crate::schedule::jobs_from_inventory;
 /// ```
 ///
 /// Handlers are every `#[handler]` of the program, plus those registered with
-/// [`register_handler`](Worker::register_handler); scheduled jobs are every `#[scheduled]` job.
+/// [`register_handler`](App::register_handler); scheduled jobs are every `#[scheduled]` job.
 /// `try_run` checks everything before it starts anything: the settings, the handlers' names,
 /// and the state each handler and job takes (one error lists every handler and type missing).
-pub struct Worker {
-    config: WorkerConfig,
+pub struct App {
+    config: AppConfig,
     handlers: HandlerSet,
     endpoints: Endpoints,
 }
 
-impl Worker {
+impl App {
     /// A worker with these settings, every `#[handler]` and `#[scheduled]` job of the program,
     /// no state and no middleware yet.
     ///
     /// Installs the Prometheus recorder `/metrics` renders
     /// ([`metrics::prometheus`](crate::metrics::prometheus)) unless the process installed a
     /// recorder of its own before: install yours first and it gets every series.
-    pub fn new(config: WorkerConfig) -> Worker {
+    pub fn new(config: AppConfig) -> App {
         let _ = crate::metrics::prometheus();
-        Worker {
+        App {
             config,
             handlers: HandlerSet::program(),
             endpoints: Endpoints::new(),
@@ -81,17 +81,17 @@ impl Worker {
 
     /// This worker's `/health`, `/health/ready` and `/metrics` as an [`axum::Router`], to nest
     /// in the application's own router and serve on its port (give
-    /// [`listen(false)`](Worker::listen) then, or the worker also serves them on
+    /// [`listen(false)`](App::listen) then, or the worker also serves them on
     /// `WORKER_PORT`). The router reads this worker's loops: it answers `503` until they are
-    /// all started, and keeps answering for this worker after [`try_run`](Worker::try_run)
+    /// all started, and keeps answering for this worker after [`try_run`](App::try_run)
     /// took it.
     ///
     /// ```no_run
-    /// use hexeract::{CancellationToken, Worker, WorkerConfig};
+    /// use hexeract::{CancellationToken, App, AppConfig};
     ///
     /// #[tokio::main]
     /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    ///     let worker = Worker::new(WorkerConfig::from_env()?).listen(false);
+    ///     let worker = App::new(AppConfig::from_env()?).listen(false);
     ///     let app = axum::Router::new()
     ///         .route("/orders", axum::routing::get(|| async { "[]" }))
     ///         .merge(worker.router()); // /health, /health/ready, /metrics
@@ -112,16 +112,16 @@ impl Worker {
 
     /// Whether the worker serves its endpoints on a listener of its own, on `WORKER_ADDR` and
     /// `WORKER_PORT` (default `true`). Give `false` when the application serves
-    /// [`router`](Worker::router) itself.
-    pub fn listen(mut self, on: bool) -> Worker {
+    /// [`router`](App::router) itself.
+    pub fn listen(mut self, on: bool) -> App {
         self.endpoints.listen = on;
         self
     }
 
-    crate::registry::handler_registration!(Worker);
+    crate::registry::handler_registration!(App);
 
     /// Its settings.
-    pub fn config(&self) -> &WorkerConfig {
+    pub fn config(&self) -> &AppConfig {
         &self.config
     }
 
@@ -138,7 +138,7 @@ impl Worker {
     /// The settings, checked, and the handlers built with their state and middleware beside
     /// what the scheduler shares with them; every missing state of handlers and jobs is
     /// reported at once.
-    pub(crate) fn prepare(self) -> Result<(WorkerConfig, Application), Error> {
+    pub(crate) fn prepare(self) -> Result<(AppConfig, Application), Error> {
         self.config.check()?;
         let jobs = jobs_from_inventory()?;
         let mut handlers = self.handlers;
@@ -173,9 +173,9 @@ impl Worker {
     }
 }
 
-impl std::fmt::Debug for Worker {
+impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker")
+        f.debug_struct("App")
             .field("config", &self.config)
             .field("states", &self.handlers.states)
             .field("middleware", &self.handlers.middleware)
@@ -193,7 +193,7 @@ impl std::fmt::Debug for Worker {
 /// once by publishes).
 ///
 /// With `AMQP_URL` set, the broker does the fan-out instead: an
-/// [`OutboxRelay`](crate::rabbitmq::OutboxRelay) publishes the outbox to the exchange (a row is
+/// [`RabbitMqRelay`](crate::rabbitmq::RabbitMqRelay) publishes the outbox to the exchange (a row is
 /// deleted once the broker confirmed it), and a [`RabbitMqWorker`](crate::rabbitmq::RabbitMqWorker)
 /// consumes every handler's queue; both are restarted after a lost connection
 /// (`docs/rabbitmq.md`).
@@ -211,8 +211,8 @@ impl std::fmt::Debug for Worker {
 /// }
 /// ```
 ///
-/// `run` is [`Worker`](crate::Worker)'s shorthand for a program that gives its handlers no state
-/// and no middleware: `Worker::new(WorkerConfig::from_env()?).try_run(cancel)`.
+/// `run` is [`App`](crate::App)'s shorthand for a program that gives its handlers no state
+/// and no middleware: `App::new(AppConfig::from_env()?).try_run(cancel)`.
 pub async fn run(cancel: CancellationToken) -> Result<(), Error> {
-    Worker::new(WorkerConfig::from_env()?).try_run(cancel).await
+    App::new(AppConfig::from_env()?).try_run(cancel).await
 }

@@ -61,31 +61,31 @@ pub async fn main() -> ExitCode {
     finish(result, &out)
 }
 
-/// [`main`] for an application built with [`Worker`](crate::Worker): `run` runs that worker
+/// [`main`] for an application built with [`App`](crate::App): `run` runs that worker
 /// (with its state, middleware and handlers), and the other commands use its settings and
 /// know its handlers.
 ///
 /// ```no_run
-/// use hexeract::{Worker, WorkerConfig};
+/// use hexeract::{App, AppConfig};
 ///
 /// #[derive(Clone)]
 /// struct Settings { cart_ttl_secs: u64 }
 ///
 /// #[tokio::main]
 /// async fn main() -> std::process::ExitCode {
-///     let config = match WorkerConfig::from_env() {
+///     let config = match AppConfig::from_env() {
 ///         Ok(config) => config,
 ///         Err(error) => {
 ///             eprintln!("{error}");
 ///             return std::process::ExitCode::FAILURE;
 ///         }
 ///     };
-///     let worker = Worker::new(config).state(Settings { cart_ttl_secs: 900 });
+///     let worker = App::new(config).state(Settings { cart_ttl_secs: 900 });
 ///     // `app`, `app run`, `app handlers`, `app dead-letters list`, …
 ///     hexeract::cli::main_with(worker).await
 /// }
 /// ```
-pub async fn main_with(worker: crate::app::Worker) -> ExitCode {
+pub async fn main_with(worker: crate::app::App) -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut out = String::new();
     let result = execute_with(worker, &args, &mut out).await;
@@ -154,13 +154,13 @@ pub async fn execute(args: &[String], out: &mut String) -> Result<(), CliError> 
         let _ = writeln!(out, "{USAGE}");
         return Ok(());
     }
-    let config = crate::config::WorkerConfig::from_env().map_err(Error::from)?;
-    execute_with(crate::app::Worker::new(config), args, out).await
+    let config = crate::config::AppConfig::from_env().map_err(Error::from)?;
+    execute_with(crate::app::App::new(config), args, out).await
 }
 
-/// [`execute`] for an application built with [`Worker`](crate::Worker) (see [`main_with`]).
+/// [`execute`] for an application built with [`App`](crate::App) (see [`main_with`]).
 pub async fn execute_with(
-    worker: crate::app::Worker,
+    worker: crate::app::App,
     args: &[String],
     out: &mut String,
 ) -> Result<(), CliError> {
@@ -266,7 +266,7 @@ enum Command<'a> {
 
 /// What the commands work on: the worker's settings and its store.
 struct Program {
-    config: crate::config::WorkerConfig,
+    config: crate::config::AppConfig,
     store: std::sync::Arc<dyn Store>,
 }
 
@@ -1045,7 +1045,7 @@ struct Resend<'a> {
 }
 
 impl<'a> Resend<'a> {
-    fn new(settings: &'a crate::config::WorkerConfig, store: &'a dyn Store) -> Resend<'a> {
+    fn new(settings: &'a crate::config::AppConfig, store: &'a dyn Store) -> Resend<'a> {
         let _ = settings;
         Resend {
             store,

@@ -14,7 +14,7 @@ use crate::policy::Policy;
 use crate::redact::redact_url;
 use crate::worker::{MessageSource, WorkerBuilder};
 
-/// Where [`hexeract::run`](crate::run), [`Worker`](crate::Worker) and
+/// Where [`hexeract::run`](crate::run), [`App`](crate::App) and
 /// [`hexeract::publish`](crate::publish) keep messages.
 ///
 /// In a configuration file: `{ "postgres": "postgres://…" }` or `{ "sqlite": "hexeract.db" }`.
@@ -48,15 +48,15 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 /// The settings of a worker process: every variable of `docs/configuration.md` is one of its
 /// fields, the knobs around handler calls in the engine's [`Policy`].
 ///
-/// Read it from the environment ([`WorkerConfig::from_env`]), build it in code (it starts from
-/// the process's defaults: [`WorkerConfig::default`]), or load it from a file with serde (every
+/// Read it from the environment ([`AppConfig::from_env`]), build it in code (it starts from
+/// the process's defaults: [`AppConfig::default`]), or load it from a file with serde (every
 /// key optional, durations in milliseconds, retentions in days):
 ///
 /// ```
 /// use std::time::Duration;
-/// use hexeract::config::{Database, WorkerConfig};
+/// use hexeract::config::{Database, AppConfig};
 ///
-/// let config: WorkerConfig = serde_json::from_str(r#"{
+/// let config: AppConfig = serde_json::from_str(r#"{
 ///     "database": { "postgres": "postgres://app@db/shop" },
 ///     "worker_port": 9100,
 ///     "policy": { "handler_timeout_ms": 5000, "retry": { "max_deliveries": 3 } },
@@ -67,7 +67,7 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 /// assert_eq!(config.amqp.as_ref().unwrap().exchange, "hexeract");
 /// config.check()?;
 ///
-/// let mut in_code = WorkerConfig::default();
+/// let mut in_code = AppConfig::default();
 /// in_code.policy.shutdown_grace = Duration::from_secs(20);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -95,7 +95,7 @@ pub(crate) const DEFAULT_SQLITE_PATH: &str = "hexeract.db";
 /// | `HEXERACT_ALLOW_INSECURE_CONNECTIONS` | `allow_insecure_connections` |
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct WorkerConfig {
+pub struct AppConfig {
     /// Where messages are kept.
     pub database: Database,
     /// The knobs around handler calls and the workers' loops (the process's preset, with the
@@ -370,11 +370,11 @@ impl std::fmt::Debug for Amqp {
     }
 }
 
-impl Default for WorkerConfig {
+impl Default for AppConfig {
     /// The process's defaults, as with no variable set: SQLite in `hexeract.db`,
     /// [`Policy::process`], port 8081, inbox marks kept 7 days and dead letters 30.
-    fn default() -> WorkerConfig {
-        WorkerConfig {
+    fn default() -> AppConfig {
+        AppConfig {
             database: Database::default(),
             policy: Policy::process(),
             relay_poll_interval: Policy::process().poll_interval,
@@ -429,9 +429,9 @@ impl<S: MessageSource> WorkerBuilder<S> {
     /// asked to by this.
     ///
     /// ```
-    /// use hexeract::Runtime;
+    /// use hexeract::MemoryWorker;
     ///
-    /// let runtime = Runtime::builder().configure_from_env()?.build()?;
+    /// let runtime = MemoryWorker::builder().configure_from_env()?.build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn configure_from_env(self) -> Result<WorkerBuilder<S>, ConfigError> {
@@ -444,23 +444,21 @@ impl<S: MessageSource> WorkerBuilder<S> {
         mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<WorkerBuilder<S>, ConfigError> {
-        let settings = WorkerConfig::from_lookup(&lookup)?;
+        let settings = AppConfig::from_lookup(&lookup)?;
         self.policy.take_set_variables(&settings.policy, lookup);
         Ok(self)
     }
 }
 
-impl WorkerConfig {
+impl AppConfig {
     /// The settings of the environment's variables (`docs/configuration.md`); every invalid
     /// one is reported at once.
-    pub fn from_env() -> Result<WorkerConfig, ConfigError> {
-        WorkerConfig::from_lookup(|name| std::env::var(name).ok())
+    pub fn from_env() -> Result<AppConfig, ConfigError> {
+        AppConfig::from_lookup(|name| std::env::var(name).ok())
     }
 
-    /// Like [`from_env`](WorkerConfig::from_env), reading the variables through `lookup`.
-    pub fn from_lookup(
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<WorkerConfig, ConfigError> {
+    /// Like [`from_env`](AppConfig::from_env), reading the variables through `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<AppConfig, ConfigError> {
         let mut problems = Vec::new();
         let mut read = |name: &str, parse: fn(&str) -> Result<u64, String>| -> Option<u64> {
             let value = lookup(name)?;
@@ -511,7 +509,7 @@ impl WorkerConfig {
         if let Some(timeout) = read("STORE_TIMEOUT_MS", |v| whole_number(v, 1, 3_600_000)) {
             policy.store_timeout = ms(timeout);
         }
-        let mut settings = WorkerConfig {
+        let mut settings = AppConfig {
             database: Database::default(),
             policy,
             relay_poll_interval,
@@ -697,7 +695,7 @@ impl WorkerConfig {
         }
     }
 
-    /// Checks the settings as [`from_env`](WorkerConfig::from_env) does, for settings built in
+    /// Checks the settings as [`from_env`](AppConfig::from_env) does, for settings built in
     /// code or loaded from a file: every problem at once, named by its variable.
     pub fn check(&self) -> Result<(), ConfigError> {
         let problems = self.problems();
@@ -710,7 +708,7 @@ impl WorkerConfig {
 
     /// The database and broker URLs that reach another machine without verified TLS: each
     /// variable, with its URL and why ([`secure`](crate::secure)). Refused by
-    /// [`check`](WorkerConfig::check) unless `allow_insecure_connections`; `run` logs them
+    /// [`check`](AppConfig::check) unless `allow_insecure_connections`; `run` logs them
     /// when allowed.
     pub(crate) fn insecure_connections(&self) -> Vec<(&'static str, (&str, String))> {
         let mut insecure = Vec::new();
@@ -1095,14 +1093,14 @@ mod tests {
     #[test]
     fn unset_variables_leave_defaults() {
         assert_eq!(
-            WorkerConfig::from_lookup(lookup(&[])),
-            Ok(WorkerConfig::default())
+            AppConfig::from_lookup(lookup(&[])),
+            Ok(AppConfig::default())
         );
     }
 
     #[test]
     fn valid_variables_are_read() {
-        let settings = WorkerConfig::from_lookup(lookup(&[
+        let settings = AppConfig::from_lookup(lookup(&[
             ("MAX_DELIVERIES", "3"),
             ("RETRY_MAX_DELAY_MS", "2500"),
             ("SHUTDOWN_GRACE_MS", "0"),
@@ -1129,7 +1127,7 @@ mod tests {
 
     #[test]
     fn every_invalid_variable_is_reported_at_once_without_secrets() {
-        let error = WorkerConfig::from_lookup(lookup(&[
+        let error = AppConfig::from_lookup(lookup(&[
             ("MAX_DELIVERIES", "0"),
             ("RETRY_MAX_DELAY_MS", "soon"),
             ("DATABASE_URL", "mysql://user:secret@db/app"),
@@ -1162,7 +1160,7 @@ mod tests {
 
     #[test]
     fn retention_defaults_to_7_and_30_days_and_0_keeps_forever() {
-        let defaults = WorkerConfig::from_lookup(lookup(&[])).unwrap();
+        let defaults = AppConfig::from_lookup(lookup(&[])).unwrap();
         assert_eq!(
             defaults.inbox_retention,
             Some(Duration::from_secs(7 * 86_400))
@@ -1171,7 +1169,7 @@ mod tests {
             defaults.dead_letter_retention,
             Some(Duration::from_secs(30 * 86_400))
         );
-        let set = WorkerConfig::from_lookup(lookup(&[
+        let set = AppConfig::from_lookup(lookup(&[
             ("INBOX_RETENTION_DAYS", "0"),
             ("DEAD_LETTER_RETENTION_DAYS", "90"),
         ]))
@@ -1181,7 +1179,7 @@ mod tests {
             set.dead_letter_retention,
             Some(Duration::from_secs(90 * 86_400))
         );
-        let error = WorkerConfig::from_lookup(lookup(&[("DEAD_LETTER_RETENTION_DAYS", "a month")]))
+        let error = AppConfig::from_lookup(lookup(&[("DEAD_LETTER_RETENTION_DAYS", "a month")]))
             .unwrap_err()
             .to_string();
         assert!(error.contains("DEAD_LETTER_RETENTION_DAYS"), "{error}");
@@ -1189,13 +1187,13 @@ mod tests {
 
     #[test]
     fn worker_addr_defaults_to_every_interface_and_a_bad_one_is_named() {
-        let every = WorkerConfig::from_lookup(lookup(&[])).unwrap().worker_addr;
+        let every = AppConfig::from_lookup(lookup(&[])).unwrap().worker_addr;
         assert_eq!(every.to_string(), "0.0.0.0", "every interface, as before");
-        let local = WorkerConfig::from_lookup(lookup(&[("WORKER_ADDR", "127.0.0.1")]))
+        let local = AppConfig::from_lookup(lookup(&[("WORKER_ADDR", "127.0.0.1")]))
             .unwrap()
             .worker_addr;
         assert_eq!(local.to_string(), "127.0.0.1");
-        let error = WorkerConfig::from_lookup(lookup(&[("WORKER_ADDR", "localhost")]))
+        let error = AppConfig::from_lookup(lookup(&[("WORKER_ADDR", "localhost")]))
             .unwrap_err()
             .to_string();
         assert!(
@@ -1207,18 +1205,16 @@ mod tests {
     #[test]
     fn worker_port_defaults_to_8081_and_a_bad_one_is_named() {
         assert_eq!(
-            WorkerConfig::from_lookup(lookup(&[])).unwrap().worker_port,
+            AppConfig::from_lookup(lookup(&[])).unwrap().worker_port,
             8081
         );
-        let settings = WorkerConfig::from_lookup(lookup(&[("WORKER_PORT", "9100")])).unwrap();
+        let settings = AppConfig::from_lookup(lookup(&[("WORKER_PORT", "9100")])).unwrap();
         assert_eq!(settings.worker_port, 9100);
         for bad in [
             &[("WORKER_PORT", "65536")][..],
             &[("WORKER_PORT", "http")][..],
         ] {
-            let error = WorkerConfig::from_lookup(lookup(bad))
-                .unwrap_err()
-                .to_string();
+            let error = AppConfig::from_lookup(lookup(bad)).unwrap_err().to_string();
             assert!(
                 error.contains("WORKER_PORT") && error.contains("from 0 to 65535"),
                 "{error}"
@@ -1240,7 +1236,7 @@ mod tests {
             )],
         ];
         for vars in cases {
-            let error = WorkerConfig::from_lookup(lookup(vars))
+            let error = AppConfig::from_lookup(lookup(vars))
                 .unwrap_err()
                 .to_string();
             assert!(error.contains("AMQP_URL"), "{error}");
@@ -1272,7 +1268,7 @@ mod tests {
 
     #[test]
     fn worker_knobs_are_read_into_their_own_settings() {
-        let settings = WorkerConfig::from_lookup(lookup(&[
+        let settings = AppConfig::from_lookup(lookup(&[
             ("SCHEDULER_POLL_INTERVAL_MS", "250"),
             ("SCHEDULER_BATCH_SIZE", "7"),
             ("SCHEDULER_MIN_CYCLE_DELAY_MS", "0"),
@@ -1300,7 +1296,7 @@ mod tests {
         assert_eq!(settings.policy.store_timeout, Duration::from_millis(2500));
         assert_eq!(settings.policy.prefetch, 64);
         // Unset, each keeps the process's default (the scheduler's, its own builder's).
-        let unset = WorkerConfig::from_lookup(lookup(&[("AMQP_URL", "amqp://localhost")])).unwrap();
+        let unset = AppConfig::from_lookup(lookup(&[("AMQP_URL", "amqp://localhost")])).unwrap();
         assert_eq!(unset.scheduler, SchedulerConfig::default());
         let process = Policy::process();
         assert_eq!(
@@ -1330,7 +1326,7 @@ mod tests {
                 if name == "AMQP_PREFETCH" {
                     vars.push(("AMQP_URL", "amqp://localhost".to_owned()));
                 }
-                WorkerConfig::from_lookup(owned_lookup(vars))
+                AppConfig::from_lookup(owned_lookup(vars))
             };
             for fits in [min, max] {
                 assert!(with(fits.to_string()).is_ok(), "{name} = {fits}");
@@ -1351,7 +1347,7 @@ mod tests {
 
     #[test]
     fn every_invalid_worker_knob_is_reported_at_once() {
-        let error = WorkerConfig::from_lookup(lookup(&[
+        let error = AppConfig::from_lookup(lookup(&[
             ("SCHEDULER_POLL_INTERVAL_MS", "0"),
             ("SCHEDULER_BATCH_SIZE", "10001"),
             ("SCHEDULER_MIN_CYCLE_DELAY_MS", "5ms"),
@@ -1397,17 +1393,17 @@ mod tests {
     fn amqp_prefetch_applies_with_amqp_url_and_is_checked_without() {
         // Without a broker a valid value changes nothing, and an invalid one is still an error:
         // found now, not on the day AMQP_URL is added.
-        let settings = WorkerConfig::from_lookup(lookup(&[("AMQP_PREFETCH", "64")])).unwrap();
+        let settings = AppConfig::from_lookup(lookup(&[("AMQP_PREFETCH", "64")])).unwrap();
         assert_eq!(settings.amqp, None);
         assert_eq!(settings.policy.prefetch, Policy::process().prefetch);
-        let error = WorkerConfig::from_lookup(lookup(&[("AMQP_PREFETCH", "0")]))
+        let error = AppConfig::from_lookup(lookup(&[("AMQP_PREFETCH", "0")]))
             .unwrap_err()
             .to_string();
         assert!(
             error.contains("AMQP_PREFETCH = \"0\": a whole number from 1 to 65535"),
             "{error}"
         );
-        let error = WorkerConfig::from_lookup(lookup(&[
+        let error = AppConfig::from_lookup(lookup(&[
             ("AMQP_URL", "amqp://localhost"),
             ("AMQP_PREFETCH", "0"),
         ]))
@@ -1430,7 +1426,7 @@ mod tests {
             ),
             ("AMQP_URL", "amqp://app:s3cret@rabbit.internal/%2f"),
         ];
-        let error = WorkerConfig::from_lookup(lookup(vars)).unwrap_err();
+        let error = AppConfig::from_lookup(lookup(vars)).unwrap_err();
         let settings: Vec<_> = error.problems.iter().map(|p| p.setting.as_str()).collect();
         assert_eq!(settings, ["DATABASE_URL", "AMQP_URL"]);
         let text = error.to_string();
@@ -1449,7 +1445,7 @@ mod tests {
             ("AMQP_URL", "amqp://app:s3cret@rabbit.internal/%2f"),
             ("HEXERACT_ALLOW_INSECURE_CONNECTIONS", "1"),
         ];
-        let settings = WorkerConfig::from_lookup(lookup(allowed)).unwrap();
+        let settings = AppConfig::from_lookup(lookup(allowed)).unwrap();
         assert!(settings.allow_insecure_connections);
         assert_eq!(settings.insecure_connections().len(), 2);
         // Verified or local: nothing to allow.
@@ -1457,7 +1453,7 @@ mod tests {
             ("DATABASE_URL", "postgres://app@db.internal/shop"),
             ("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
         ];
-        assert!(WorkerConfig::from_lookup(lookup(fine)).is_ok());
+        assert!(AppConfig::from_lookup(lookup(fine)).is_ok());
     }
 
     /// Kafka brokers on another machine are reached over verified TLS by default, which needs
@@ -1465,15 +1461,13 @@ mod tests {
     /// credentials; the password never shows.
     #[test]
     fn kafka_security_follows_the_brokers_and_the_features() {
-        let local =
-            WorkerConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "127.0.0.1:9092")])).unwrap();
+        let local = AppConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "127.0.0.1:9092")])).unwrap();
         let kafka = local.kafka.unwrap();
         assert_eq!(
             kafka.security.client_options(&kafka.brokers),
             [("security.protocol", "plaintext".to_owned())]
         );
-        let remote =
-            WorkerConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "kafka-1.internal:9093")]));
+        let remote = AppConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "kafka-1.internal:9093")]));
         if cfg!(feature = "kafka-tls") {
             let kafka = remote.unwrap().kafka.unwrap();
             assert_eq!(
@@ -1488,7 +1482,7 @@ mod tests {
             );
             assert!(error.contains("`kafka-tls` feature"), "{error}");
         }
-        let plaintext = WorkerConfig::from_lookup(lookup(&[
+        let plaintext = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "kafka-1.internal:9093"),
             ("KAFKA_SECURITY_PROTOCOL", "plaintext"),
         ]))
@@ -1499,7 +1493,7 @@ mod tests {
             plaintext.contains("HEXERACT_ALLOW_INSECURE_CONNECTIONS=1"),
             "{plaintext}"
         );
-        let sasl = WorkerConfig::from_lookup(lookup(&[
+        let sasl = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "127.0.0.1:9092"),
             ("KAFKA_SECURITY_PROTOCOL", "sasl_plaintext"),
             ("KAFKA_SASL_MECHANISM", "PLAIN"),
@@ -1513,7 +1507,7 @@ mod tests {
             .client_options(&kafka.brokers)
             .contains(&("sasl.password", "s3cret".to_owned())));
         assert!(!format!("{kafka:?}").contains("s3cret"));
-        let incomplete = WorkerConfig::from_lookup(lookup(&[
+        let incomplete = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "127.0.0.1:9092"),
             ("KAFKA_SECURITY_PROTOCOL", "sasl_plaintext"),
             ("KAFKA_SASL_MECHANISM", "PLAIN"),
@@ -1521,13 +1515,13 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(incomplete.contains("KAFKA_SASL_PASSWORD"), "{incomplete}");
-        let gssapi = WorkerConfig::from_lookup(lookup(&[
+        let gssapi = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "127.0.0.1:9092"),
             ("KAFKA_SECURITY_PROTOCOL", "sasl_plaintext"),
             ("KAFKA_SASL_MECHANISM", "GSSAPI"),
         ]));
         assert_eq!(gssapi.is_ok(), cfg!(feature = "kafka-gssapi"), "{gssapi:?}");
-        let unknown = WorkerConfig::from_lookup(lookup(&[
+        let unknown = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "127.0.0.1:9092"),
             ("KAFKA_SECURITY_PROTOCOL", "tls"),
         ]))
@@ -1542,7 +1536,7 @@ mod tests {
     #[test]
     fn amqp_url_selects_the_broker_with_default_names() {
         let settings =
-            WorkerConfig::from_lookup(lookup(&[("AMQP_URL", "amqps://app:pw@broker/vh")])).unwrap();
+            AppConfig::from_lookup(lookup(&[("AMQP_URL", "amqps://app:pw@broker/vh")])).unwrap();
         let amqp = settings.amqp.unwrap();
         assert_eq!(amqp.url, "amqps://app:pw@broker/vh");
         assert_eq!(
@@ -1550,7 +1544,7 @@ mod tests {
             ("hexeract", "hexeract")
         );
         assert!(!format!("{amqp:?}").contains("pw"));
-        let both = WorkerConfig::from_lookup(lookup(&[
+        let both = AppConfig::from_lookup(lookup(&[
             ("AMQP_URL", "amqp://localhost"),
             ("KAFKA_BROKERS", "localhost:9092"),
         ]))
@@ -1561,7 +1555,7 @@ mod tests {
 
     #[test]
     fn kafka_brokers_need_a_topic_prefix_and_valid_names() {
-        let settings = WorkerConfig::from_lookup(lookup(&[
+        let settings = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "localhost:9092, 127.0.0.2:9093"),
             ("KAFKA_TOPIC_PREFIX", "shop"),
             ("KAFKA_TOPIC_PARTITIONS", "6"),
@@ -1578,7 +1572,7 @@ mod tests {
                 security: KafkaSecurity::default(),
             })
         );
-        let error = WorkerConfig::from_lookup(lookup(&[
+        let error = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "http://localhost"),
             ("KAFKA_TOPIC_PARTITIONS", "0"),
             ("KAFKA_REPLICATION_FACTOR", "three"),
@@ -1595,7 +1589,7 @@ mod tests {
             "{text}"
         );
         // Unset, the prefix is the executable's name; set empty, it is refused.
-        let defaulted = WorkerConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "localhost:9092")]))
+        let defaulted = AppConfig::from_lookup(lookup(&[("KAFKA_BROKERS", "localhost:9092")]))
             .unwrap()
             .kafka
             .unwrap();
@@ -1604,7 +1598,7 @@ mod tests {
             defaulted.topic_prefix.starts_with("hexeract"),
             "{defaulted:?}"
         );
-        let empty = WorkerConfig::from_lookup(lookup(&[
+        let empty = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "localhost:9092"),
             ("KAFKA_TOPIC_PREFIX", ""),
         ]))
@@ -1618,7 +1612,7 @@ mod tests {
             text.contains("KAFKA_TOPIC_PARTITIONS = \"0\": a whole number from 1 to 10000"),
             "{text}"
         );
-        let bad_prefix = WorkerConfig::from_lookup(lookup(&[
+        let bad_prefix = AppConfig::from_lookup(lookup(&[
             ("KAFKA_BROKERS", "localhost:9092"),
             ("KAFKA_TOPIC_PREFIX", "my shop"),
         ]))
@@ -1629,13 +1623,13 @@ mod tests {
             "{bad_prefix}"
         );
         // Without brokers a valid value changes nothing, and an invalid one is still an error.
-        let unused = WorkerConfig::from_lookup(lookup(&[
+        let unused = AppConfig::from_lookup(lookup(&[
             ("KAFKA_TOPIC_PARTITIONS", "6"),
             ("KAFKA_REPLICATION_FACTOR", "2"),
         ]))
         .unwrap();
         assert_eq!(unused.kafka, None);
-        let invalid = WorkerConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")]))
+        let invalid = AppConfig::from_lookup(lookup(&[("KAFKA_TOPIC_PARTITIONS", "0")]))
             .unwrap_err()
             .to_string();
         assert!(
@@ -1717,7 +1711,7 @@ mod tests {
                 })
                 .unwrap_or_default();
             let read = |vars: &[(String, String)]| {
-                WorkerConfig::from_lookup(|wanted| {
+                AppConfig::from_lookup(|wanted| {
                     vars.iter()
                         .find(|(key, _)| key == wanted)
                         .map(|(_, v)| v.clone())
@@ -1733,7 +1727,7 @@ mod tests {
 
     #[test]
     fn a_config_file_reads_into_the_same_settings_as_the_variables() {
-        let from_vars = WorkerConfig::from_lookup(lookup(&[
+        let from_vars = AppConfig::from_lookup(lookup(&[
             ("DATABASE_URL", "postgres://app@db/shop"),
             ("HANDLER_TIMEOUT_MS", "5000"),
             ("MAX_DELIVERIES", "3"),
@@ -1744,7 +1738,7 @@ mod tests {
             ("SCHEDULER_LEASE_MS", "60000"),
         ]))
         .unwrap();
-        let from_file: WorkerConfig = serde_json::from_str(
+        let from_file: AppConfig = serde_json::from_str(
             r#"{
                 "database": { "postgres": "postgres://app@db/shop" },
                 "policy": { "handler_timeout_ms": 5000, "retry": { "max_deliveries": 3 }, "prefetch": 32 },
@@ -1759,23 +1753,22 @@ mod tests {
         // And back: what it writes, it reads.
         let written = serde_json::to_string(&from_file).unwrap();
         assert_eq!(
-            serde_json::from_str::<WorkerConfig>(&written).unwrap(),
+            serde_json::from_str::<AppConfig>(&written).unwrap(),
             from_file
         );
         assert_eq!(
-            serde_json::from_str::<WorkerConfig>("{}").unwrap(),
-            WorkerConfig::default()
+            serde_json::from_str::<AppConfig>("{}").unwrap(),
+            AppConfig::default()
         );
     }
 
     #[test]
     fn a_config_file_with_an_unknown_key_or_bad_values_is_refused() {
-        let typo =
-            serde_json::from_str::<WorkerConfig>(r#"{ "policy": { "handler_timout_ms": 5 } }"#)
-                .unwrap_err()
-                .to_string();
+        let typo = serde_json::from_str::<AppConfig>(r#"{ "policy": { "handler_timout_ms": 5 } }"#)
+            .unwrap_err()
+            .to_string();
         assert!(typo.contains("unknown field `handler_timout_ms`"), "{typo}");
-        let config: WorkerConfig = serde_json::from_str(
+        let config: AppConfig = serde_json::from_str(
             r#"{ "database": { "postgres": "mysql://u:secret@db/app" },
                  "amqp": { "url": "amqps://x", "exchange": "amq.direct" },
                  "policy": { "handler_timeout_ms": 0 } }"#,
@@ -1789,7 +1782,7 @@ mod tests {
         );
         assert!(!error.to_string().contains("secret"), "{error}");
         // Every number from a file is held to its variable's bounds, named by the variable.
-        let config: WorkerConfig = serde_json::from_str(
+        let config: AppConfig = serde_json::from_str(
             r#"{ "policy": { "prefetch": 0, "retry": { "jitter": 7, "max_delay_ms": 0 } },
                  "relay_poll_interval_ms": 0, "inbox_retention_days": 99999999999999,
                  "scheduler": { "lease_ms": 0 } }"#,
@@ -1815,7 +1808,7 @@ mod tests {
 
     #[test]
     fn hexeract_transport_chooses_by_name_with_the_brokers_defaults() {
-        let kafka = WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "kafka")])).unwrap();
+        let kafka = AppConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "kafka")])).unwrap();
         assert_eq!(
             kafka.kafka,
             Some(Kafka {
@@ -1828,25 +1821,25 @@ mod tests {
         );
         assert_eq!(kafka.amqp, None);
         let rabbitmq =
-            WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "rabbitmq")])).unwrap();
+            AppConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "rabbitmq")])).unwrap();
         assert_eq!(
             rabbitmq.amqp.map(|amqp| amqp.url),
             Some("amqp://guest:guest@localhost:5672/%2f".to_owned())
         );
-        let named = WorkerConfig::from_lookup(lookup(&[
+        let named = AppConfig::from_lookup(lookup(&[
             ("HEXERACT_TRANSPORT", "kafka"),
             ("KAFKA_BROKERS", "127.0.0.2:9092"),
             ("KAFKA_TOPIC_PREFIX", "shop"),
         ]))
         .unwrap();
         assert_eq!(named.kafka.unwrap().brokers, "127.0.0.2:9092");
-        let store = WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "store")])).unwrap();
+        let store = AppConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "store")])).unwrap();
         assert_eq!((store.amqp, store.kafka), (None, None));
     }
 
     #[test]
     fn hexeract_transport_refuses_settings_of_another_transport_in_one_error() {
-        let error = WorkerConfig::from_lookup(lookup(&[
+        let error = AppConfig::from_lookup(lookup(&[
             ("HEXERACT_TRANSPORT", "store"),
             ("AMQP_URL", "amqp://guest:secret@rabbit"),
             ("KAFKA_BROKERS", "kafka:9092"),
@@ -1863,7 +1856,7 @@ mod tests {
             "a transport the other settings agree with: AMQP_URL and KAFKA_BROKERS are set too; \
              unset them, or choose the transport they name"
         );
-        let error = WorkerConfig::from_lookup(lookup(&[
+        let error = AppConfig::from_lookup(lookup(&[
             ("HEXERACT_TRANSPORT", "kafka"),
             ("AMQP_URL", "amqp://rabbit"),
         ]))
@@ -1873,7 +1866,7 @@ mod tests {
             error.contains("HEXERACT_TRANSPORT = \"kafka\": a transport the other settings agree with: AMQP_URL is set too"),
             "{error}"
         );
-        let error = WorkerConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "nats")]))
+        let error = AppConfig::from_lookup(lookup(&[("HEXERACT_TRANSPORT", "nats")]))
             .unwrap_err()
             .to_string();
         assert!(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::config::{Database, WorkerConfig};
+use crate::config::{AppConfig, Database};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::message::Message;
@@ -15,7 +15,7 @@ use crate::store::{DeliveryStore, Store, StoreError};
 /// The store `hexeract::run` delivers from and `hexeract::publish` writes to: PostgreSQL when
 /// `DATABASE_URL` is set, otherwise an SQLite file (`HEXERACT_SQLITE_PATH`, default
 /// `hexeract.db` in the working directory, created on first use), unless a
-/// [`Worker`](crate::Worker) whose settings name another database started first (then that
+/// [`App`](crate::App) whose settings name another database started first (then that
 /// one). Opened and migrated once per process; later calls return the same store.
 ///
 /// ```no_run
@@ -28,11 +28,11 @@ use crate::store::{DeliveryStore, Store, StoreError};
 /// # }
 /// ```
 pub async fn default_store() -> Result<Arc<dyn Store>, Error> {
-    // The process's store, whichever database it is in: the environment's, unless a `Worker`
+    // The process's store, whichever database it is in: the environment's, unless an `App`
     // made its own the process's first (or is opening it now: this waits for it).
     let (_, store) = DEFAULT_STORE
         .get_or_try_init(|| async {
-            let settings = WorkerConfig::from_env()?;
+            let settings = AppConfig::from_env()?;
             let store = open(&settings.database).await?;
             Ok::<_, Error>((settings.database, store))
         })
@@ -45,7 +45,7 @@ static DEFAULT_STORE: tokio::sync::OnceCell<(Database, Arc<dyn Store>)> =
     tokio::sync::OnceCell::const_new();
 
 /// The store of `database`, made the process's store: what [`default_store`] returns from then
-/// on, so that `hexeract::publish` and `schedule_*` write where a [`Worker`](crate::Worker)
+/// on, so that `hexeract::publish` and `schedule_*` write where an [`App`](crate::App)
 /// whose settings name `database` reads. A process has one: when it already has another (a
 /// publish came first, with the environment naming another database), this is an error naming
 /// both, rather than messages written where nothing reads them.

@@ -3,7 +3,7 @@
 pub use crate::config::{ConfigError, ConfigProblem};
 use crate::registry::RegistryError;
 
-/// Why [`hexeract::run`](crate::run) or [`Runtime::run`](crate::Runtime::run) stopped or could
+/// Why [`hexeract::run`](crate::run) or [`MemoryWorker::run`](crate::MemoryWorker::run) stopped or could
 /// not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -15,7 +15,7 @@ use crate::store::StoreGauges;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 /// The gauges of the store whose backlog `/metrics` reports, set once the store is open: a
-/// [`Worker`](crate::Worker) hands out its router before it opens its store.
+/// [`App`](crate::App) hands out its router before it opens its store.
 pub(crate) type StoreSlot = Arc<OnceLock<Arc<StoreGauges>>>;
 
 /// What the endpoints read.
@@ -43,7 +43,7 @@ struct Served {
 /// # }
 /// ```
 ///
-/// A [`Worker`](crate::Worker) gives its own with [`Worker::router`](crate::Worker::router).
+/// An [`App`](crate::App) gives its own with [`App::router`](crate::App::router).
 pub fn router(health: Health, store: Option<Arc<dyn Store>>) -> Router {
     let slot = StoreSlot::default();
     if let Some(store) = store {

@@ -1,4 +1,4 @@
-//! The whole process a [`Worker`](crate::Worker) (and so [`run`](crate::run)) runs: the store,
+//! The whole process an [`App`](crate::App) (and so [`run`](crate::run)) runs: the store,
 //! the scheduler, the outbox worker or a broker's relay and consumers, health and metrics on
 //! `WORKER_PORT`, retention and SIGTERM.
 
@@ -14,14 +14,14 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{IfSet, SchedulerConfig, WorkerConfig};
+use crate::config::{AppConfig, IfSet, SchedulerConfig};
 use crate::error::Error;
 use crate::outbox::OutboxWorkerBuilder;
 use crate::registry::Registry;
 use crate::schedule::{SchedulerBuilder, SchedulerWorker};
 use crate::signals::stop_on_signal;
 
-/// What a [`Worker`](crate::Worker) runs: its handlers, built with their state and middleware,
+/// What an [`App`](crate::App) runs: its handlers, built with their state and middleware,
 /// and what its scheduler's jobs take.
 pub(crate) struct Application {
     pub(crate) registry: Registry,
@@ -53,10 +53,10 @@ impl Endpoints {
     }
 }
 
-/// What [`Worker::try_run`](crate::Worker::try_run) runs, once its settings and handlers are
+/// What [`App::try_run`](crate::App::try_run) runs, once its settings and handlers are
 /// checked.
 pub(crate) async fn start(
-    settings: WorkerConfig,
+    settings: AppConfig,
     application: Application,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
@@ -243,7 +243,7 @@ async fn bind_worker_port(
 
 /// Every loop of `run`: the scheduler, and the outbox worker or the relay and bus worker.
 async fn run_loops(
-    settings: &WorkerConfig,
+    settings: &AppConfig,
     application: &Application,
     store: Arc<dyn crate::store::Store>,
     health: &crate::health::Health,
@@ -330,7 +330,7 @@ async fn beside_the_scheduler(
 
 /// The scheduler's knobs under `hexeract::run`: every variable that is set; the others keep
 /// the builder's defaults.
-fn configure_scheduler(builder: SchedulerBuilder, settings: &WorkerConfig) -> SchedulerBuilder {
+fn configure_scheduler(builder: SchedulerBuilder, settings: &AppConfig) -> SchedulerBuilder {
     // Every field named: a knob added to the settings does not compile until it is named here,
     // and warns as unused until it is applied.
     let SchedulerConfig {
@@ -360,7 +360,7 @@ fn configure_scheduler(builder: SchedulerBuilder, settings: &WorkerConfig) -> Sc
 /// `DELIVERY_LEASE_MS` where set.
 fn outbox_worker_of_run(
     store: Arc<dyn crate::store::DeliveryStore>,
-    settings: &WorkerConfig,
+    settings: &AppConfig,
 ) -> OutboxWorkerBuilder {
     OutboxWorkerBuilder::shared(store).policy(settings.policy.clone())
 }
@@ -381,8 +381,8 @@ async fn stop_all_on_error(
 mod tests {
     use super::*;
 
-    fn settings(vars: &'static [(&'static str, &'static str)]) -> WorkerConfig {
-        WorkerConfig::from_lookup(|name| {
+    fn settings(vars: &'static [(&'static str, &'static str)]) -> AppConfig {
+        AppConfig::from_lookup(|name| {
             vars.iter()
                 .find(|(key, _)| *key == name)
                 .map(|(_, value)| (*value).to_owned())

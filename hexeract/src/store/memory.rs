@@ -15,11 +15,11 @@ use crate::envelope::Envelope;
 use crate::message::Message;
 use crate::publish::{Publish, PublishError};
 
-/// The store of the in-memory [`Runtime`](crate::Runtime): pending messages, their retries and
+/// The store of the in-memory [`MemoryWorker`](crate::MemoryWorker): pending messages, their retries and
 /// dead letters live in memory, so they do not survive the process. For tests and for
 /// programs that need no durability; [`hexeract::run`](crate::run) uses the outbox instead.
 ///
-/// Each `Runtime` uses [`InMemoryStore::global`] unless given another; tests give each
+/// Each `MemoryWorker` uses [`InMemoryStore::global`] unless given another; tests give each
 /// runtime a [`InMemoryStore::new`] of its own to stay apart.
 ///
 /// ```

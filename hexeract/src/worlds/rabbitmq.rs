@@ -17,7 +17,7 @@
 //! - [`RabbitMqPublisher`]: publishes envelopes with publisher confirms;
 //! - [`RabbitMqTransport`]: direct publishing that reconnects and retries once after a broker
 //!   blip;
-//! - [`OutboxRelay`]: moves the transactional outbox to the exchange, a row deleted only once
+//! - [`RabbitMqRelay`]: moves the transactional outbox to the exchange, a row deleted only once
 //!   the broker confirmed it.
 //!
 //! `hexeract::run` wires them when `AMQP_URL` is set: it relays the outbox and runs a worker over
@@ -43,7 +43,11 @@ pub use connection::{redact_url, RabbitMqConnection};
 pub use lapin::ExchangeKind;
 pub use migration::{holding_queue, migrate_queue, QueueMigration};
 pub use publisher::RabbitMqPublisher;
-pub use relay::OutboxRelay;
+pub use relay::RabbitMqRelay;
+
+/// The RabbitMQ relay's name before it was [`RabbitMqRelay`] (beside Kafka's `KafkaRelay`).
+#[deprecated(note = "renamed `RabbitMqRelay`")]
+pub type OutboxRelay = RabbitMqRelay;
 pub use topology::{
     ensure_topology, tiers_for, Binding, DeadLetterStrategy, Exchange, Overflow, Queue, QueueKind,
     Topology, DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PARKING_MAX_LENGTH, DEFAULT_PREFIX,

@@ -1,4 +1,4 @@
-//! The in-memory [`Runtime`]: a world of the delivery engine whose messages wait in an
+//! The in-memory [`MemoryWorker`]: a world of the delivery engine whose messages wait in an
 //! [`InMemoryStore`]. It fans each message out to every handler of its type; the engine applies
 //! timeouts, concurrency limits and the retry policy; dead letters stay in the store.
 
@@ -24,14 +24,14 @@ use crate::worker::{MessageSource, Source, WorkerBuilder};
 
 type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 
-/// Builds a [`Runtime`], the in-memory world, with explicit settings. (Its durable counterpart,
+/// Builds a [`MemoryWorker`], the in-memory world, with explicit settings. (Its durable counterpart,
 /// [`hexeract::run`](crate::run), runs the same handlers on the outbox.)
 ///
 /// ```
 /// use std::time::Duration;
-/// use hexeract::{InMemoryStore, Runtime};
+/// use hexeract::{InMemoryStore, MemoryWorker};
 ///
-/// let runtime = Runtime::builder()
+/// let runtime = MemoryWorker::builder()
 ///     .store(InMemoryStore::new())
 ///     .max_deliveries(3)
 ///     .retry_delays(Duration::from_millis(10), Duration::from_millis(100))
@@ -39,10 +39,10 @@ type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 ///     .build()?;
 /// # Ok::<(), hexeract::Error>(())
 /// ```
-pub type RuntimeBuilder = WorkerBuilder<MemorySource>;
+pub type MemoryWorkerBuilder = WorkerBuilder<MemorySource>;
 
-/// The in-memory world's own half of a [`Runtime`]: the store its messages wait in, which
-/// handlers it keeps, where it counts their outcomes. Its setters are on [`RuntimeBuilder`].
+/// The in-memory world's own half of a [`MemoryWorker`]: the store its messages wait in, which
+/// handlers it keeps, where it counts their outcomes. Its setters are on [`MemoryWorkerBuilder`].
 pub struct MemorySource {
     filter: Option<Filter>,
     store: Option<InMemoryStore>,
@@ -62,10 +62,10 @@ impl crate::worker::sealed::Sealed for MemorySource {}
 impl MessageSource for MemorySource {}
 
 impl Source for MemorySource {
-    type Worker = Runtime;
+    type App = MemoryWorker;
     type Error = Error;
 
-    fn build(builder: RuntimeBuilder) -> Result<Runtime, Error> {
+    fn build(builder: MemoryWorkerBuilder) -> Result<MemoryWorker, Error> {
         let (handlers, policy, source) = builder.into_parts();
         policy.checks("max_deliveries").finish()?;
 
@@ -101,7 +101,7 @@ impl Source for MemorySource {
             let message_type = slot.registered().expect("a handler").info().message_type;
             by_type.entry(message_type).or_default().push(index);
         }
-        Ok(Runtime {
+        Ok(MemoryWorker {
             shared: Arc::new(Shared {
                 publisher: Arc::new(store.clone()),
                 store,
@@ -121,7 +121,7 @@ impl Source for MemorySource {
 impl Default for WorkerBuilder<MemorySource> {
     /// Every `#[handler]` of the program, 16 calls of a handler at once, the library's other
     /// defaults.
-    fn default() -> RuntimeBuilder {
+    fn default() -> MemoryWorkerBuilder {
         let mut builder = WorkerBuilder::from_source(
             MemorySource {
                 filter: None,
@@ -144,38 +144,38 @@ impl WorkerBuilder<MemorySource> {
     pub fn handlers_where(
         mut self,
         keep: impl Fn(&HandlerInfo) -> bool + Send + 'static,
-    ) -> RuntimeBuilder {
+    ) -> MemoryWorkerBuilder {
         self.source.filter = Some(Box::new(keep));
         self
     }
 
     /// Where messages wait and dead letters are kept (default: [`InMemoryStore::global`]).
-    pub fn store(mut self, store: InMemoryStore) -> RuntimeBuilder {
+    pub fn store(mut self, store: InMemoryStore) -> MemoryWorkerBuilder {
         self.source.store = Some(store);
         self
     }
 
     /// Counts the handlers' outcomes in `metrics` (default: [`Metrics::global`], which
-    /// `/metrics` renders); a registry of its own keeps a runtime's [`Runtime::stats`] apart
+    /// `/metrics` renders); a registry of its own keeps a runtime's [`MemoryWorker::stats`] apart
     /// from other runtimes with handlers of the same names.
     ///
     /// ```
     /// use hexeract::metrics::Metrics;
-    /// use hexeract::{InMemoryStore, Runtime};
+    /// use hexeract::{InMemoryStore, MemoryWorker};
     ///
-    /// let runtime = Runtime::builder()
+    /// let runtime = MemoryWorker::builder()
     ///     .store(InMemoryStore::new())
     ///     .metrics(Metrics::new())
     ///     .build()?;
     /// # Ok::<(), hexeract::Error>(())
     /// ```
-    pub fn metrics(mut self, metrics: Metrics) -> RuntimeBuilder {
+    pub fn metrics(mut self, metrics: Metrics) -> MemoryWorkerBuilder {
         self.source.metrics = Some(metrics);
         self
     }
 
     /// Also stop on SIGTERM and Ctrl-C (default off; on in [`hexeract::run`](crate::run)).
-    pub fn handle_signals(mut self, handle: bool) -> RuntimeBuilder {
+    pub fn handle_signals(mut self, handle: bool) -> MemoryWorkerBuilder {
         self.source.handle_signals = handle;
         self
     }
@@ -185,9 +185,9 @@ impl WorkerBuilder<MemorySource> {
 /// is taken, and the stop is checked between messages.
 const RECEIVE_BATCH: usize = 64;
 
-/// A configured runtime; [`Runtime::run`] runs it. Clones share everything.
+/// A configured runtime; [`MemoryWorker::run`] runs it. Clones share everything.
 #[derive(Clone)]
-pub struct Runtime {
+pub struct MemoryWorker {
     shared: Arc<Shared>,
 }
 
@@ -230,7 +230,7 @@ impl Hasher for NameHasher {
 }
 
 /// What one handler did, as counted in the runtime's metrics (those of
-/// [`RuntimeBuilder::metrics`], [`Metrics::global`] by default).
+/// [`MemoryWorkerBuilder::metrics`], [`Metrics::global`] by default).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HandlerStats {
@@ -246,10 +246,10 @@ pub struct HandlerStats {
     pub dead_lettered: u64,
 }
 
-impl Runtime {
+impl MemoryWorker {
     /// A builder with the library defaults.
-    pub fn builder() -> RuntimeBuilder {
-        RuntimeBuilder::default()
+    pub fn builder() -> MemoryWorkerBuilder {
+        MemoryWorkerBuilder::default()
     }
 
     /// The store this runtime takes messages from: publish there, wait for it to be idle, read
@@ -371,9 +371,9 @@ impl Runtime {
     }
 }
 
-impl fmt::Debug for Runtime {
+impl fmt::Debug for MemoryWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Runtime")
+        f.debug_struct("MemoryWorker")
             .field("handlers", &self.shared.registry)
             .field("retry", self.shared.engine.retry())
             .field("store", &self.shared.store)
@@ -551,7 +551,7 @@ mod tests {
 
     #[test]
     fn configure_from_reads_max_payload_bytes() {
-        let builder = Runtime::builder()
+        let builder = MemoryWorker::builder()
             .configure_from(|name| (name == "MAX_PAYLOAD_BYTES").then(|| "2048".to_owned()))
             .unwrap();
         assert!(

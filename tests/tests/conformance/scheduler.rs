@@ -695,7 +695,7 @@ pub(crate) async fn missing_state_stops_the_build() {
         error.to_string(),
         format!(
             "handlers take state that was not given to the worker; give each value with \
-             `.state(value)` on `hexeract::Worker` (or on the worker's builder) before it runs:\n  \
+             `.state(value)` on `hexeract::App` (or on the worker's builder) before it runs:\n  \
              `conformance.stateful_job` ({location}) takes `State<Journal>`"
         )
     );

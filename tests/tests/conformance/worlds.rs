@@ -21,7 +21,7 @@ use hexeract::store::Store;
 use hexeract::worker::{MessageSource, Source};
 use hexeract::{
     CancellationToken, Context, DeadLetter, Envelope, HandlerOutcome, InMemoryStore, MemorySource,
-    Middleware, Next, Registry, Runtime, WorkerBuilder,
+    MemoryWorker, Middleware, Next, Registry, WorkerBuilder,
 };
 use hexeract_tests::amqp::TestBroker;
 use hexeract_tests::kafka::TestKafka;
@@ -317,7 +317,7 @@ async fn drained<F: Future<Output = u64>>(world: &str, mut owed: impl FnMut() ->
 
 // --- in-memory ---
 
-/// The in-memory [`Runtime`] on an [`InMemoryStore`] of its own.
+/// The in-memory [`MemoryWorker`] on an [`InMemoryStore`] of its own.
 pub(crate) struct Memory {
     store: InMemoryStore,
     running: Option<Running>,
@@ -339,7 +339,7 @@ impl World for Memory {
         knobs: &Knobs,
     ) -> Result<(), hexeract::Error> {
         let runtime = equip(
-            Runtime::builder().store(self.store.clone()),
+            MemoryWorker::builder().store(self.store.clone()),
             handlers,
             knobs,
         )

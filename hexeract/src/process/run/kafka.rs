@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Kafka, WorkerConfig};
+use crate::config::{AppConfig, Kafka};
 use crate::error::Error;
 use crate::health::Health;
 use crate::kafka::{ensure_topics, KafkaConfig, KafkaError, KafkaRelay, KafkaWorkerBuilder};
@@ -33,7 +33,7 @@ pub(crate) fn config(kafka: &Kafka) -> KafkaConfig {
 /// failing meanwhile.
 pub(crate) async fn run_on_kafka(
     kafka: &Kafka,
-    settings: &WorkerConfig,
+    settings: &AppConfig,
     registry: &crate::registry::Registry,
     store: Arc<dyn Store>,
     health: &Health,

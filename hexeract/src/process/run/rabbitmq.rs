@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::WorkerConfig;
+use crate::config::AppConfig;
 use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::health::{Health, Probe};
 use crate::outbox::StorePublisher;
 use crate::publish::Publish;
-use crate::rabbitmq::{BusError, OutboxRelay, RabbitMqConnection, RabbitMqWorkerBuilder, Topology};
+use crate::rabbitmq::{
+    BusError, RabbitMqConnection, RabbitMqRelay, RabbitMqWorkerBuilder, Topology,
+};
 use crate::registry::Registry;
 use crate::retry::Backoff;
 use crate::run::ownership;
@@ -30,7 +32,7 @@ pub(crate) struct BrokerSettings {
 /// The topology `hexeract::run` declares: the worker's own wait tiers are the default
 /// backoff's, up to `RETRY_MAX_DELAY_MS`.
 pub(crate) fn run_topology(
-    settings: &WorkerConfig,
+    settings: &AppConfig,
     exchange: &str,
     prefix: &str,
     registry: &Registry,
@@ -47,7 +49,7 @@ pub(crate) fn run_topology(
 /// handlers or names are invalid, found before anything started.
 pub(crate) async fn run_on_broker(
     broker: BrokerSettings,
-    settings: &WorkerConfig,
+    settings: &AppConfig,
     registry: &Registry,
     store: Arc<dyn Store>,
     health: &Health,
@@ -120,7 +122,7 @@ pub(crate) async fn run_on_broker(
                 }
             }
         }
-        let relay = OutboxRelay::new(store.clone(), &connection)
+        let relay = RabbitMqRelay::new(store.clone(), &connection)
             .await?
             .exchange(broker.exchange.clone())
             .batch_size(batch_size)

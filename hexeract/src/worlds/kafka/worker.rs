@@ -70,7 +70,7 @@ impl crate::worker::sealed::Sealed for KafkaSource {}
 impl MessageSource for KafkaSource {}
 
 impl Source for KafkaSource {
-    type Worker = KafkaWorker;
+    type App = KafkaWorker;
     type Error = Error;
 
     /// Checks the knobs, registers the handlers and checks that each handler's message type

@@ -48,7 +48,7 @@ impl MessageSource for OutboxSource {}
 impl ClaimSource for OutboxSource {}
 
 impl Source for OutboxSource {
-    type Worker = OutboxWorker;
+    type App = OutboxWorker;
     type Error = Error;
 
     fn build(builder: OutboxWorkerBuilder) -> Result<OutboxWorker, Error> {

@@ -1,4 +1,4 @@
-//! [`OutboxRelay`]: moves outbox rows to the broker, deleting each only once the broker
+//! [`RabbitMqRelay`]: moves outbox rows to the broker, deleting each only once the broker
 //! confirmed it.
 
 use std::fmt;
@@ -30,16 +30,16 @@ use crate::store::{self, RelaySink, RelayStore, Unpublishable};
 ///
 /// ```no_run
 /// # async fn example(store: std::sync::Arc<dyn hexeract::store::RelayStore>) -> Result<(), hexeract::rabbitmq::BusError> {
-/// use hexeract::rabbitmq::{OutboxRelay, RabbitMqConnection};
+/// use hexeract::rabbitmq::{RabbitMqRelay, RabbitMqConnection};
 /// use hexeract::CancellationToken;
 ///
 /// let connection = RabbitMqConnection::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
-/// let relay = OutboxRelay::new(store, &connection).await?.batch_size(100);
+/// let relay = RabbitMqRelay::new(store, &connection).await?.batch_size(100);
 /// relay.run(CancellationToken::new()).await?;
 /// # Ok(())
 /// # }
 /// ```
-pub struct OutboxRelay {
+pub struct RabbitMqRelay {
     store: Arc<dyn RelayStore>,
     publisher: RabbitMqPublisher,
     max_message_size: usize,
@@ -51,14 +51,14 @@ pub struct OutboxRelay {
     health: Probe,
 }
 
-impl OutboxRelay {
+impl RabbitMqRelay {
     /// A relay from `store` to the default exchange, publishing on a channel of `connection`;
     /// `batch_size` 10 and `poll_interval` 100 ms (the outbox worker's library defaults).
     pub async fn new(
         store: Arc<dyn RelayStore>,
         connection: &RabbitMqConnection,
-    ) -> Result<OutboxRelay, BusError> {
-        Ok(OutboxRelay {
+    ) -> Result<RabbitMqRelay, BusError> {
+        Ok(RabbitMqRelay {
             store,
             publisher: RabbitMqPublisher::new(connection).await?,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
@@ -72,7 +72,7 @@ impl OutboxRelay {
     }
 
     /// Publishes to `exchange` instead of `hexeract`.
-    pub fn exchange(mut self, exchange: impl Into<String>) -> OutboxRelay {
+    pub fn exchange(mut self, exchange: impl Into<String>) -> RabbitMqRelay {
         self.publisher = self.publisher.exchange(exchange);
         self
     }
@@ -82,7 +82,7 @@ impl OutboxRelay {
     /// broker's setting, and a larger publish makes the broker close the channel, on every pass:
     /// a row over it is dead-lettered as `payload_too_large` instead, and the rows behind it go
     /// on. Set it to the broker's `max_message_size` when that is lower.
-    pub fn max_message_size(mut self, bytes: usize) -> OutboxRelay {
+    pub fn max_message_size(mut self, bytes: usize) -> RabbitMqRelay {
         self.max_message_size = bytes.max(1);
         self
     }
@@ -95,36 +95,36 @@ impl OutboxRelay {
     ///
     /// ```no_run
     /// # async fn example(store: std::sync::Arc<dyn hexeract::store::RelayStore>, connection: hexeract::rabbitmq::RabbitMqConnection) -> Result<(), hexeract::rabbitmq::BusError> {
-    /// use hexeract::rabbitmq::OutboxRelay;
+    /// use hexeract::rabbitmq::RabbitMqRelay;
     ///
     /// // An audit event some deployments consume and others do not.
-    /// let relay = OutboxRelay::new(store, &connection).await?.allow_unrouted(["AuditRecorded"]);
+    /// let relay = RabbitMqRelay::new(store, &connection).await?.allow_unrouted(["AuditRecorded"]);
     /// # Ok(())
     /// # }
     /// ```
     pub fn allow_unrouted<T: Into<String>>(
         mut self,
         types: impl IntoIterator<Item = T>,
-    ) -> OutboxRelay {
+    ) -> RabbitMqRelay {
         self.unrouted = Arc::new(Unrouted::new(types));
         self
     }
 
     /// Rows per pass (default 10, at least 1).
-    pub fn batch_size(mut self, batch_size: u32) -> OutboxRelay {
+    pub fn batch_size(mut self, batch_size: u32) -> RabbitMqRelay {
         self.batch_size = batch_size.max(1);
         self
     }
 
     /// Wait after a pass that found nothing (default 100 ms).
-    pub fn poll_interval(mut self, interval: Duration) -> OutboxRelay {
+    pub fn poll_interval(mut self, interval: Duration) -> RabbitMqRelay {
         self.poll_interval = interval;
         self
     }
 
     /// How long the broker may take to confirm a publish (default 30 s); a pass waits no
     /// longer for its batch.
-    pub fn confirm_timeout(mut self, timeout: Duration) -> OutboxRelay {
+    pub fn confirm_timeout(mut self, timeout: Duration) -> RabbitMqRelay {
         self.publisher = self.publisher.confirm_timeout(timeout);
         self
     }
@@ -136,7 +136,7 @@ impl OutboxRelay {
     /// without waiting for it. On PostgreSQL the database ends such a pass's transaction once
     /// it has been idle for twice the confirm timeout, so that a pass whose network path went
     /// silent frees its rows.
-    pub fn store_timeout(mut self, timeout: Duration) -> OutboxRelay {
+    pub fn store_timeout(mut self, timeout: Duration) -> RabbitMqRelay {
         self.store_timeout = timeout;
         self
     }
@@ -144,7 +144,7 @@ impl OutboxRelay {
     /// Reports readiness to `probe`: ready after each pass that worked, failing after one that
     /// did not (the store or the broker is down), held while the broker blocks the connection
     /// (`connection.blocked`: publishes wait).
-    pub fn health(mut self, probe: Probe) -> OutboxRelay {
+    pub fn health(mut self, probe: Probe) -> RabbitMqRelay {
         self.health = probe;
         self
     }
@@ -345,9 +345,9 @@ impl RelaySink for Sink {
     }
 }
 
-impl fmt::Debug for OutboxRelay {
+impl fmt::Debug for RabbitMqRelay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OutboxRelay")
+        f.debug_struct("RabbitMqRelay")
             .field("publisher", &self.publisher)
             .field("batch_size", &self.batch_size)
             .field("poll_interval", &self.poll_interval)

@@ -277,7 +277,7 @@ impl WorkerBuilder<RabbitMqSource> {
 }
 
 impl Source for RabbitMqSource {
-    type Worker = RabbitMqWorker;
+    type App = RabbitMqWorker;
     type Error = Error;
 
     fn build(builder: RabbitMqWorkerBuilder) -> Result<RabbitMqWorker, Error> {

@@ -73,7 +73,7 @@ impl crate::worker::sealed::Sealed for ScheduleSource {}
 impl ClaimSource for ScheduleSource {}
 
 impl Source for ScheduleSource {
-    type Worker = SchedulerWorker;
+    type App = SchedulerWorker;
     type Error = Error;
 
     /// In the scheduler's words: its handler timeout is the `dispatch_timeout`.
@@ -217,7 +217,7 @@ impl WorkerBuilder<ScheduleSource> {
         )
     }
 
-    /// The state and middleware of a [`Worker`](crate::Worker), shared with its handlers.
+    /// The state and middleware of an [`App`](crate::App), shared with its handlers.
     pub(crate) fn with_shared(
         mut self,
         states: &States,
