@@ -169,7 +169,7 @@ pub use delivery::Policy;
 pub use envelope::{DecodeError, EncodeError, Envelope};
 pub use error::{ConfigError, ConfigProblem, Error};
 pub use handler::{ErasedHandler, Handler, TypedHandler};
-pub use memory::InMemoryStore;
+pub use memory::{InMemoryStore, StoreBusy};
 pub use message::{AggregateKey, Message};
 pub use middleware::{Middleware, Next};
 pub use outcome::{HandlerError, HandlerOutcome, IntoOutcome};
@@ -200,7 +200,7 @@ pub type Runtime = MemoryWorker;
 /// The in-memory world's builder's name before it was [`MemoryWorkerBuilder`].
 #[deprecated(note = "renamed `MemoryWorkerBuilder`")]
 pub type RuntimeBuilder = MemoryWorkerBuilder;
-pub use worker::WorkerBuilder;
+pub use worker::{BuildError, WorkerBuilder};
 
 #[doc = include_str!("../docs/handlers.md")]
 pub use hexeract_macros::handler;

@@ -811,6 +811,10 @@ async fn a_handler_whose_message_has_no_aggregate_cannot_start() {
     .register_handler_with::<Ping, _>(Pong, HandlerOptions::new().name("shop.pong"))
     .build()
     .unwrap_err();
+    // The builder's own error says the same, and `?` gives it back as the program's.
+    let built = error.to_string();
+    let error = Error::from(error);
+    assert_eq!(error.to_string(), built);
     assert!(matches!(error, Error::Kafka(_)), "{error:?}");
     assert_eq!(
         error.to_string(),

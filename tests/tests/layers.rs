@@ -444,3 +444,137 @@ fn the_reader_finds_grouped_renamed_and_reexported_paths() {
         ]
     );
 }
+
+/// The entries of the Layers table that each entry imports (itself left out), over every file
+/// of `hexeract/src`.
+fn entry_graph(root: &Path, layers: &Layers) -> BTreeMap<String, BTreeSet<String>> {
+    let src = root.join("hexeract/src");
+    let reexports = root_reexports(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (file, module) in modules(&src) {
+        let Some((from, _, _)) = layers.of(&module) else {
+            continue;
+        };
+        let from = from.to_owned();
+        let source = std::fs::read_to_string(&file).unwrap();
+        for reference in references(&source, &reexports) {
+            if let Some((to, _, _)) = layers.of(&reference.module) {
+                if to != from {
+                    graph.entry(from.clone()).or_default().insert(to.to_owned());
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// The circles of `graph`: each group of two or more entries that reach one another (Tarjan's
+/// strongly connected components), sorted.
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Walk<'a> {
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on_stack: BTreeSet<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'a> Walk<'a> {
+        fn visit(&mut self, node: &'a str) {
+            let n = self.index.len();
+            self.index.insert(node, n);
+            self.low.insert(node, n);
+            self.stack.push(node);
+            self.on_stack.insert(node);
+            for next in self.graph.get(node).into_iter().flatten() {
+                let next = next.as_str();
+                if !self.index.contains_key(next) {
+                    self.visit(next);
+                    let low = self.low[node].min(self.low[next]);
+                    self.low.insert(node, low);
+                } else if self.on_stack.contains(next) {
+                    let low = self.low[node].min(self.index[next]);
+                    self.low.insert(node, low);
+                }
+            }
+            if self.low[node] == self.index[node] {
+                let mut group = Vec::new();
+                while let Some(member) = self.stack.pop() {
+                    self.on_stack.remove(member);
+                    group.push(member.to_owned());
+                    if member == node {
+                        break;
+                    }
+                }
+                if group.len() > 1 {
+                    group.sort();
+                    self.found.push(group);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for node in graph.keys() {
+        if !walk.index.contains_key(node.as_str()) {
+            walk.visit(node);
+        }
+    }
+    walk.found.sort();
+    walk.found
+}
+
+#[test]
+fn the_circle_finder_finds_a_circle_and_only_circles() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a", "d"]),
+        ("d", vec![]),
+        ("e", vec!["d"]),
+    ]
+    .into_iter()
+    .map(|(from, to)| (from.to_owned(), to.into_iter().map(str::to_owned).collect()))
+    .collect();
+    assert_eq!(circles(&graph), vec![vec!["a", "b", "c"]]);
+}
+
+/// No two modules (entries of the Layers table) reach each other through their imports, in any
+/// layer: a circle across layers would run up somewhere, and one inside a layer means two
+/// modules that are one concern or share a third.
+#[test]
+fn no_modules_import_each_other_in_a_circle() {
+    let root = root();
+    let architecture = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let layers = Layers::read(&architecture);
+    let graph = entry_graph(&root, &layers);
+    assert!(graph.len() > 10, "the imports were not read: {graph:?}");
+    let found = circles(&graph);
+    let shown: Vec<String> = found
+        .iter()
+        .map(|group| {
+            group
+                .iter()
+                .map(|member| {
+                    let reaches: Vec<&String> = graph[member]
+                        .iter()
+                        .filter(|to| group.contains(to))
+                        .collect();
+                    format!("`{member}` imports {reaches:?}")
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "modules that import each other in a circle:\n{}",
+        shown.join("\n")
+    );
+}

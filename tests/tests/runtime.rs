@@ -42,7 +42,7 @@ struct Running {
     store: InMemoryStore,
     runtime: MemoryWorker,
     cancel: CancellationToken,
-    task: JoinHandle<Result<(), hexeract::Error>>,
+    task: JoinHandle<Result<(), hexeract::StoreBusy>>,
 }
 
 fn start(builder: MemoryWorkerBuilder) -> Running {
@@ -396,6 +396,9 @@ async fn a_second_runtime_on_the_same_store_is_refused() {
         .await
         .expect("a refused run returns at once")
         .expect_err("two runtimes on one store");
+    // The worker's own error, which `?` gives back as the program's.
+    assert_eq!(error, hexeract::StoreBusy);
+    let error = hexeract::Error::from(error);
     assert!(matches!(error, hexeract::Error::StoreBusy), "{error}");
     let store = first.stop().await;
 

@@ -30,11 +30,33 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::handler::Handler;
+use crate::knobs::ConfigError;
 use crate::message::Message;
 use crate::middleware::Middleware;
 use crate::policy::Policy;
-use crate::registry::{HandlerOptions, HandlerSet, Registry};
+use crate::registry::{HandlerOptions, HandlerSet, Registry, RegistryError};
 use crate::retry::RetryPolicy;
+
+/// Why a worker did not build: its settings (every problem at once), its handlers, or what
+/// its world cannot run as given. `?` turns it into the program's [`Error`](crate::Error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A setting is out of range; every such setting is listed.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The handlers (or jobs) cannot run together: two of one name, a state none was given, a
+    /// middleware for a handler the worker does not have.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// What the world cannot run as given: two scheduled jobs of one name, a period of zero.
+    #[error("{0}")]
+    Unsupported(String),
+    /// What a world's own error says it cannot run (a Kafka handler whose message declares no
+    /// aggregate: a `KafkaError`, which `?` gives back as `Error::Kafka`).
+    #[error(transparent)]
+    World(Box<dyn std::error::Error + Send + Sync>),
+}
 
 /// A world's own half of a worker: where its deliveries come from (a store's claims, a
 /// broker's queues, a topic's partitions, a channel in memory, a schedule's fire times) and
@@ -44,13 +66,11 @@ use crate::retry::RetryPolicy;
 /// The worlds of this crate implement it; it is sealed.
 pub trait Source: Sized + sealed::Sealed {
     /// The worker [`WorkerBuilder::build`] makes.
-    type App;
-    /// What [`WorkerBuilder::build`] returns when the settings or the handlers are refused.
-    type Error;
+    type Worker;
 
     /// Builds the worker from what the builder was given.
     #[doc(hidden)]
-    fn build(builder: WorkerBuilder<Self>) -> Result<Self::App, Self::Error>;
+    fn build(builder: WorkerBuilder<Self>) -> Result<Self::Worker, BuildError>;
 
     /// The builder as `{:?}` shows it: by default its source's name and its policy.
     #[doc(hidden)]
@@ -174,7 +194,7 @@ impl<S: Source> WorkerBuilder<S> {
     }
 
     /// Checks the knobs (every problem at once) and the handlers, and makes the worker.
-    pub fn build(self) -> Result<S::App, S::Error> {
+    pub fn build(self) -> Result<S::Worker, BuildError> {
         S::build(self)
     }
 }

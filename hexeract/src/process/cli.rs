@@ -123,6 +123,12 @@ impl From<Error> for CliError {
     }
 }
 
+impl From<crate::worker::BuildError> for CliError {
+    fn from(error: crate::worker::BuildError) -> CliError {
+        CliError::Failed(error.into())
+    }
+}
+
 impl From<crate::store::StoreError> for CliError {
     fn from(error: crate::store::StoreError) -> CliError {
         CliError::Failed(error.into())

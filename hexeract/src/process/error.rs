@@ -3,8 +3,9 @@
 pub use crate::config::{ConfigError, ConfigProblem};
 use crate::registry::RegistryError;
 
-/// Why [`hexeract::run`](crate::run) or [`MemoryWorker::run`](crate::MemoryWorker::run) stopped or could
-/// not start.
+/// Why [`hexeract::run`](crate::run) or [`App::try_run`](crate::App::try_run) stopped or could
+/// not start: every error of the crate turns into it with `?` (a builder's
+/// [`BuildError`](crate::BuildError), a worker's store, broker or Kafka error, [`StoreBusy`](crate::StoreBusy)).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -37,4 +38,34 @@ pub enum Error {
     #[cfg(feature = "kafka")]
     #[error(transparent)]
     Kafka(#[from] crate::kafka::KafkaError),
+}
+
+impl From<crate::worker::BuildError> for Error {
+    fn from(error: crate::worker::BuildError) -> Error {
+        use crate::worker::BuildError;
+        match error {
+            BuildError::Config(error) => Error::Config(error),
+            BuildError::Registry(error) => Error::Registry(error),
+            BuildError::Unsupported(problem) => Error::Unsupported(problem),
+            BuildError::World(error) => {
+                #[cfg(feature = "kafka")]
+                let error = match error.downcast::<crate::kafka::KafkaError>() {
+                    Ok(error) => return Error::Kafka(*error),
+                    Err(error) => error,
+                };
+                #[cfg(feature = "rabbitmq")]
+                let error = match error.downcast::<crate::rabbitmq::BusError>() {
+                    Ok(error) => return Error::Broker(*error),
+                    Err(error) => error,
+                };
+                Error::Unsupported(error.to_string())
+            }
+        }
+    }
+}
+
+impl From<crate::memory::StoreBusy> for Error {
+    fn from(_: crate::memory::StoreBusy) -> Error {
+        Error::StoreBusy
+    }
 }

@@ -310,7 +310,12 @@ async fn run_loops(
         .health(health.probe("outbox worker"))
         .build()?;
     startup.pass();
-    beside_the_scheduler(worker.run(stop.clone()), scheduler, &stop).await
+    beside_the_scheduler(
+        async { Ok(worker.run(stop.clone()).await?) },
+        scheduler,
+        &stop,
+    )
+    .await
 }
 
 /// Runs what delivers the messages beside the scheduler until `stop` (or SIGTERM, Ctrl-C);
@@ -325,7 +330,7 @@ async fn beside_the_scheduler(
         stop_all_on_error(delivering, stop),
         scheduler.run(stop.clone()),
     );
-    delivered.and(scheduled)
+    delivered.and(scheduled.map_err(Error::from))
 }
 
 /// The scheduler's knobs under `hexeract::run`: every variable that is set; the others keep

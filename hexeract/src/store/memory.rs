@@ -15,6 +15,17 @@ use crate::envelope::Envelope;
 use crate::message::Message;
 use crate::publish::{Publish, PublishError};
 
+/// Another [`MemoryWorker`](crate::MemoryWorker) is already running on this store: a worker fans
+/// messages out to the handlers it knows, so two with different handlers on one store would
+/// each deliver only part of the messages. `?` turns it into
+/// [`Error::StoreBusy`](crate::Error::StoreBusy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "another runtime is already running on this store: run one runtime per store, or give \
+     each runtime a store of its own"
+)]
+pub struct StoreBusy;
+
 /// The store of the in-memory [`MemoryWorker`](crate::MemoryWorker): pending messages, their retries and
 /// dead letters live in memory, so they do not survive the process. For tests and for
 /// programs that need no durability; [`hexeract::run`](crate::run) uses the outbox instead.

@@ -14,13 +14,12 @@ use tokio_util::task::TaskTracker;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{Engine, Policy, Slot, Target, Verdict, World, IN_MEMORY_CONCURRENCY};
 use crate::envelope::Envelope;
-use crate::error::Error;
-use crate::memory::{InMemoryStore, Pending};
+use crate::memory::{InMemoryStore, Pending, StoreBusy};
 use crate::metrics::Metrics;
 use crate::publish::Publish;
 use crate::registry::{HandlerInfo, HandlerSet, Registry};
 use crate::signals::stop_on_signal;
-use crate::worker::{MessageSource, Source, WorkerBuilder};
+use crate::worker::{BuildError, MessageSource, Source, WorkerBuilder};
 
 type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 
@@ -62,10 +61,9 @@ impl crate::worker::sealed::Sealed for MemorySource {}
 impl MessageSource for MemorySource {}
 
 impl Source for MemorySource {
-    type App = MemoryWorker;
-    type Error = Error;
+    type Worker = MemoryWorker;
 
-    fn build(builder: MemoryWorkerBuilder) -> Result<MemoryWorker, Error> {
+    fn build(builder: MemoryWorkerBuilder) -> Result<MemoryWorker, BuildError> {
         let (handlers, policy, source) = builder.into_parts();
         policy.checks("max_deliveries").finish()?;
 
@@ -287,17 +285,17 @@ impl MemoryWorker {
     /// store keeps no order across a stop).
     ///
     /// One runtime runs on a store at a time (it fans messages out to its own handlers): a
-    /// second `run` on the same store returns [`Error::StoreBusy`].
+    /// second `run` on the same store returns [`StoreBusy`].
     ///
     /// Stopping has one hard deadline: the grace and 5 s to settle.
-    pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreBusy> {
         let grace = self.shared.shutdown_grace;
         crate::delivery::stop_by_deadline("runtime", &cancel, grace, self.serve(cancel.clone()))
             .await
     }
 
-    async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {
-        let mut consumer = self.shared.store.claim_consumer().ok_or(Error::StoreBusy)?;
+    async fn serve(self, cancel: CancellationToken) -> Result<(), StoreBusy> {
+        let mut consumer = self.shared.store.claim_consumer().ok_or(StoreBusy)?;
         let run = Arc::new(Run {
             shared: self.shared.clone(),
             stop: cancel.child_token(),

@@ -361,7 +361,7 @@ impl fmt::Debug for ScheduledJob {
 
 /// Every `#[scheduled]` job of the program, or an error naming each that is invalid or
 /// whose name is taken twice.
-pub fn jobs_from_inventory() -> Result<Vec<ScheduledJob>, crate::Error> {
+pub fn jobs_from_inventory() -> Result<Vec<ScheduledJob>, crate::worker::BuildError> {
     let mut jobs: Vec<ScheduledJob> = Vec::new();
     let mut problems = Vec::new();
     for registration in inventory::iter::<ScheduleRegistration> {
@@ -391,7 +391,7 @@ pub fn jobs_from_inventory() -> Result<Vec<ScheduledJob>, crate::Error> {
         jobs.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(jobs)
     } else {
-        Err(crate::Error::Unsupported(problems.join("; ")))
+        Err(crate::worker::BuildError::Unsupported(problems.join("; ")))
     }
 }
 

@@ -252,7 +252,8 @@ impl Scheduler {
         );
         let worker = equipment.give(builder).build()?;
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(worker.run(cancel.clone()));
+        let run = worker.run(cancel.clone());
+        let task = tokio::spawn(async move { Ok(run.await?) });
         self.running = Some((cancel, task));
         Ok(())
     }

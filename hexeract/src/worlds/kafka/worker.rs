@@ -26,7 +26,6 @@ use crate::delivery::{
     spawn_grace_timer, Engine, Policy, Slot as HandlerSlot, Target, Verdict, World,
 };
 use crate::envelope::Envelope;
-use crate::error::Error;
 use crate::health::{Health, Probe};
 use crate::kafka::logged::Logged;
 use crate::kafka::{wire, KafkaConfig, KafkaError};
@@ -36,7 +35,7 @@ use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::retry::Backoff;
 use crate::store::{PartitionCalls, PartitionOf, Store};
-use crate::worker::{MessageSource, Source, WorkerBuilder};
+use crate::worker::{BuildError, MessageSource, Source, WorkerBuilder};
 
 /// What one record counts for in a partition's queue besides its key and payload.
 const RECORD_OVERHEAD: usize = 256;
@@ -70,12 +69,11 @@ impl crate::worker::sealed::Sealed for KafkaSource {}
 impl MessageSource for KafkaSource {}
 
 impl Source for KafkaSource {
-    type App = KafkaWorker;
-    type Error = Error;
+    type Worker = KafkaWorker;
 
     /// Checks the knobs, registers the handlers and checks that each handler's message type
     /// declares an aggregate (its topic).
-    fn build(builder: KafkaWorkerBuilder) -> Result<KafkaWorker, Error> {
+    fn build(builder: KafkaWorkerBuilder) -> Result<KafkaWorker, BuildError> {
         let (handlers, policy, source) = builder.into_parts();
         policy
             .checks("max_deliveries")
@@ -88,11 +86,10 @@ impl Source for KafkaSource {
         for info in registry.handlers() {
             let handler = registry.get(&info.name).expect("listed").clone();
             let Some(aggregate) = handler.handler().aggregate() else {
-                return Err(KafkaError::MissingAggregate {
+                return Err(BuildError::World(Box::new(KafkaError::MissingAggregate {
                     handler: info.name.to_string(),
                     message_type: info.message_type.to_owned(),
-                }
-                .into());
+                })));
             };
             let group_id = source.config.group(&info.name);
             let probe = health.probe(format!("kafka consumer {}", info.name));

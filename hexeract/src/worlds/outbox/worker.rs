@@ -13,12 +13,11 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
-use crate::error::Error;
 use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
-use crate::store::{ClaimedRows, DeliveryId, DeliveryStore, Routes, Row, NO_HANDLER};
-use crate::worker::{ClaimSource, MessageSource, Source, WorkerBuilder};
+use crate::store::{ClaimedRows, DeliveryId, DeliveryStore, Routes, Row, StoreError, NO_HANDLER};
+use crate::worker::{BuildError, ClaimSource, MessageSource, Source, WorkerBuilder};
 
 /// Builds an [`OutboxWorker`]: the one [`WorkerBuilder`] over the outbox's [`OutboxSource`].
 /// The defaults are the library's: `poll_interval` 100 ms, `batch_size` 10, 5 deliveries,
@@ -48,10 +47,9 @@ impl MessageSource for OutboxSource {}
 impl ClaimSource for OutboxSource {}
 
 impl Source for OutboxSource {
-    type App = OutboxWorker;
-    type Error = Error;
+    type Worker = OutboxWorker;
 
-    fn build(builder: OutboxWorkerBuilder) -> Result<OutboxWorker, Error> {
+    fn build(builder: OutboxWorkerBuilder) -> Result<OutboxWorker, BuildError> {
         let (handlers, policy, source) = builder.into_parts();
         policy
             .checks("max_deliveries")
@@ -209,7 +207,7 @@ impl OutboxWorker {
     /// Stopping has one hard deadline: the grace and 5 s to settle. A worker whose last writes
     /// cannot land by then (the database stopped answering) stops anyway; its claims run again
     /// once their lease ends.
-    pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreError> {
         let grace = self.shutdown_grace;
         crate::delivery::stop_by_deadline(
             "outbox worker",
@@ -220,7 +218,7 @@ impl OutboxWorker {
         .await
     }
 
-    async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {
+    async fn serve(self, cancel: CancellationToken) -> Result<(), StoreError> {
         let interrupt = CancellationToken::new();
         let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), self.shutdown_grace);
         let wake = match (&self.wake, self.polling_only) {

@@ -22,8 +22,8 @@ use uuid::Uuid;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
 use crate::envelope::Envelope;
-use crate::error::{ConfigError, ConfigProblem, Error};
 use crate::health::Probe;
+use crate::knobs::{ConfigError, ConfigProblem};
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
 use crate::rabbitmq::acks::{AckTracker, Acks};
@@ -36,7 +36,7 @@ use crate::rabbitmq::{
 use crate::registry::RegisteredHandler;
 use crate::retry::Backoff;
 use crate::store::DeadLetterStore;
-use crate::worker::{MessageSource, Source, WorkerBuilder};
+use crate::worker::{BuildError, MessageSource, Source, WorkerBuilder};
 
 /// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
 /// `max_payload_bytes` 1 MiB, handler timeout 30 s, shutdown grace 8 s, confirm timeout 30 s.
@@ -277,10 +277,9 @@ impl WorkerBuilder<RabbitMqSource> {
 }
 
 impl Source for RabbitMqSource {
-    type App = RabbitMqWorker;
-    type Error = Error;
+    type Worker = RabbitMqWorker;
 
-    fn build(builder: RabbitMqWorkerBuilder) -> Result<RabbitMqWorker, Error> {
+    fn build(builder: RabbitMqWorkerBuilder) -> Result<RabbitMqWorker, BuildError> {
         let (handlers, policy, source) = builder.into_parts();
         let mut checks = policy
             .checks("max_attempts")
@@ -437,8 +436,8 @@ impl Source for RabbitMqSource {
     }
 }
 
-fn config_problem(setting: &str, value: &str, expected: &str) -> Error {
-    Error::Config(ConfigError {
+fn config_problem(setting: &str, value: &str, expected: &str) -> BuildError {
+    BuildError::Config(ConfigError {
         problems: vec![ConfigProblem {
             setting: setting.to_owned(),
             value: value.to_owned(),

@@ -14,7 +14,6 @@ use uuid::Uuid;
 use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, World};
 use crate::envelope::Envelope;
 use crate::envelope::FIRE_TIME_HEADER;
-use crate::error::Error;
 use crate::health::Probe;
 use crate::knobs::KnobChecks;
 use crate::middleware::Middlewares;
@@ -27,7 +26,7 @@ use crate::store::{
     ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition, ScheduleStore, StoreError,
     SCHEDULE_MESSAGE_TYPE,
 };
-use crate::worker::{ClaimSource, Source, WorkerBuilder};
+use crate::worker::{BuildError, ClaimSource, Source, WorkerBuilder};
 
 /// Builds a [`SchedulerWorker`]. The defaults are the library's: `poll_interval` 100 ms,
 /// `batch_size` 10, `min_cycle_delay` 5 ms, `dispatch_timeout` 30 s, and a `lease` of the
@@ -73,8 +72,7 @@ impl crate::worker::sealed::Sealed for ScheduleSource {}
 impl ClaimSource for ScheduleSource {}
 
 impl Source for ScheduleSource {
-    type App = SchedulerWorker;
-    type Error = Error;
+    type Worker = SchedulerWorker;
 
     /// In the scheduler's words: its handler timeout is the `dispatch_timeout`.
     fn fmt_builder(builder: &SchedulerBuilder, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -93,7 +91,7 @@ impl Source for ScheduleSource {
             .finish_non_exhaustive()
     }
 
-    fn build(builder: SchedulerBuilder) -> Result<SchedulerWorker, Error> {
+    fn build(builder: SchedulerBuilder) -> Result<SchedulerWorker, BuildError> {
         let (handlers, policy, source) = builder.into_parts();
         KnobChecks::default()
             .not_zero_when_set("lease", policy.lease)
@@ -132,7 +130,7 @@ impl Source for ScheduleSource {
         for job in jobs {
             if let Spec::Every(period) = job.spec() {
                 if period.as_millis() == 0 {
-                    return Err(Error::Unsupported(format!(
+                    return Err(BuildError::Unsupported(format!(
                         "scheduled job {:?} runs every {period:?}: the period must be at least \
                          1 ms (and is meant to be seconds or more)",
                         job.name()
@@ -140,7 +138,7 @@ impl Source for ScheduleSource {
                 }
             }
             if let Some(other) = by_name.insert(job.name().to_owned(), job) {
-                return Err(Error::Unsupported(format!(
+                return Err(BuildError::Unsupported(format!(
                     "two scheduled jobs are named {:?}: give one a name of its own",
                     other.name()
                 )));
@@ -329,13 +327,13 @@ impl SchedulerWorker {
     ///
     /// Stopping has one hard deadline: the grace and 5 s to settle. A scheduler whose last
     /// writes cannot land by then stops anyway; its claims run again once their lease ends.
-    pub async fn run(self, cancel: CancellationToken) -> Result<(), Error> {
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreError> {
         let grace = self.shared.shutdown_grace;
         crate::delivery::stop_by_deadline("scheduler", &cancel, grace, self.serve(cancel.clone()))
             .await
     }
 
-    async fn serve(self, cancel: CancellationToken) -> Result<(), Error> {
+    async fn serve(self, cancel: CancellationToken) -> Result<(), StoreError> {
         let shared = &*self.shared;
         let interrupt = CancellationToken::new();
         let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), shared.shutdown_grace);
