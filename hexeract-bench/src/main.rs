@@ -337,7 +337,7 @@ fn dispatch_state_middleware(messages: u64) -> Figures {
 // apart.
 #[inline(never)]
 fn call_with_state_and_middleware(
-    handler: &hexeract::RegisteredHandler,
+    handler: &hexeract::__private::RegisteredHandler,
     ctx: &Context,
     messages: u64,
 ) {
@@ -346,13 +346,13 @@ fn call_with_state_and_middleware(
 }
 
 #[inline(never)]
-fn call_plain(handler: &hexeract::RegisteredHandler, ctx: &Context, messages: u64) {
+fn call_plain(handler: &hexeract::__private::RegisteredHandler, ctx: &Context, messages: u64) {
     black_box("plain");
     call_registered(handler, ctx, messages);
 }
 
 #[inline(always)]
-fn call_registered(handler: &hexeract::RegisteredHandler, ctx: &Context, messages: u64) {
+fn call_registered(handler: &hexeract::__private::RegisteredHandler, ctx: &Context, messages: u64) {
     for _ in 0..messages {
         let outcome = handler
             .call(black_box(ctx))

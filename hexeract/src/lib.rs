@@ -168,7 +168,7 @@ pub use dead_letter::{DeadLetter, MAX_DETAIL_BYTES};
 pub use delivery::Policy;
 pub use envelope::{DecodeError, EncodeError, Envelope};
 pub use error::{ConfigError, ConfigProblem, Error};
-pub use handler::{ErasedHandler, Handler, TypedHandler};
+pub use handler::Handler;
 pub use memory::{InMemoryStore, StoreBusy};
 pub use message::{AggregateKey, Message};
 pub use middleware::{Middleware, Next};
@@ -176,8 +176,7 @@ pub use outcome::{HandlerError, HandlerOutcome, IntoOutcome};
 pub use publish::{Publish, PublishError};
 pub use reason::Reason;
 pub use registry::{
-    DuplicateName, HandlerInfo, HandlerOptions, Location, MissingState, RegisteredHandler,
-    Registry, RegistryError,
+    DuplicateName, HandlerInfo, HandlerOptions, Location, MissingState, Registry, RegistryError,
 };
 pub use retry::RetryPolicy;
 pub use runtime::{HandlerStats, MemorySource, MemoryWorker, MemoryWorkerBuilder};

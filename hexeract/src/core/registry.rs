@@ -503,12 +503,15 @@ impl Registry {
         self.handlers.iter().map(|handler| &handler.info)
     }
 
-    /// The handlers of one message type, sorted by name; empty when there are none.
+    /// The handlers of one message type, sorted by name; empty when there are none. (The
+    /// erased handlers are what workers call: not part of the documented API.)
+    #[doc(hidden)]
     pub fn handlers_for(&self, message_type: &str) -> &[Arc<RegisteredHandler>] {
         self.by_type.get(message_type).map_or(&[], Vec::as_slice)
     }
 
-    /// The handler with this name.
+    /// The handler with this name, as workers call it (not part of the documented API).
+    #[doc(hidden)]
     pub fn get(&self, name: &str) -> Option<&Arc<RegisteredHandler>> {
         self.handlers
             .binary_search_by(|handler| handler.info.name.as_ref().cmp(name))

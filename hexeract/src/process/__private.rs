@@ -1,11 +1,11 @@
 //! What generated code refers to. Not public API: names here change without notice.
 
 pub use crate::context::Context;
-pub use crate::handler::{ErasedHandler, Handler};
+pub use crate::handler::{ErasedHandler, Handler, TypedHandler};
 pub use crate::message::{AggregateKey, Message};
 pub use crate::middleware::ErasedJob;
 pub use crate::outcome::{HandlerOutcome, IntoOutcome};
-pub use crate::registry::{HandlerRegistration, MakeHandler};
+pub use crate::registry::{HandlerRegistration, MakeHandler, RegisteredHandler};
 pub use crate::schedule::{CatchUp, MakeJob, ScheduleRegistration};
 pub use crate::state::{FromStates, States};
 pub use futures_util::future::BoxFuture;
