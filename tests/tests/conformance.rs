@@ -24,12 +24,15 @@
 //! | 16. a `#[scheduled]` job taking `State<…>`, the scheduler's middleware (and the job's own) around its run | n/a: a scheduler's job | n/a | n/a | n/a | n/a | `stateful_scheduled_job::on_scheduler` |
 //! | 18. a timed-out call that ignores its cancellation keeps its `concurrency = 1` permit until it ends: no other call of the handler (its retry included) runs beside it | `a_timed_out_call_keeps_its_permit::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | n/a: one run per occurrence, no limit to set |
 //! | 17. state not given: `build()` fails with the exact error, nothing consumed | `missing_state_stops_the_build::on_memory` | `…::on_sqlite` | `…::on_postgres` | `…::on_rabbitmq` | `…::on_kafka_tansu`, `…::on_kafka_mock` | `…::on_scheduler` |
+//! | 19. a crash during a call (the worker's `run` dropped where it stands) counts as an attempt: the next start calls attempt 2 | n/a: nothing in memory survives a crash | `a_crash_during_a_call_counts_as_an_attempt::on_sqlite` (the claim's lease hands it on) | `…::on_postgres` | `…::on_rabbitmq` (the connection closed: the broker's delivery count) | `…::on_kafka_tansu`, `…::on_kafka_mock` (the attempt marker written before the call) | `…::on_scheduler` |
 //!
 //! Scenarios 1 to 11 are the brief's; 12 and 13 come from the engine's contract ("a failure
 //! returned while the worker is stopping is released uncharged") and the design ("attempts
 //! are counted at claim", "the attempt count travels with the message"); 14 to 17 are those of
 //! state (`State<T>`, `.state(value)`) and middleware (`Middleware`, `.middleware(m)`,
-//! `.middleware_for(name, m)`, `HandlerOptions::middleware`), which every world's builder has.
+//! `.middleware_for(name, m)`, `HandlerOptions::middleware`), which every world's builder has;
+//! 18 and 19 are the limits the one-worker issue asks every world to hold (a permit held by a
+//! call given up on; attempts counted durably before each call, Kafka included).
 //!
 //! Every test has a place of its own (an in-memory store, an SQLite file, a PostgreSQL
 //! schema, an AMQP exchange and queue prefix, a Kafka topic prefix) and handlers registered in
@@ -52,7 +55,7 @@ mod worlds;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -151,6 +154,15 @@ on_every_world!(
 on_every_world!(
     attempt_count_survives_a_restart,
     on_scheduler => scheduler::attempt_count_survives_a_restart(),
+);
+cells!(a_crash_during_a_call_counts_as_an_attempt:
+    // Nothing in memory survives a crash: the in-memory world has no cell.
+    on_sqlite => super::a_crash_during_a_call_counts_as_an_attempt::<Sqlite>(),
+    on_postgres => super::a_crash_during_a_call_counts_as_an_attempt::<Postgres>(),
+    on_rabbitmq => super::a_crash_during_a_call_counts_as_an_attempt::<RabbitMq>(),
+    on_kafka_tansu => super::a_crash_during_a_call_counts_as_an_attempt::<KafkaTansu>(),
+    on_kafka_mock => super::a_crash_during_a_call_counts_as_an_attempt::<KafkaMock>(),
+    on_scheduler => super::scheduler::a_crash_during_a_run_counts_as_an_attempt(),
 );
 on_every_world!(state_given_to_the_worker);
 on_every_world!(middleware_around_every_call);
@@ -869,6 +881,50 @@ async fn attempt_count_survives_a_restart<W: World>() {
     let (attempts, letter) = fail_across_a_restart::<W>().await;
     assert_eq!(attempts, [1, 2, 3], "the count went on across the restart");
     assert_eq!(letter.attempts, 3);
+}
+
+/// Scenario 19: the process dies during a call (the worker's `run` dropped where it stands:
+/// no cancellation, no grace, no settle). The call was an attempt: where the world counts
+/// attempts (a column at the claim, the broker's delivery count, Kafka's attempt markers
+/// written before the call), the next start calls the message as attempt 2, not 1 again, so a
+/// message that kills its process every time ends as a dead letter after `max_deliveries`
+/// calls instead of looping. The handler's first call never ends; its second acks.
+async fn a_crash_during_a_call_counts_as_an_attempt<W: World>() {
+    let calls = Calls::default();
+    let h = unique("crashes_under");
+    let hang = Arc::new(AtomicBool::new(false));
+    let handlers = Handlers::new(&calls).with(&h, Act::HangFirst(hang));
+    // The crash comes well inside the call's timeout, so nothing settles the call first; the
+    // claim worlds' lease (the timeout and 5 s to settle) is what hands the delivery on.
+    let knobs = Knobs {
+        handler_timeout: Duration::from_secs(3),
+        ..Knobs::default()
+    };
+    let mut world: W = started(&handlers, &knobs).await;
+    world.publish(order("crashes", 19)).await;
+    eventually("the first call began", || calls.attempts(&h) == [1]).await;
+    world.crash().await;
+
+    world.start(handlers.registry(), &knobs).await;
+    eventually("a second call after the crash", || {
+        calls.attempts(&h).len() == 2
+    })
+    .await;
+    world.settled().await;
+    let letters = world.dead_letters().await;
+    world.stop().await.expect("run returns Ok(()) on cancel");
+    assert_eq!(
+        calls.attempts(&h),
+        [1, 2],
+        "the call the crash cut off counted: the next one is attempt 2"
+    );
+    assert_eq!(
+        calls.attempts_per_order(&h),
+        BTreeMap::from([(19, vec![1, 2])]),
+        "the message itself, called again"
+    );
+    assert!(letters.is_empty(), "acked on its second call: {letters:?}");
+    world.remove().await;
 }
 
 /// The message of the suite's one `#[handler]`, [`stateful`]: a type of its own, of the orders'

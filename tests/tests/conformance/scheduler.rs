@@ -114,6 +114,18 @@ fn sleeps(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
     })
 }
 
+/// Its first run (attempt 1) never ends, whatever its context says (the process is to crash
+/// under it); a later run acks.
+fn hangs_first(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
+    Box::pin(async move {
+        record(ctx);
+        if ctx.attempt() == 1 {
+            std::future::pending::<()>().await;
+        }
+        HandlerOutcome::Ack
+    })
+}
+
 /// Takes half a second, then counts itself finished.
 fn lingers(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
     Box::pin(async move {
@@ -192,6 +204,8 @@ struct Scheduler {
     store: Arc<dyn Store>,
     /// First and longest retry delay.
     retry_delays: (Duration, Duration),
+    /// The lease when a scenario needs a claim to end (default: 15 s, which none does).
+    lease: Option<Duration>,
     running: Option<(CancellationToken, JoinHandle<Result<(), hexeract::Error>>)>,
 }
 
@@ -204,6 +218,7 @@ impl Scheduler {
         Scheduler {
             store: Arc::new(store),
             retry_delays: (Duration::from_millis(20), Duration::from_millis(80)),
+            lease: None,
             running: None,
         }
     }
@@ -246,7 +261,9 @@ impl Scheduler {
                 .dispatch_timeout(dispatch_timeout)
                 // Long enough that no claim ends in a scenario; at least the run's timeout
                 // and 5 s to settle, which the builder requires.
-                .lease(Duration::from_secs(15).max(dispatch_timeout + Duration::from_secs(5)))
+                .lease(self.lease.unwrap_or_else(|| {
+                    Duration::from_secs(15).max(dispatch_timeout + Duration::from_secs(5))
+                }))
                 .poll_interval(Duration::from_millis(20)),
             |builder, job| builder.job(job.clone()),
         );
@@ -256,6 +273,18 @@ impl Scheduler {
         let task = tokio::spawn(async move { Ok(run.await?) });
         self.running = Some((cancel, task));
         Ok(())
+    }
+
+    /// Drops the worker's `run` where it stands, as when its process dies: no cancellation,
+    /// no grace, no settle; its claims stay in the store until their lease ends.
+    async fn crash(&mut self) {
+        let (_, task) = self.running.take().expect("started");
+        task.abort();
+        let dropped = tokio::time::timeout(WITHIN, task).await;
+        assert!(
+            matches!(dropped, Ok(Err(ref join)) if join.is_cancelled()),
+            "the run was dropped where it stood: {dropped:?}"
+        );
     }
 
     async fn stop(&mut self) -> Result<(), String> {
@@ -632,6 +661,39 @@ pub(crate) async fn attempt_count_survives_a_restart() {
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].reason, Reason::MAX_DELIVERIES_EXCEEDED);
     assert_eq!(letters[0].attempts, 3);
+}
+
+/// Scenario 19 on the scheduler: the process dies during a run. The run was an attempt (the
+/// claim counted it): once the claim's lease ends, the next scheduler runs the occurrence as
+/// attempt 2, which acks, so a run that kills its process every time ends as a dead letter
+/// after `max_deliveries` runs instead of looping.
+pub(crate) async fn a_crash_during_a_run_counts_as_an_attempt() {
+    let job = job("crashes_under", hangs_first);
+    let name = job.name().to_owned();
+    let mut scheduler = Scheduler::create().await;
+    // The shortest lease a 1 s run allows (the run's timeout and 5 s to settle): the crash
+    // comes well inside the run's timeout, and the lease is what hands the occurrence on.
+    let dispatch_timeout = Duration::from_secs(1);
+    scheduler.lease = Some(dispatch_timeout + Duration::from_secs(5));
+    scheduler.due_now(std::slice::from_ref(&job)).await;
+    scheduler.start(std::slice::from_ref(&job), dispatch_timeout);
+    eventually("the first run began", || runs(&name) == [1]).await;
+    scheduler.crash().await;
+
+    scheduler.start(std::slice::from_ref(&job), dispatch_timeout);
+    eventually("a second run after the crash", || runs(&name).len() == 2).await;
+    scheduler.settled().await;
+    let letters = scheduler.dead_letters().await;
+    scheduler
+        .stop()
+        .await
+        .expect("run returns Ok(()) on cancel");
+    assert_eq!(
+        runs(&name),
+        [1, 2],
+        "the run the crash cut off counted: the next one is attempt 2"
+    );
+    assert!(letters.is_empty(), "acked on its second run: {letters:?}");
 }
 
 /// Scenario 16: a `#[scheduled]` job that takes state (`State<Journal>`), given it with

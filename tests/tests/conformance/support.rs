@@ -181,6 +181,9 @@ pub(crate) enum Act {
     /// Writes `call` in the journal (between the entries of the middleware around it), then
     /// acks.
     Note(Journal),
+    /// On its first call (of any message, in any worker: the flag), never ends, whatever its
+    /// context says (the process is to crash under it); acks every later call.
+    HangFirst(Arc<AtomicBool>),
 }
 
 /// A handler of [`Order`] that records each call in [`Calls`] and then does its [`Act`].
@@ -248,6 +251,11 @@ impl Scripted {
                 Err("gave up: the worker is stopping".to_owned())
             }
             Act::FailWhenStopped(_) => Ok(HandlerOutcome::Ack),
+            Act::HangFirst(called) if !called.swap(true, Ordering::SeqCst) => {
+                std::future::pending::<()>().await;
+                unreachable!("a pending future never ends")
+            }
+            Act::HangFirst(_) => Ok(HandlerOutcome::Ack),
             Act::Note(journal) => {
                 journal.write(ctx.handler_name(), "call");
                 Ok(HandlerOutcome::Ack)

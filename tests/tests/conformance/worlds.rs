@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use hexeract::kafka::{KafkaRelay, KafkaSource, KafkaWorker};
 use hexeract::outbox::{OutboxSource, OutboxWorker};
-use hexeract::rabbitmq::{RabbitMqPublisher, RabbitMqSource, RabbitMqWorkerBuilder, Topology};
+use hexeract::rabbitmq::{
+    RabbitMqConnection, RabbitMqPublisher, RabbitMqSource, RabbitMqWorkerBuilder, Topology,
+};
 use hexeract::schedule::ScheduleSource;
 use hexeract::store::postgres::PgStore;
 use hexeract::store::sqlite::SqliteStore;
@@ -258,6 +260,13 @@ pub(crate) trait World: Sized {
     /// not return within 30 s, or panicked).
     async fn stop(&mut self) -> Result<(), String>;
 
+    /// Crashes the worker: its `run` is dropped where it stands, with no cancellation, no
+    /// grace and no settle, as when the process dies (a call in flight is left running on its
+    /// own, holding nothing of the place), and what the process held is let go as the
+    /// operating system lets it go (a broker connection closes, a consumer leaves its group).
+    /// Nothing in memory survives a crash: the in-memory world has none.
+    async fn crash(&mut self);
+
     /// Removes the place (schema, queues) once the test passed.
     async fn remove(self);
 }
@@ -294,6 +303,28 @@ impl Running {
     }
 }
 
+impl Running {
+    /// Drops the `run` where it stands (the crash of [`World::crash`]), and waits until it is
+    /// dropped.
+    async fn crash(self) {
+        self.task.abort();
+        let dropped = tokio::time::timeout(WITHIN, self.task).await;
+        assert!(
+            matches!(dropped, Ok(Err(ref join)) if join.is_cancelled()),
+            "the run was dropped where it stood: {dropped:?}"
+        );
+    }
+}
+
+/// Crashes the started worker ([`World::crash`]).
+async fn crash_started(running: &mut Option<Running>) {
+    running
+        .take()
+        .expect("the world's worker was started")
+        .crash()
+        .await;
+}
+
 fn stop_started(running: &mut Option<Running>) -> impl Future<Output = Result<(), String>> {
     let running = running.take().expect("the world's worker was started");
     running.stop()
@@ -324,6 +355,10 @@ pub(crate) struct Memory {
 }
 
 impl World for Memory {
+    async fn crash(&mut self) {
+        unreachable!("nothing in memory survives a crash: no scenario crashes the in-memory world")
+    }
+
     const TRANSPORT: &'static str = "memory";
 
     async fn create() -> Memory {
@@ -479,6 +514,11 @@ impl<D: Database> World for Outbox<D> {
         stop_started(&mut self.running).await
     }
 
+    async fn crash(&mut self) {
+        // The claims stay in the store, each until its lease ends.
+        crash_started(&mut self.running).await;
+    }
+
     async fn remove(self) {
         self.database.remove().await;
     }
@@ -497,6 +537,8 @@ pub(crate) struct RabbitMq {
     known_types: Vec<&'static str>,
     starts: u32,
     running: Option<Running>,
+    /// The connection of the last start, to close when the worker crashes.
+    connection: Option<RabbitMqConnection>,
 }
 
 impl RabbitMq {
@@ -537,6 +579,7 @@ impl World for RabbitMq {
             known_types: Vec::new(),
             starts: 0,
             running: None,
+            connection: None,
         }
     }
 
@@ -556,6 +599,7 @@ impl World for RabbitMq {
             .broker
             .connect(&format!("{}.worker-{}", self.broker.prefix, self.starts))
             .await;
+        self.connection = Some(connection.clone());
         // No wait tiers given: the builder's default tiers are the retry delays, doubling.
         let worker = equip(
             RabbitMqWorkerBuilder::new(connection)
@@ -646,6 +690,16 @@ impl World for RabbitMq {
 
     async fn stop(&mut self) -> Result<(), String> {
         stop_started(&mut self.running).await
+    }
+
+    async fn crash(&mut self) {
+        crash_started(&mut self.running).await;
+        // The broker takes back what the connection held unacked, counted as delivered.
+        let connection = self.connection.take().expect("the worker's connection");
+        connection
+            .close()
+            .await
+            .expect("the worker's connection closes");
     }
 
     async fn remove(self) {
@@ -767,6 +821,11 @@ impl<B: Brokers> World for Kafka<B> {
 
     async fn stop(&mut self) -> Result<(), String> {
         stop_started(&mut self.running).await
+    }
+
+    async fn crash(&mut self) {
+        // The consumers go with the run: each leaves its group, nothing committed since.
+        crash_started(&mut self.running).await;
     }
 
     async fn remove(mut self) {
