@@ -83,7 +83,7 @@ pub struct Routes {
 
 impl Routes {
     /// The message types and the handlers, as two columns of the same length.
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn columns(&self) -> (Vec<&str>, Vec<&str>) {
         self.pairs
             .iter()

@@ -195,6 +195,7 @@ impl Backoff {
     }
 
     /// Starts over from the first delay.
+    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
     pub(crate) fn reset(&mut self) {
         self.tries = 0;
     }

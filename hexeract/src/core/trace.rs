@@ -46,6 +46,7 @@ pub(crate) fn produce(envelope: &mut Envelope) {
 /// to each message's own context (a batch has no single parent). `Span::none()` without the
 /// feature.
 #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+#[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
 pub(crate) fn relay(transport: &'static str, envelopes: &[&Envelope]) -> tracing::Span {
     #[cfg(feature = "opentelemetry")]
     return otel::relay(transport, envelopes);

@@ -159,6 +159,7 @@ impl Engine {
     /// [`deliver`](Engine::deliver) for a world that holds its envelope by value: the call
     /// shares it, and it comes back with the verdict (copied only when an abandoned call still
     /// holds it).
+    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
     pub(crate) async fn deliver_owned(
         &self,
         target: Target<'_>,

@@ -479,6 +479,7 @@ impl Drop for InFlight {
 }
 
 /// A relay of `transport` starts: its series exist from now on, at 0.
+#[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
 pub(crate) fn relay_started(transport: &'static str) {
     metrics::counter!(RELAY_PUBLISHED, "transport" => transport).increment(0);
     let _ = metrics::histogram!(RELAY_PUBLISH_DURATION, "transport" => transport);
@@ -515,6 +516,7 @@ pub(crate) fn relay_unrouted(transport: &'static str) {
 }
 
 /// One relay publish of `rows` rows to `transport`, confirmed after `took`.
+#[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
 pub(crate) fn relay_published(transport: &'static str, rows: usize, took: Duration) {
     metrics::counter!(RELAY_PUBLISHED, "transport" => transport).increment(rows as u64);
     metrics::histogram!(RELAY_PUBLISH_DURATION, "transport" => transport)

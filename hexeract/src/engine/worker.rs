@@ -27,14 +27,18 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::delivery::Slot;
 use crate::handler::Handler;
+use crate::health::Probe;
 use crate::knobs::ConfigError;
 use crate::message::Message;
+use crate::metrics::Metrics;
 use crate::middleware::Middleware;
 use crate::policy::Policy;
-use crate::registry::{HandlerOptions, HandlerSet, Registry, RegistryError};
+use crate::registry::{HandlerOptions, HandlerSet, RegisteredHandler, Registry, RegistryError};
 use crate::retry::RetryPolicy;
 
 /// Why a worker did not build: its settings (every problem at once), its handlers, or what
@@ -294,6 +298,44 @@ impl<S: ClaimSource> WorkerBuilder<S> {
         self.policy.lease = Some(lease);
         self
     }
+}
+
+/// A handler as every world calls it: the policy's timeout and concurrency unless the handler
+/// sets its own, counted in `metrics`, and watched by `probe` when the world has one (readiness
+/// says so while the handler is at its cap of calls given up on).
+pub(crate) fn handler_slot(
+    policy: &Policy,
+    handler: &Arc<RegisteredHandler>,
+    metrics: &Metrics,
+    probe: Option<&Probe>,
+) -> Slot {
+    let slot = Slot::handler(
+        handler,
+        policy.handler_timeout,
+        policy.concurrency_limit(),
+        metrics,
+    );
+    if let Some(probe) = probe {
+        slot.watch(probe);
+    }
+    slot
+}
+
+/// The lease of a loop that claims from a store, checked against its longest call (`longest`,
+/// with who needs it) under the variable `knob`, and `probe` told how long a pass of the loop
+/// may take before it reads stuck.
+pub(crate) fn claim_lease(
+    policy: &Policy,
+    knob: &str,
+    longest: (Duration, String),
+    probe: &Probe,
+) -> Result<Duration, BuildError> {
+    probe.expect_progress_within(crate::health::stuck_after(
+        longest.0,
+        policy.store_timeout,
+        policy.poll_interval,
+    ));
+    Ok(policy.checked_lease(knob, longest)?)
 }
 
 impl<S: Source> fmt::Debug for WorkerBuilder<S> {

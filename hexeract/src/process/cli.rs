@@ -346,6 +346,7 @@ async fn handlers(
 
 /// `queues upgrade`: the topology `run` declares, every queue of an older layout moved to the
 /// current one.
+#[cfg_attr(not(feature = "rabbitmq"), allow(unused_variables))]
 async fn upgrade_queues(
     program: &Program,
     registry: &Registry,

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::publish::Publish;
 use crate::registry::{HandlerInfo, HandlerSet, Registry};
 use crate::signals::stop_on_signal;
-use crate::worker::{BuildError, MessageSource, Source, WorkerBuilder};
+use crate::worker::{handler_slot, BuildError, MessageSource, Source, WorkerBuilder};
 
 type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
 
@@ -80,14 +80,7 @@ impl Source for MemorySource {
         let slots: Vec<Slot> = registry
             .handlers()
             .filter_map(|info| registry.get(&info.name))
-            .map(|handler| {
-                Slot::handler(
-                    handler,
-                    policy.handler_timeout,
-                    policy.concurrency_limit(),
-                    &metrics,
-                )
-            })
+            .map(|handler| handler_slot(&policy, handler, &metrics, None))
             .collect();
         let by_name = slots
             .iter()

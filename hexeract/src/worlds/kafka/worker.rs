@@ -35,7 +35,7 @@ use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::retry::Backoff;
 use crate::store::{PartitionCalls, PartitionOf, Store};
-use crate::worker::{BuildError, MessageSource, Source, WorkerBuilder};
+use crate::worker::{handler_slot, BuildError, MessageSource, Source, WorkerBuilder};
 
 /// What one record counts for in a partition's queue besides its key and payload.
 const RECORD_OVERHEAD: usize = 256;
@@ -99,14 +99,8 @@ impl Source for KafkaSource {
                 Duration::ZERO,
                 source.check_interval,
             ));
-            let slot = HandlerSlot::handler(
-                &handler,
-                policy.handler_timeout,
-                policy.concurrency_limit(),
-                Metrics::global(),
-            )
-            .in_consumer_group(&group_id);
-            slot.watch(&probe);
+            let slot = handler_slot(&policy, &handler, Metrics::global(), Some(&probe))
+                .in_consumer_group(&group_id);
             groups.push(Group {
                 name: Arc::from(&*info.name),
                 message_type: info.message_type,

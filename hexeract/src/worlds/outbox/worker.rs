@@ -17,7 +17,9 @@ use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
 use crate::store::{ClaimedRows, DeliveryId, DeliveryStore, Routes, Row, StoreError, NO_HANDLER};
-use crate::worker::{BuildError, ClaimSource, MessageSource, Source, WorkerBuilder};
+use crate::worker::{
+    claim_lease, handler_slot, BuildError, ClaimSource, MessageSource, Source, WorkerBuilder,
+};
 
 /// Builds an [`OutboxWorker`]: the one [`WorkerBuilder`] over the outbox's [`OutboxSource`].
 /// The defaults are the library's: `poll_interval` 100 ms, `batch_size` 10, 5 deliveries,
@@ -63,26 +65,15 @@ impl Source for OutboxSource {
             "handler_timeout",
             registry.handlers().map(|info| (&*info.name, info.timeout)),
         );
-        let lease = policy.checked_lease("lease (DELIVERY_LEASE_MS)", longest_call.clone())?;
         let health = source
             .health
             .unwrap_or_else(|| Probe::detached("outbox worker"));
-        health.expect_progress_within(crate::health::stuck_after(
-            longest_call.0,
-            policy.store_timeout,
-            policy.poll_interval,
-        ));
+        let lease = claim_lease(&policy, "lease (DELIVERY_LEASE_MS)", longest_call, &health)?;
         let handlers = registry
             .handlers()
             .filter_map(|info| registry.get(&info.name))
             .map(|handler| {
-                let slot = Slot::handler(
-                    handler,
-                    policy.handler_timeout,
-                    policy.concurrency_limit(),
-                    Metrics::global(),
-                );
-                slot.watch(&health);
+                let slot = handler_slot(&policy, handler, Metrics::global(), Some(&health));
                 (handler.info().name.to_string(), slot)
             })
             .collect();

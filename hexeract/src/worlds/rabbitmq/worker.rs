@@ -36,7 +36,7 @@ use crate::rabbitmq::{
 use crate::registry::RegisteredHandler;
 use crate::retry::Backoff;
 use crate::store::DeadLetterStore;
-use crate::worker::{BuildError, MessageSource, Source, WorkerBuilder};
+use crate::worker::{handler_slot, BuildError, MessageSource, Source, WorkerBuilder};
 
 /// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
 /// `max_payload_bytes` 1 MiB, handler timeout 30 s, shutdown grace 8 s, confirm timeout 30 s.
@@ -354,14 +354,7 @@ impl Source for RabbitMqSource {
             .clone()
             .unwrap_or_else(|| Probe::detached("bus worker"));
         let runner = |handler: &Arc<RegisteredHandler>| {
-            let slot = Slot::handler(
-                handler,
-                policy.handler_timeout,
-                policy.concurrency_limit(),
-                Metrics::global(),
-            );
-            slot.watch(&health);
-            slot
+            handler_slot(&policy, handler, Metrics::global(), Some(&health))
         };
         let consumers = match &source.queue {
             Some(queue) => {

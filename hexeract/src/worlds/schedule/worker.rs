@@ -26,7 +26,7 @@ use crate::store::{
     ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition, ScheduleStore, StoreError,
     SCHEDULE_MESSAGE_TYPE,
 };
-use crate::worker::{BuildError, ClaimSource, Source, WorkerBuilder};
+use crate::worker::{claim_lease, BuildError, ClaimSource, Source, WorkerBuilder};
 
 /// Builds a [`SchedulerWorker`]. The defaults are the library's: `poll_interval` 100 ms,
 /// `batch_size` 10, `min_cycle_delay` 5 ms, `dispatch_timeout` 30 s, and a `lease` of the
@@ -151,17 +151,12 @@ impl Source for ScheduleSource {
                 .values()
                 .map(|job: &ScheduledJob| (job.name(), job.own_timeout())),
         );
-        let lease = policy.checked_lease("lease (SCHEDULER_LEASE_MS)", longest_run.clone())?;
         let mut names: Vec<String> = by_name.keys().cloned().collect();
         names.sort();
         let health = source
             .health
             .unwrap_or_else(|| Probe::detached("scheduler"));
-        health.expect_progress_within(crate::health::stuck_after(
-            longest_run.0,
-            policy.store_timeout,
-            policy.poll_interval,
-        ));
+        let lease = claim_lease(&policy, "lease (SCHEDULER_LEASE_MS)", longest_run, &health)?;
         let slots = by_name
             .iter()
             .map(|(name, job)| {
