@@ -44,7 +44,7 @@ async fn main() -> ExitCode {
         [] | ["run"] => serve().await,
         ["migrate"] => migrate().await,
         // `orders handlers`, `orders dead-letters list`, …: the operations commands, on the
-        // worker the shop runs (its handlers, state and middleware).
+        // app the shop runs (its handlers, state and middleware).
         _ => return operations().await,
     };
     match result {
@@ -138,9 +138,9 @@ async fn migrate() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The shop's worker: every handler and the scheduled job, with the pool and the settings as
+/// The shop's app: every handler and the scheduled job, with the pool and the settings as
 /// their state and the shop check around every handler call.
-fn worker(settings: &Settings, pool: PgPool) -> Result<hexeract::App, hexeract::Error> {
+fn shop_app(settings: &Settings, pool: PgPool) -> Result<hexeract::App, hexeract::Error> {
     Ok(hexeract::App::new(hexeract::AppConfig::from_env()?)
         .state(pool)
         .state(shop::ShopSettings {
@@ -153,15 +153,15 @@ fn worker(settings: &Settings, pool: PgPool) -> Result<hexeract::App, hexeract::
 }
 
 /// `orders handlers`, `orders dead-letters …`: Hexeract's operations commands on the shop's
-/// worker.
+/// app.
 async fn operations() -> ExitCode {
     let ready = async {
         let settings = Settings::from_env()?;
         let pool = connect(&settings).await?;
-        Ok::<_, Box<dyn std::error::Error>>(worker(&settings, pool)?)
+        Ok::<_, Box<dyn std::error::Error>>(shop_app(&settings, pool)?)
     };
     match ready.await {
-        Ok(worker) => hexeract::cli::main_with(worker).await,
+        Ok(app) => hexeract::cli::main_with(app).await,
         Err(error) => {
             eprintln!("error: {error}");
             ExitCode::FAILURE
@@ -172,10 +172,10 @@ async fn operations() -> ExitCode {
 async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
     let pool = connect(&settings).await?;
-    // One port for everything: the API, and the worker's /health, /health/ready and /metrics
-    // (the worker binds no port of its own).
-    let worker = worker(&settings, pool.clone())?.listen(false);
-    let app = api::router(pool, api::ShopId(settings.shop_id.clone())).merge(worker.router());
+    // One port for everything: the API, and the app's /health, /health/ready and /metrics
+    // (the app binds no port of its own).
+    let app = shop_app(&settings, pool.clone())?.listen(false);
+    let router = api::router(pool, api::ShopId(settings.shop_id.clone())).merge(app.router());
 
     let listener = tokio::net::TcpListener::bind(("0.0.0.0", settings.http_port))
         .await
@@ -187,11 +187,11 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         settings.http_port
     );
 
-    // The worker stops on SIGTERM and Ctrl-C, lets running handlers finish (8 s), and
+    // The app stops on SIGTERM and Ctrl-C, lets running handlers finish (8 s), and
     // returns; the API stops with it.
     let cancel = CancellationToken::new();
     let server =
-        axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
+        axum::serve(listener, router).with_graceful_shutdown(cancel.clone().cancelled_owned());
     let http = tokio::spawn({
         let cancel = cancel.clone();
         async move {
@@ -200,7 +200,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
             served
         }
     });
-    let ran = worker.try_run(cancel.clone()).await;
+    let ran = app.try_run(cancel.clone()).await;
     cancel.cancel();
     http.await??;
     ran?;

@@ -129,8 +129,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // graceful shutdown. (`hexeract::run(cancel)` is the same for handlers without state.)
     let demo = Demo::default();
     let cancel = CancellationToken::new();
-    let worker = App::new(AppConfig::from_env()?).state(demo.clone());
-    let runtime = tokio::spawn(worker.try_run(cancel.clone()));
+    let app = App::new(AppConfig::from_env()?).state(demo.clone());
+    let running = tokio::spawn(app.try_run(cancel.clone()));
 
     println!("publishing 2 orders, 2 refunds and 1 refund whose payload does not decode:");
     let mut ids = vec![
@@ -178,7 +178,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     while schedules.schedule_backlog().await? > 0 || demo.heartbeats.load(Ordering::SeqCst) < 2 {
         if tokio::time::Instant::now() > deadline {
             cancel.cancel();
-            runtime.await??;
+            running.await??;
             return Err(
                 "the delayed order or the heartbeat did not come within 30 s (see the \
                         warnings above)"
@@ -189,7 +189,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     hexeract::store::wait_until_drained(&*store, Duration::from_millis(20)).await?;
     cancel.cancel();
-    runtime.await??;
+    running.await??;
 
     // The outbox file keeps dead letters across runs: show this run's.
     let dead_letters: Vec<_> = store
