@@ -53,10 +53,10 @@ pub struct InMemoryStore {
 }
 
 struct Inner {
-    /// Pending messages go through a channel, which takes them without a lock per message.
-    sender: UnboundedSender<Pending>,
+    /// Waiting messages go through a channel, which takes them without a lock per message.
+    sender: UnboundedSender<Waiting>,
     /// Its receiving end, while no runtime takes messages (one that does holds it).
-    receiver: Mutex<Option<UnboundedReceiver<Pending>>>,
+    receiver: Mutex<Option<UnboundedReceiver<Waiting>>>,
     /// Messages in the channel.
     queued: AtomicUsize,
     dead_letters: Mutex<Vec<DeadLetter>>,
@@ -84,14 +84,14 @@ impl Default for Inner {
 /// store back, messages left in it included.
 pub(crate) struct Consumer {
     store: InMemoryStore,
-    receiver: Option<UnboundedReceiver<Pending>>,
+    receiver: Option<UnboundedReceiver<Waiting>>,
 }
 
 impl Consumer {
     /// Takes up to `limit` pending messages into `batch`, waiting for at least one. A backlog
     /// comes out in batches: one wake-up, and one update of the count the publishers also
     /// write, per batch rather than per message. Cancel-safe: dropping the future loses nothing.
-    pub(crate) async fn next_batch(&mut self, batch: &mut Vec<Pending>, limit: usize) {
+    pub(crate) async fn next_batch(&mut self, batch: &mut Vec<Waiting>, limit: usize) {
         let receiver = self.receiver.as_mut().expect("held until dropped");
         let taken = receiver.recv_many(batch, limit).await;
         assert!(taken > 0, "the store keeps a sender while it lives");
@@ -110,10 +110,10 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
-/// A message waiting for a runtime: for every handler of its type, or for one handler (a retry
+/// A message waiting for the in-memory worker: for every handler of its type, or for one handler (a retry
 /// handed back at shutdown, or a replayed dead letter).
 #[derive(Debug)]
-pub(crate) struct Pending {
+pub(crate) struct Waiting {
     pub(crate) envelope: Envelope,
     pub(crate) handler: Option<String>,
 }
@@ -142,7 +142,7 @@ impl InMemoryStore {
     pub fn publish_envelope(&self, envelope: Envelope) -> Uuid {
         let id = envelope.id;
         self.inner.outstanding.fetch_add(1, Ordering::SeqCst);
-        self.push(Pending {
+        self.push(Waiting {
             envelope,
             handler: None,
         });
@@ -193,7 +193,7 @@ impl InMemoryStore {
         let mut envelope = dead_letter.envelope;
         envelope.attempt = 0;
         self.inner.outstanding.fetch_add(1, Ordering::SeqCst);
-        self.push(Pending {
+        self.push(Waiting {
             envelope,
             handler: dead_letter.handler,
         });
@@ -215,7 +215,7 @@ impl InMemoryStore {
     }
 
     /// Puts back a message a runtime took but did not settle (shutdown), keeping its attempts.
-    pub(crate) fn requeue(&self, pending: Pending) {
+    pub(crate) fn requeue(&self, pending: Waiting) {
         self.push(pending);
     }
 
@@ -243,7 +243,7 @@ impl InMemoryStore {
         self.settle();
     }
 
-    fn push(&self, pending: Pending) {
+    fn push(&self, pending: Waiting) {
         self.inner.queued.fetch_add(1, Ordering::SeqCst);
         // The receiver lives as long as the store: in it, or in the consumer that took it.
         self.inner

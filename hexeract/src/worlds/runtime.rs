@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{Engine, Policy, Slot, Target, Verdict, World, IN_MEMORY_CONCURRENCY};
 use crate::envelope::Envelope;
-use crate::memory::{InMemoryStore, Pending, StoreBusy};
+use crate::memory::{InMemoryStore, StoreBusy, Waiting};
 use crate::metrics::Metrics;
 use crate::publish::Publish;
 use crate::registry::{HandlerInfo, HandlerSet, Registry};
@@ -393,8 +393,8 @@ impl Run {
     /// Fans a message out to its handlers. Each delivery is polled once here: a handler that
     /// does not wait is called, settled and done without a task; one that waits (or must wait
     /// for a permit, or for a retry) goes on in a task of its own.
-    async fn accept(self: &Arc<Self>, pending: Pending, tracker: &TaskTracker) {
-        let Pending { envelope, handler } = pending;
+    async fn accept(self: &Arc<Self>, pending: Waiting, tracker: &TaskTracker) {
+        let Waiting { envelope, handler } = pending;
         let shared = &self.shared;
         let only;
         let destinations: &[usize] = match handler {
@@ -503,7 +503,7 @@ impl World for Memory<'_> {
         let store = &self.shared.store;
         let handler = || self.target.handler_name().map(str::to_owned);
         let put_back = |envelope| {
-            store.requeue(Pending {
+            store.requeue(Waiting {
                 envelope,
                 handler: handler(),
             });

@@ -22,9 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::dead_letter::DeadLetter;
-use crate::delivery::{
-    spawn_grace_timer, Engine, Policy, Slot as HandlerSlot, Target, Verdict, World,
-};
+use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
 use crate::envelope::Envelope;
 use crate::health::{Health, Probe};
 use crate::kafka::logged::Logged;
@@ -240,21 +238,21 @@ struct Group {
     topic: String,
     group_id: String,
     /// The handler as the engine calls it.
-    slot: HandlerSlot,
+    slot: Slot,
     probe: Probe,
 }
 
 type GroupConsumer = StreamConsumer<GroupContext>;
 
 /// The partitions a consumer holds, each with the queue of its task.
-type Partitions = Arc<Mutex<HashMap<i32, Slot>>>;
+type Partitions = Arc<Mutex<HashMap<i32, PartitionQueue>>>;
 
-struct Slot {
+struct PartitionQueue {
     records: mpsc::UnboundedSender<OwnedMessage>,
-    state: Arc<SlotState>,
+    state: Arc<PartitionState>,
 }
 
-struct SlotState {
+struct PartitionState {
     /// Fired when the partition is revoked: its task takes no further record.
     revoked: CancellationToken,
     /// Bytes of the records sent to the task and not yet settled (key, payload and
@@ -268,7 +266,7 @@ struct SlotState {
     next_to_settle: AtomicI64,
 }
 
-impl SlotState {
+impl PartitionState {
     fn paused_flag(&self) -> std::sync::MutexGuard<'_, bool> {
         self.paused
             .lock()
@@ -276,7 +274,7 @@ impl SlotState {
     }
 }
 
-fn lock(partitions: &Partitions) -> std::sync::MutexGuard<'_, HashMap<i32, Slot>> {
+fn lock(partitions: &Partitions) -> std::sync::MutexGuard<'_, HashMap<i32, PartitionQueue>> {
     partitions
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -472,7 +470,7 @@ impl Group {
         consumer: &Arc<GroupConsumer>,
         partitions: &Partitions,
         tasks: &mut JoinSet<()>,
-        task_partitions: &mut HashMap<tokio::task::Id, (i32, Arc<SlotState>)>,
+        task_partitions: &mut HashMap<tokio::task::Id, (i32, Arc<PartitionState>)>,
         shared: &Arc<Shared>,
         publisher: &Arc<dyn Publish>,
         cancel: &CancellationToken,
@@ -482,7 +480,7 @@ impl Group {
         let mut held = lock(partitions);
         let slot = held.entry(partition).or_insert_with(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
-            let state = Arc::new(SlotState {
+            let state = Arc::new(PartitionState {
                 revoked: CancellationToken::new(),
                 queued: AtomicUsize::new(0),
                 paused: Mutex::new(false),
@@ -499,7 +497,7 @@ impl Group {
             };
             let handle = tasks.spawn(task.run(receiver, cancel.clone(), interrupt.clone()));
             task_partitions.insert(handle.id(), (partition, state.clone()));
-            Slot {
+            PartitionQueue {
                 records: sender,
                 state,
             }
@@ -525,7 +523,7 @@ impl Group {
 
     /// Sets the partition's fetch position back to the oldest record its ended task had not
     /// settled, and resumes it: nothing it held is skipped.
-    fn read_again(&self, consumer: &GroupConsumer, partition: i32, state: &SlotState) {
+    fn read_again(&self, consumer: &GroupConsumer, partition: i32, state: &PartitionState) {
         if state.revoked.is_cancelled() {
             return;
         }
@@ -575,7 +573,7 @@ struct PartitionTask {
     publisher: Arc<dyn Publish>,
     consumer: Arc<GroupConsumer>,
     partition: i32,
-    state: Arc<SlotState>,
+    state: Arc<PartitionState>,
     /// What the store remembers of this partition's calls, as this task last wrote it (or
     /// found it), and whether the window in it is this task's own.
     calls: std::sync::Mutex<Remembered>,
@@ -619,7 +617,7 @@ impl Remembered {
 const CALL_WINDOW: i64 = 256;
 
 /// How a record ended in this task.
-enum Settled {
+enum RecordEnd {
     /// Handled, dead-lettered or passed over: its offset may be committed.
     Done,
     /// Not settled (the partition was revoked or the worker stops): whoever holds the
@@ -649,8 +647,8 @@ impl PartitionTask {
                 },
             };
             match self.settle(&record, &cancel, &interrupt).await {
-                Settled::Left => break,
-                Settled::Done => {}
+                RecordEnd::Left => break,
+                RecordEnd::Done => {}
             }
             let next = record.offset() + 1;
             let stored = self.consumer.store_offsets(&one_partition(
@@ -700,12 +698,12 @@ impl PartitionTask {
         record: &OwnedMessage,
         cancel: &CancellationToken,
         interrupt: &CancellationToken,
-    ) -> Settled {
+    ) -> RecordEnd {
         let group = &*self.group;
         if wire::message_type(record).is_some_and(|kind| kind != group.message_type) {
             // Another message type of the same aggregate: another handler's, even when it
             // cannot be read (that handler's group dead-letters it).
-            return Settled::Done;
+            return RecordEnd::Done;
         }
         let engine = &self.shared.engine;
         let target = Target::Slot(&group.slot);
@@ -724,14 +722,14 @@ impl PartitionTask {
                     engine.reject(target, &envelope, unreadable.reason, unreadable.detail, 0);
                 // A verdict reached without a call is a dead letter, never a retry.
                 return match self.carry_out(record, &envelope, verdict, cancel).await {
-                    Step::Settled(settled) => settled,
-                    Step::Again => Settled::Left,
+                    Step::RecordEnd(settled) => settled,
+                    Step::Again => RecordEnd::Left,
                 };
             }
         };
         if envelope.message_type != group.message_type {
             // Another message type of the same aggregate: another handler's.
-            return Settled::Done;
+            return RecordEnd::Done;
         }
         if let Some(target) = envelope
             .headers
@@ -741,7 +739,7 @@ impl PartitionTask {
             // A dead letter of another handler, sent back for that handler alone: passed over
             // only when it copies a record this group has settled; anyone can write the header.
             if self.copies_a_settled_record(record, &envelope).await {
-                return Settled::Done;
+                return RecordEnd::Done;
             }
             tracing::warn!(
                 handler = %group.name,
@@ -763,10 +761,10 @@ impl PartitionTask {
         let mut envelope = Arc::new(envelope);
         loop {
             if cancel.is_cancelled() || self.state.revoked.is_cancelled() {
-                return Settled::Left;
+                return RecordEnd::Left;
             }
             let Some(call) = self.count_call(offset, attempt, cancel).await else {
-                return Settled::Left;
+                return RecordEnd::Left;
             };
             attempt = call;
             Arc::make_mut(&mut envelope).attempt = attempt;
@@ -786,7 +784,7 @@ impl PartitionTask {
                 _ => {}
             }
             match self.carry_out(record, &envelope, verdict, cancel).await {
-                Step::Settled(settled) => return settled,
+                Step::RecordEnd(settled) => return settled,
                 Step::Again => {}
             }
         }
@@ -964,7 +962,7 @@ impl PartitionTask {
         detail: &str,
         calls: u32,
         cancel: &CancellationToken,
-    ) -> Settled {
+    ) -> RecordEnd {
         let group = &*self.group;
         let mut letter = DeadLetter::new(envelope, Some(group.name.to_string()), reason, detail);
         letter.id = wire::dead_letter_id(
@@ -986,8 +984,8 @@ impl PartitionTask {
             })
             .await;
         match written {
-            Some(()) => Settled::Done,
-            None => Settled::Left,
+            Some(()) => RecordEnd::Done,
+            None => RecordEnd::Left,
         }
     }
 }
@@ -1019,7 +1017,7 @@ fn read_one(
 
 /// What a verdict left a record at.
 enum Step {
-    Settled(Settled),
+    RecordEnd(RecordEnd),
     /// Call the handler again (a retry's wait is over).
     Again,
 }
@@ -1043,23 +1041,23 @@ impl<'a> World for InPartition<'a> {
             cancel,
         } = *self;
         match verdict {
-            Verdict::Ack => Step::Settled(Settled::Done),
+            Verdict::Ack => Step::RecordEnd(RecordEnd::Done),
             Verdict::DeadLetter {
                 reason,
                 detail,
                 calls,
-            } => Step::Settled(
+            } => Step::RecordEnd(
                 task.dead_letter(record, envelope.clone(), reason, &detail, calls, cancel)
                     .await,
             ),
             // The records behind it in its partition wait with it.
             Verdict::Retry { delay, .. } => tokio::select! {
                 () = tokio::time::sleep(delay) => Step::Again,
-                () = cancel.cancelled() => Step::Settled(Settled::Left),
-                () = task.state.revoked.cancelled() => Step::Settled(Settled::Left),
+                () = cancel.cancelled() => Step::RecordEnd(RecordEnd::Left),
+                () = task.state.revoked.cancelled() => Step::RecordEnd(RecordEnd::Left),
             },
             // Whoever holds the partition next handles it again.
-            Verdict::Abandoned | Verdict::Release => Step::Settled(Settled::Left),
+            Verdict::Abandoned | Verdict::Release => Step::RecordEnd(RecordEnd::Left),
         }
     }
 }

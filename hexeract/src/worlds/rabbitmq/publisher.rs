@@ -197,7 +197,7 @@ impl RabbitMqPublisher {
         mandatory: bool,
         properties: impl Fn(&Envelope) -> BasicProperties,
     ) -> Result<Vec<Confirmed>, BusError> {
-        let mut pending: std::collections::VecDeque<(Pending, &Uuid)> =
+        let mut pending: std::collections::VecDeque<(Unconfirmed, &Uuid)> =
             std::collections::VecDeque::with_capacity(envelopes.len());
         let mut confirmed = Vec::with_capacity(envelopes.len());
         let mut first_error = None;
@@ -309,7 +309,7 @@ impl RabbitMqPublisher {
         payload: &[u8],
         properties: BasicProperties,
         mandatory: bool,
-    ) -> Result<Pending, BusError> {
+    ) -> Result<Unconfirmed, BusError> {
         if self.confirms_lost.load(Ordering::SeqCst) {
             return Err(BusError::NotConfirmed {
                 message_id: "(not sent)".to_owned(),
@@ -333,7 +333,7 @@ impl RabbitMqPublisher {
             )
             .await
             .map_err(|error| BusError::transport("basic.publish", error))?;
-        Ok(Pending {
+        Ok(Unconfirmed {
             confirm,
             _permit: permit,
         })
@@ -343,7 +343,7 @@ impl RabbitMqPublisher {
     /// (`mandatory`, no queue bound) is an error. `message_id` names the message in the error.
     async fn confirmed(
         &self,
-        pending: Pending,
+        pending: Unconfirmed,
         message_id: &(dyn fmt::Display + Sync),
     ) -> Result<(), BusError> {
         match self.confirm_of(pending, message_id).await? {
@@ -359,14 +359,14 @@ impl RabbitMqPublisher {
     /// in the error.
     async fn confirm_of(
         &self,
-        pending: Pending,
+        pending: Unconfirmed,
         message_id: &(dyn fmt::Display + Sync),
     ) -> Result<Confirmed, BusError> {
         let not_confirmed = |detail: String| BusError::NotConfirmed {
             message_id: message_id.to_string(),
             detail,
         };
-        let Pending {
+        let Unconfirmed {
             mut confirm,
             _permit,
         } = pending;
@@ -428,7 +428,7 @@ pub(crate) enum Confirmed {
 }
 
 /// A publish waiting for its confirm, holding its place in the window.
-struct Pending {
+struct Unconfirmed {
     confirm: PublisherConfirm,
     _permit: OwnedSemaphorePermit,
 }

@@ -545,7 +545,7 @@ impl Route {
 }
 
 /// How a delivery ended, for its ack.
-enum Settled {
+enum DeliveryEnd {
     /// Handled, retried or parked: ack it.
     Ack,
     /// Give it back to the queue after a call (given up on at shutdown, or its republish
@@ -801,7 +801,8 @@ impl ConsumeLoop<'_> {
             queue: &self.consumer.queue,
         };
         let mut tracker = AckTracker::default();
-        let mut running: FuturesUnordered<BoxFuture<'_, (u64, Settled)>> = FuturesUnordered::new();
+        let mut running: FuturesUnordered<BoxFuture<'_, (u64, DeliveryEnd)>> =
+            FuturesUnordered::new();
         // Ack when half the window is settled, or 1 ms after the loop first found nothing else
         // to do: a steady stream is acked once per half window, a lull at most 1 ms late.
         let batch = usize::from(shared.prefetch).div_ceil(2);
@@ -903,11 +904,11 @@ impl ConsumeLoop<'_> {
     /// Records how a call's delivery is settled; `true` when it is to be given back at once.
     /// Under [`AckMode::Automatic`] the delivery was acked when it was taken: one that should
     /// go back to its queue is lost instead, and said so.
-    fn settle_after_call(&self, tracker: &mut AckTracker, tag: u64, settled: Settled) -> bool {
+    fn settle_after_call(&self, tracker: &mut AckTracker, tag: u64, settled: DeliveryEnd) -> bool {
         if self.shared.ack_mode == AckMode::Manual {
             return settle(tracker, tag, settled);
         }
-        if !matches!(settled, Settled::Ack) {
+        if !matches!(settled, DeliveryEnd::Ack) {
             tracing::error!(
                 queue = %self.consumer.queue,
                 delivery_tag = tag,
@@ -921,11 +922,11 @@ impl ConsumeLoop<'_> {
     }
 
     /// Handles one delivery to its end: called, then acked, retried or parked.
-    async fn process(&self, mut delivery: Delivery) -> (u64, Settled) {
+    async fn process(&self, mut delivery: Delivery) -> (u64, DeliveryEnd) {
         let tag = delivery.delivery_tag;
         let shared = self.shared;
         if self.lost.load(Ordering::SeqCst) {
-            return (tag, Settled::GiveBack);
+            return (tag, DeliveryEnd::GiveBack);
         }
         let queue_handler = self.consumer.route.handler_name();
         // The body moves into the envelope, uncopied; from here on, a republish (retry, park,
@@ -1026,10 +1027,10 @@ impl ConsumeLoop<'_> {
         envelope: &Envelope,
         delay: Duration,
         detail: &str,
-    ) -> Settled {
+    ) -> DeliveryEnd {
         if self.lost.load(Ordering::SeqCst) {
             // The broker delivers it again anyway: a copy in the wait tier would be a second.
-            return Settled::Requeue;
+            return DeliveryEnd::Requeue;
         }
         let topology = &self.shared.topology;
         let tier = topology.tier_for(delay).expect("wait tiers are not empty");
@@ -1084,7 +1085,7 @@ impl ConsumeLoop<'_> {
                     detail,
                     "retry waiting"
                 );
-                Settled::Ack
+                DeliveryEnd::Ack
             }
             Err(error) => {
                 tracing::error!(
@@ -1094,7 +1095,7 @@ impl ConsumeLoop<'_> {
                 );
                 self.stop_if_publisher_lost();
                 self.pause_before_requeue().await;
-                Settled::Requeue
+                DeliveryEnd::Requeue
             }
         }
     }
@@ -1105,14 +1106,14 @@ impl ConsumeLoop<'_> {
     /// returned delivery in `x-delivery-count`, so each graceful shutdown would cost the
     /// messages in flight an attempt. If the copy cannot be published, the delivery is
     /// returned with `nack` (and counted there).
-    async fn hand_back(&self, delivery: &Delivery, payload: &[u8]) -> Settled {
+    async fn hand_back(&self, delivery: &Delivery, payload: &[u8]) -> DeliveryEnd {
         // Lost, the broker returns it anyway; blocked, each publish would wait for its
         // confirm timeout.
         if self.lost.load(Ordering::SeqCst)
             || self.shared.connection.is_blocked()
             || !self.publisher.is_connected()
         {
-            return Settled::GiveBack;
+            return DeliveryEnd::GiveBack;
         }
         // The copy goes through the default exchange: a type that only its routing key gave
         // (no `type` property) would be lost on the way.
@@ -1130,14 +1131,14 @@ impl ConsumeLoop<'_> {
             .publish_raw("", &self.consumer.queue, payload, properties, true)
             .await
         {
-            Ok(()) => Settled::Ack,
+            Ok(()) => DeliveryEnd::Ack,
             Err(error) => {
                 tracing::warn!(
                     queue = %self.consumer.queue,
                     %error,
                     "could not hand a delivery back uncharged; returning it to the broker"
                 );
-                Settled::GiveBack
+                DeliveryEnd::GiveBack
             }
         }
     }
@@ -1149,10 +1150,10 @@ impl ConsumeLoop<'_> {
         delivery: &Delivery,
         envelope: Envelope,
         info: &ParkedInfo<'_>,
-    ) -> Settled {
+    ) -> DeliveryEnd {
         let shared = self.shared;
         if self.lost.load(Ordering::SeqCst) {
-            return Settled::Requeue;
+            return DeliveryEnd::Requeue;
         }
         let message_id = envelope.id;
         let payload = envelope.payload.clone();
@@ -1161,7 +1162,7 @@ impl ConsumeLoop<'_> {
         if let Some(store) = &shared.dead_letters {
             let letter = info.dead_letter(envelope, &delivery.properties);
             if !self.write_dead_letter(&**store, &letter).await {
-                return Settled::Requeue;
+                return DeliveryEnd::Requeue;
             }
         }
         let publish = || {
@@ -1193,7 +1194,7 @@ impl ConsumeLoop<'_> {
             );
             self.stop_if_publisher_lost();
             self.pause_before_requeue().await;
-            return Settled::Requeue;
+            return DeliveryEnd::Requeue;
         }
         tracing::debug!(
             %message_id,
@@ -1201,7 +1202,7 @@ impl ConsumeLoop<'_> {
             parking = %self.consumer.parking,
             "message parked"
         );
-        Settled::Ack
+        DeliveryEnd::Ack
     }
 
     /// Writes `letter`, trying again with backoff while the store refuses it; `false` when the
@@ -1235,15 +1236,15 @@ impl ConsumeLoop<'_> {
 /// hand-backs.
 impl World for ConsumeLoop<'_> {
     type Delivery = (Delivery, Envelope);
-    type Settled = Settled;
+    type Settled = DeliveryEnd;
 
     async fn settle(
         &self,
         (delivery, envelope): (Delivery, Envelope),
         verdict: Verdict,
-    ) -> Settled {
+    ) -> DeliveryEnd {
         match verdict {
-            Verdict::Ack => Settled::Ack,
+            Verdict::Ack => DeliveryEnd::Ack,
             Verdict::Retry { delay, detail, .. } => {
                 self.retry(&delivery, &envelope, delay, &detail).await
             }
@@ -1268,7 +1269,7 @@ impl World for ConsumeLoop<'_> {
                 self.park(&delivery, envelope, &info).await
             }
             // The broker delivers it again, counting the delivery.
-            Verdict::Abandoned => Settled::Requeue,
+            Verdict::Abandoned => DeliveryEnd::Requeue,
             // No call (or a call the stop made fail): back with the count it came with.
             Verdict::Release => self.hand_back(&delivery, &envelope.payload).await,
         }
@@ -1281,17 +1282,17 @@ fn is_unroutable(published: &Result<(), BusError>) -> bool {
 }
 
 /// Records how a delivery ended; `true` when it is to be given back.
-fn settle(tracker: &mut AckTracker, tag: u64, settled: Settled) -> bool {
+fn settle(tracker: &mut AckTracker, tag: u64, settled: DeliveryEnd) -> bool {
     match settled {
-        Settled::Ack => {
+        DeliveryEnd::Ack => {
             tracker.settle(tag);
             false
         }
-        Settled::Requeue => {
+        DeliveryEnd::Requeue => {
             tracker.requeue(tag);
             true
         }
-        Settled::GiveBack => {
+        DeliveryEnd::GiveBack => {
             tracker.give_back(tag);
             true
         }
