@@ -25,6 +25,8 @@
 //! # }
 //! ```
 
+pub(crate) mod feed;
+
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
@@ -262,7 +264,9 @@ impl<S: ClaimSource> WorkerBuilder<S> {
         self
     }
 
-    /// Deliveries (or occurrences, and delayed messages moved) claimed per poll (default 10).
+    /// How many deliveries (or occurrences) are called at once, at most (default 10): each
+    /// pass claims as many as there is room for, and once half the batch has ended the next
+    /// pass claims again. Also how many delayed messages the scheduler moves per pass.
     pub fn batch_size(mut self, batch_size: u32) -> WorkerBuilder<S> {
         self.policy.batch_size = batch_size;
         self

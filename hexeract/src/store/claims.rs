@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::delivery::{Verdict, World};
 use crate::reason::Reason;
 use crate::store::{DeliveryId, StoreError};
+pub(crate) use crate::worker::feed::Row;
 
 /// Rows claimed under a token, settled by the worker that holds it: handler deliveries (ids
 /// [`DeliveryId`]: a `deliveries` row or a message claimed in place, [`DeliveryStore::deliveries`](crate::store::DeliveryStore::deliveries)) and scheduler occurrences (ids `Uuid`,
@@ -124,18 +125,6 @@ pub(crate) async fn within<T>(
         .map_err(|_| StoreError::Timeout { what, after })?
 }
 
-/// What became of a claimed row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Row {
-    /// Its call succeeded: the caller acks it, with the rest of its batch, in one statement.
-    Ack,
-    /// Settled: due again, dead-lettered or given back.
-    Settled,
-    /// The claim was no longer ours (the lease ended and another worker took the row over):
-    /// this verdict was not written, and the row runs again.
-    Lost,
-}
-
 /// Rows of one claim (one token), settled in `claims`: the world of the outbox worker and of
 /// the scheduler alike.
 pub(crate) struct ClaimedRows<'a, Id> {
@@ -187,5 +176,57 @@ impl<Id: Copy + Send + Sync> World for ClaimedRows<'_, Id> {
             Verdict::Release => within("release", after, claims.release(token, &[id])).await? == 1,
         };
         Ok(if written { Row::Settled } else { Row::Lost })
+    }
+}
+
+/// Claims (a token and a row each) grouped by token, the largest group first: one statement
+/// settles each group.
+pub(crate) fn by_token<Id>(claims: Vec<(Uuid, Id)>) -> Vec<(Uuid, Vec<Id>)> {
+    let mut groups: Vec<(Uuid, Vec<Id>)> = Vec::new();
+    for (token, id) in claims {
+        match groups.iter_mut().find(|(group, _)| *group == token) {
+            Some((_, ids)) => ids.push(id),
+            None => groups.push((token, vec![id])),
+        }
+    }
+    groups.sort_by_key(|(_, ids)| std::cmp::Reverse(ids.len()));
+    groups
+}
+
+/// Deletes the rows of `acks`, one statement per claim token, each with the deadline `after`.
+pub(crate) async fn ack_all<Id: Send + Sync>(
+    claims: &dyn Claims<Id>,
+    acks: Vec<(Uuid, Id)>,
+    after: Duration,
+) -> Result<(), StoreError> {
+    for (token, ids) in by_token(acks) {
+        let landed = within("ack", after, claims.ack(token, &ids)).await?;
+        warn_unless_all_acked(landed, ids.len());
+    }
+    Ok(())
+}
+
+/// Gives the rows of `back` back uncalled, one statement per claim token, each with the
+/// deadline `after`.
+pub(crate) async fn release_all<Id: Send + Sync>(
+    claims: &dyn Claims<Id>,
+    back: Vec<(Uuid, Id)>,
+    after: Duration,
+) -> Result<(), StoreError> {
+    for (token, ids) in by_token(back) {
+        within("release", after, claims.release(token, &ids)).await?;
+    }
+    Ok(())
+}
+
+/// Says when fewer acks landed than were written.
+pub(crate) fn warn_unless_all_acked(landed: u64, expected: usize) {
+    if landed != expected as u64 {
+        tracing::warn!(
+            acked = landed,
+            expected,
+            "some acked rows were no longer ours (their lease ended and another worker took \
+             them over): they will run again"
+        );
     }
 }

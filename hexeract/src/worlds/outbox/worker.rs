@@ -2,21 +2,23 @@
 //! outbox rows expanded into deliveries already claimed), calls their handlers outside any
 //! transaction and settles them.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
+use crate::delivery::{Engine, Policy, Verdict, World};
 use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
-use crate::store::{ClaimedRows, DeliveryId, DeliveryStore, Routes, Row, StoreError, NO_HANDLER};
+use crate::store::{
+    ack_all, by_token, release_all, warn_unless_all_acked, ClaimedRows, DeliveryId, DeliveryStore,
+    Routes, Row, StoreError, NO_HANDLER,
+};
+use crate::worker::feed::{Arrival, Feed, Pace, Pass, Started, Worker};
 use crate::worker::{
     claim_lease, handler_slot, BuildError, ClaimSource, MessageSource, Source, WorkerBuilder,
 };
@@ -77,19 +79,23 @@ impl Source for OutboxSource {
                 (handler.info().name.to_string(), slot)
             })
             .collect();
-        Ok(OutboxWorker {
+        let feed = OutboxFeed {
             routes: Routes::from_registry(&registry),
-            handlers,
-            engine: Engine::new(policy.retry, policy.max_payload_bytes, source.store.kind()),
             store: source.store,
-            poll_interval: policy.poll_interval,
-            batch_size: policy.batch_size,
             lease,
             store_timeout: policy.store_timeout,
-            shutdown_grace: policy.shutdown_grace,
             wake: source.wake,
             polling_only: source.polling_only,
-            health,
+        };
+        let engine = Engine::new(policy.retry, policy.max_payload_bytes, feed.store.kind());
+        let pace = Pace {
+            poll_interval: policy.poll_interval,
+            busy_delay: Duration::ZERO,
+            batch_size: policy.batch_size,
+            shutdown_grace: policy.shutdown_grace,
+        };
+        Ok(OutboxWorker {
+            worker: Worker::new(feed, handlers, engine, pace, health),
         })
     }
 }
@@ -154,29 +160,20 @@ impl WorkerBuilder<OutboxSource> {
 /// cancelled.
 ///
 /// Several workers (tasks or processes) may share one store: claims skip each other's rows.
-/// Each cycle's handlers run outside any transaction; the database is only touched by short
-/// statements that are never interrupted, so cancellation waits for the end of the cycle.
+/// Handlers run outside any transaction, up to `batch_size` at once; each pass takes as many
+/// deliveries as there is room for, and acks the calls that succeeded since the last pass in
+/// the same statement. The database is only touched by short statements that are never
+/// interrupted, so cancellation waits for the pass in progress.
 pub struct OutboxWorker {
-    store: Arc<dyn DeliveryStore>,
-    routes: Routes,
-    handlers: HashMap<String, Slot>,
-    engine: Engine,
-    poll_interval: Duration,
-    batch_size: u32,
-    lease: Duration,
-    store_timeout: Duration,
-    shutdown_grace: Duration,
-    wake: Option<Arc<Notify>>,
-    polling_only: bool,
-    health: Probe,
+    worker: Worker<OutboxFeed>,
 }
 
 impl fmt::Debug for OutboxWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutboxWorker")
-            .field("handlers", &self.handlers.keys().collect::<Vec<_>>())
-            .field("batch_size", &self.batch_size)
-            .field("lease", &self.lease)
+            .field("handlers", &self.worker.names())
+            .field("batch_size", &self.worker.pace().batch_size)
+            .field("lease", &self.worker.feed().lease)
             .finish_non_exhaustive()
     }
 }
@@ -192,223 +189,126 @@ impl OutboxWorker {
         OutboxWorkerBuilder::shared(store)
     }
 
-    /// Runs until `cancel` fires, then finishes the cycle in progress (handlers get the shutdown
+    /// Runs until `cancel` fires, then lets the calls in flight end (handlers get the shutdown
     /// grace) and returns `Ok(())`. Store errors are logged and retried after `poll_interval`.
     ///
     /// Stopping has one hard deadline: the grace and 5 s to settle. A worker whose last writes
     /// cannot land by then (the database stopped answering) stops anyway; its claims run again
     /// once their lease ends.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreError> {
-        let grace = self.shutdown_grace;
-        crate::delivery::stop_by_deadline(
-            "outbox worker",
-            &cancel,
-            grace,
-            self.serve(cancel.clone()),
-        )
-        .await
+        self.worker.run(cancel).await;
+        Ok(())
     }
+}
 
-    async fn serve(self, cancel: CancellationToken) -> Result<(), StoreError> {
-        let interrupt = CancellationToken::new();
-        let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), self.shutdown_grace);
+/// The outbox as a [`Feed`]: each pass acks what succeeded and takes (expands and claims) due
+/// deliveries under a fresh token, in one statement on PostgreSQL, one transaction on SQLite
+/// ([`DeliveryStore::ack_and_take`]).
+struct OutboxFeed {
+    store: Arc<dyn DeliveryStore>,
+    routes: Routes,
+    lease: Duration,
+    store_timeout: Duration,
+    wake: Option<Arc<Notify>>,
+    polling_only: bool,
+}
+
+impl OutboxFeed {
+    /// `statement` with the worker's deadline ([`store_timeout`](OutboxWorkerBuilder::store_timeout)).
+    async fn timed<T>(
+        &self,
+        what: &'static str,
+        statement: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        crate::store::within(what, self.store_timeout, statement).await
+    }
+}
+
+impl Feed for OutboxFeed {
+    type Claim = (Uuid, DeliveryId);
+    type Error = StoreError;
+    const NAME: &'static str = "outbox worker";
+
+    async fn start(&self) -> Started {
         let wake = match (&self.wake, self.polling_only) {
             (Some(wake), _) => wake.clone(),
             (None, true) => Arc::new(Notify::new()),
             (None, false) => crate::store::wake_signal(&*self.store).await,
         };
-        let publisher: Arc<dyn Publish> = Arc::new(StorePublisher {
-            store: self.store.clone(),
-            wake: wake.clone(),
-        });
-        tracing::info!(handlers = self.handlers.len(), "outbox worker started");
-        // The acks of the last cycle, written while the next one takes its batch.
-        let mut owed = None;
-        while !cancel.is_cancelled() {
-            let cycle = self.cycle(&mut owed, &cancel, &interrupt, &publisher).await;
-            match &cycle {
-                Ok(_) => self.health.pass(),
-                Err(error) => self.health.fail(format!("an outbox cycle failed: {error}")),
-            }
-            match cycle {
-                Ok(0) => crate::store::idle(&cancel, &wake, self.poll_interval).await,
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(%error, "outbox worker cycle failed; retrying after the poll interval");
-                    crate::store::idle(&cancel, &wake, self.poll_interval).await;
-                }
-            }
+        Started {
+            publisher: Arc::new(StorePublisher::new(self.store.clone(), wake.clone())),
+            wake: Some(wake),
         }
-        if let Some(acks) = owed {
-            if let Err(error) = self.ack(acks).await {
-                tracing::warn!(%error, "the last acks failed; those deliveries will run again when their lease ends");
-            }
+    }
+
+    async fn pass(
+        &self,
+        acks: Vec<(Uuid, DeliveryId)>,
+        room: u32,
+    ) -> Result<Pass<(Uuid, DeliveryId)>, StoreError> {
+        if room == 0 {
+            self.ack(acks).await?;
+            return Ok(Pass::of(Vec::new()));
         }
-        tracing::info!("outbox worker stopped");
-        Ok(())
-    }
-
-    /// Deletes the acked deliveries of one claim.
-    async fn ack(&self, acks: Acks) -> Result<(), crate::store::StoreError> {
-        let deliveries = self.store.deliveries();
-        let landed = self
-            .timed("ack", deliveries.ack(acks.token, &acks.ids))
-            .await?;
-        warn_unless_all_acked(landed, acks.ids.len());
-        Ok(())
-    }
-
-    /// `statement` with the worker's deadline ([`store_timeout`](OutboxWorkerBuilder::store_timeout)).
-    async fn timed<T>(
-        &self,
-        what: &'static str,
-        statement: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
-    ) -> Result<T, crate::store::StoreError> {
-        crate::store::within(what, self.store_timeout, statement).await
-    }
-
-    /// One take-call-settle pass; returns how many deliveries it handled. The acks of the
-    /// last pass (`owed`) are written with this pass's take, in one write: one statement on
-    /// PostgreSQL, one transaction on SQLite ([`DeliveryStore::ack_and_take`]), so that a pass
-    /// commits once. This pass's acks are left in `owed` for the next (or for the end of
-    /// [`run`](OutboxWorker::run)); its retries, dead letters and releases are written before
-    /// it returns.
-    async fn cycle(
-        &self,
-        owed: &mut Option<Acks>,
-        cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-    ) -> Result<usize, crate::store::StoreError> {
+        // The largest group of acks rides with the take; any other claim's are written first.
+        let mut groups = by_token(acks).into_iter();
+        let with_take = groups.next();
+        for (token, ids) in groups {
+            let landed = self
+                .timed("ack", self.store.deliveries().ack(token, &ids))
+                .await?;
+            warn_unless_all_acked(landed, ids.len());
+        }
         let token = Uuid::now_v7();
-        let taken = match owed.take() {
-            Some(acks) => {
-                let both = self.store.ack_and_take(
-                    (acks.token, &acks.ids),
-                    &self.routes,
-                    token,
-                    self.batch_size,
-                    self.lease,
-                );
+        let claimed = match with_take {
+            Some((acked, ids)) => {
+                let both =
+                    self.store
+                        .ack_and_take((acked, &ids), &self.routes, token, room, self.lease);
                 let (landed, claimed) = self.timed("ack and take", both).await?;
-                warn_unless_all_acked(landed, acks.ids.len());
+                warn_unless_all_acked(landed, ids.len());
                 claimed
             }
             None => {
-                let take = self
-                    .store
-                    .take(&self.routes, token, self.batch_size, self.lease);
+                let take = self.store.take(&self.routes, token, room, self.lease);
                 self.timed("take", take).await?
             }
         };
-        self.run_claimed(taken, token, owed, cancel, interrupt, publisher)
-            .await
+        Ok(Pass::of(
+            claimed
+                .into_iter()
+                .map(|delivery| Arrival {
+                    claim: (token, delivery.id),
+                    handler: (delivery.handler != NO_HANDLER).then_some(delivery.handler),
+                    envelope: delivery.envelope,
+                    recovered: delivery.recovered,
+                    unreadable: delivery.unreadable,
+                })
+                .collect(),
+        ))
     }
 
-    /// Calls the handlers of one claimed batch and settles it: acks into `owed`, the rest
-    /// written at once.
-    async fn run_claimed(
+    async fn settle(
         &self,
-        mut claimed: Vec<crate::store::Claimed>,
-        token: Uuid,
-        owed: &mut Option<Acks>,
-        cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-    ) -> Result<usize, crate::store::StoreError> {
-        if let Some(suspect) = claimed.iter().position(|delivery| delivery.recovered) {
-            // A claim of this batch was never settled: one of these messages may crash the
-            // process. Run one suspect alone and give the rest back, so a crash costs no other
-            // delivery an attempt.
-            let suspect = claimed.swap_remove(suspect);
-            let others: Vec<DeliveryId> = claimed.iter().map(|delivery| delivery.id).collect();
-            let deliveries = self.store.deliveries();
-            self.timed("release", deliveries.release(token, &others))
-                .await?;
-            tracing::info!(
-                message_id = %suspect.envelope.id,
-                handler = %suspect.handler,
-                attempt = suspect.envelope.attempt,
-                "delivery recovered from an unsettled claim; running it alone"
-            );
-            claimed = vec![suspect];
-        }
-        let count = claimed.len();
-        if count == 0 {
-            return Ok(0);
-        }
-        let verdicts = join_all(claimed.into_iter().map(|delivery| async move {
-            let target = self.target(&delivery.handler);
-            if let Some(detail) = delivery.unreadable {
-                // A row another program wrote, which no call would read either: dead-lettered
-                // alone, the rest of the batch handled.
-                tracing::error!(message_id = %delivery.envelope.id, %detail, "stored message cannot be read; dead-lettered");
-                let verdict = self.engine.reject(
-                    target,
-                    &delivery.envelope,
-                    crate::reason::Reason::MESSAGE_UNREADABLE,
-                    detail,
-                    0,
-                );
-                return (delivery.id, verdict);
-            }
-            let envelope = Arc::new(delivery.envelope);
-            let verdict = self
-                .engine
-                .deliver(target, &envelope, cancel, interrupt, publisher)
-                .await;
-            (delivery.id, verdict)
-        }))
-        .await;
-
-        let acks: Vec<DeliveryId> = verdicts
-            .iter()
-            .filter(|(_, verdict)| *verdict == Verdict::Ack)
-            .map(|(id, _)| *id)
-            .collect();
-        if !acks.is_empty() {
-            *owed = Some(Acks { token, ids: acks });
-        }
-        let deliveries = self.store.deliveries();
-        let world = ClaimedRows {
-            claims: deliveries,
+        (token, id): (Uuid, DeliveryId),
+        verdict: Verdict,
+    ) -> Result<Row, StoreError> {
+        let rows = ClaimedRows {
+            claims: self.store.deliveries(),
             token,
             lease: self.lease,
             store_timeout: self.store_timeout,
         };
-        for (id, verdict) in verdicts {
-            if world.settle(id, verdict).await? == Row::Lost {
-                tracing::warn!("a delivery's lease ended before it was settled: it will run again");
-            }
-        }
-        Ok(count)
+        rows.settle(id, verdict).await
     }
 
-    /// Where a delivery for `handler` goes.
-    fn target<'a>(&'a self, handler: &'a str) -> Target<'a> {
-        match self.handlers.get(handler) {
-            Some(slot) => Target::Slot(slot),
-            None if handler == NO_HANDLER => Target::NoHandlerForType(None),
-            None => Target::NoSuchHandler(handler),
-        }
+    async fn hand_back(&self, claims: Vec<(Uuid, DeliveryId)>) -> Result<(), StoreError> {
+        release_all(self.store.deliveries(), claims, self.store_timeout).await
     }
-}
 
-/// Says when fewer acks landed than were written.
-fn warn_unless_all_acked(landed: u64, expected: usize) {
-    if landed != expected as u64 {
-        tracing::warn!(
-            acked = landed,
-            expected,
-            "some acked deliveries were no longer ours (their lease ended): they will run again"
-        );
+    async fn ack(&self, acks: Vec<(Uuid, DeliveryId)>) -> Result<(), StoreError> {
+        ack_all(self.store.deliveries(), acks, self.store_timeout).await
     }
-}
-
-/// Deliveries a pass acked, not yet deleted: the claim's token and the rows.
-struct Acks {
-    token: Uuid,
-    ids: Vec<DeliveryId>,
 }
 
 /// What `ctx.publish` writes to in a worker: the store's outbox, in a transaction of its own,

@@ -6,26 +6,27 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::{BoxFuture, FutureExt};
-use tokio::task::JoinSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, World};
+use crate::delivery::{Engine, Policy, Slot, Verdict, World};
 use crate::envelope::Envelope;
 use crate::envelope::FIRE_TIME_HEADER;
 use crate::health::Probe;
 use crate::knobs::KnobChecks;
 use crate::middleware::Middlewares;
 use crate::outbox::StorePublisher;
-use crate::publish::Publish;
 use crate::registry::RegistryError;
 use crate::schedule::{jobs_from_inventory, ScheduledJob, Spec};
 use crate::state::States;
 use crate::store::{
-    ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition, ScheduleStore, StoreError,
-    SCHEDULE_MESSAGE_TYPE,
+    ack_all, release_all, ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition,
+    ScheduleStore, StoreError, SCHEDULE_MESSAGE_TYPE,
 };
+use crate::worker::feed::{Arrival, Feed, Pace, Pass, Started, Worker};
 use crate::worker::{claim_lease, BuildError, ClaimSource, Source, WorkerBuilder};
 
 /// Builds a [`SchedulerWorker`]. The defaults are the library's: `poll_interval` 100 ms,
@@ -171,25 +172,30 @@ impl Source for ScheduleSource {
                 (name.clone(), slot)
             })
             .collect();
+        let feed = ScheduleFeed {
+            store: source.store,
+            jobs: by_name,
+            names,
+            poll_interval: policy.poll_interval,
+            batch_size: policy.batch_size,
+            dispatch_timeout: policy.handler_timeout,
+            lease,
+            store_timeout: policy.store_timeout,
+            catch_up_grace: source.catch_up_grace,
+            release_messages: source.release_messages,
+            synced: AtomicBool::new(false),
+            pacing: Mutex::new(Pacing::default()),
+        };
+        let pace = Pace {
+            poll_interval: policy.poll_interval,
+            busy_delay: policy.min_cycle_delay,
+            batch_size: policy.batch_size,
+            shutdown_grace: policy.shutdown_grace,
+        };
+        // The scheduler's own small payloads: no cap.
+        let engine = Engine::new(policy.retry, usize::MAX, "scheduler");
         Ok(SchedulerWorker {
-            shared: Arc::new(Shared {
-                store: source.store,
-                jobs: by_name,
-                slots,
-                names,
-                // The scheduler's own small payloads: no cap.
-                engine: Engine::new(policy.retry, usize::MAX, "scheduler"),
-                poll_interval: policy.poll_interval,
-                batch_size: policy.batch_size,
-                min_cycle_delay: policy.min_cycle_delay,
-                dispatch_timeout: policy.handler_timeout,
-                lease,
-                store_timeout: policy.store_timeout,
-                catch_up_grace: source.catch_up_grace,
-                shutdown_grace: policy.shutdown_grace,
-                release_messages: source.release_messages,
-                health,
-            }),
+            worker: Worker::new(feed, slots, engine, pace, health),
         })
     }
 }
@@ -278,26 +284,7 @@ impl WorkerBuilder<ScheduleSource> {
 /// whose lease ran out cannot settle over the one that took over). A failed run retries with
 /// backoff, up to `max_deliveries`, then goes to `dead_letters`.
 pub struct SchedulerWorker {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    store: Arc<dyn ScheduleStore>,
-    jobs: HashMap<String, ScheduledJob>,
-    /// Each job as the engine calls it.
-    slots: HashMap<String, Slot>,
-    names: Vec<String>,
-    engine: Engine,
-    poll_interval: Duration,
-    batch_size: u32,
-    min_cycle_delay: Duration,
-    dispatch_timeout: Duration,
-    lease: Duration,
-    store_timeout: Duration,
-    catch_up_grace: Duration,
-    shutdown_grace: Duration,
-    release_messages: bool,
-    health: Probe,
+    worker: Worker<ScheduleFeed>,
 }
 
 impl SchedulerWorker {
@@ -313,187 +300,110 @@ impl SchedulerWorker {
 
     /// The jobs it runs, by name.
     pub fn job_names(&self) -> &[String] {
-        &self.shared.names
+        &self.worker.feed().names
     }
 
-    /// Runs until `cancel` fires, then lets the cycle in progress finish (jobs get the
-    /// shutdown grace) and returns `Ok(())`. Store errors are logged and retried after
+    /// Runs until `cancel` fires, then lets the runs in flight end (jobs get the shutdown
+    /// grace) and returns `Ok(())`. Store errors are logged and retried after
     /// `poll_interval`.
     ///
     /// Stopping has one hard deadline: the grace and 5 s to settle. A scheduler whose last
     /// writes cannot land by then stops anyway; its claims run again once their lease ends.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreError> {
-        let grace = self.shared.shutdown_grace;
-        crate::delivery::stop_by_deadline("scheduler", &cancel, grace, self.serve(cancel.clone()))
-            .await
-    }
-
-    async fn serve(self, cancel: CancellationToken) -> Result<(), StoreError> {
-        let shared = &*self.shared;
-        let interrupt = CancellationToken::new();
-        let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), shared.shutdown_grace);
-        let wake = crate::store::wake_signal(&*shared.store).await;
-        let publisher: Arc<dyn Publish> = Arc::new(StorePublisher::new(shared.store.clone(), wake));
-        let mut synced = false;
-        let mut pacing = Pacing::default();
-        // Runs in flight, each in a task of its own (run and settle): a cycle never waits for
-        // them, and they go on while the loop awaits the store.
-        let mut running: JoinSet<Finished> = JoinSet::new();
-        let mut finished: Vec<Finished> = Vec::new();
-        let next_cycle = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(next_cycle);
-        let mut cycle_now = true;
-        let mut stopping = false;
-        // The claim (token, occurrence) of a suspect running alone, and whether claims wait
-        // for the runs in flight to end first so that it can.
-        let mut isolating: Option<(Uuid, Uuid)> = None;
-        let mut quieting = false;
-        tracing::info!(jobs = shared.names.len(), "scheduler started");
-        loop {
-            if stopping && running.is_empty() {
-                break;
-            }
-            if quieting && running.is_empty() {
-                quieting = false;
-            }
-            let room = if isolating.is_some() || quieting {
-                0
-            } else {
-                (shared.batch_size as usize).saturating_sub(running.len())
-            };
-            tokio::select! {
-                biased;
-                () = cancel.cancelled(), if !stopping => stopping = true,
-                Some(done) = running.join_next(), if !running.is_empty() => {
-                    finished.extend(joined(done));
-                    // Every run that is done by now is settled with it, in one ack.
-                    while let Some(Some(done)) = running.join_next().now_or_never() {
-                        finished.extend(joined(done));
-                    }
-                    if finished
-                        .iter()
-                        .any(|(token, occurrence, _)| Some((*token, occurrence.id)) == isolating)
-                    {
-                        isolating = None;
-                    }
-                    shared.settle(&mut finished).await;
-                    // Room for claims again: the next cycle need not wait.
-                    cycle_now = true;
-                }
-                // A zero wait goes by the flag: a timer would still wait for the clock's next
-                // tick (a millisecond).
-                () = async { if !cycle_now { (&mut next_cycle).await } }, if !stopping => {
-                    let cycle = async {
-                        if !synced {
-                            shared.sync().await?;
-                            synced = true;
-                        }
-                        shared.cycle(&mut pacing, room).await
-                    }
-                    .await;
-                    let wait = match cycle {
-                        Ok((found, token, mut claimed)) => {
-                            shared.health.pass();
-                            if let Some(suspect) = claimed.iter().position(|o| o.recovered) {
-                                // Its last claim was never settled: the run may have crashed
-                                // the process. It runs alone: the rest of the batch goes back
-                                // uncharged, and if other runs are still going, it goes back
-                                // too until they end.
-                                let suspect = claimed.swap_remove(suspect);
-                                let mut back: Vec<Uuid> = claimed.iter().map(|o| o.id).collect();
-                                claimed.clear();
-                                if running.is_empty() {
-                                    tracing::warn!(
-                                        job = %suspect.schedule,
-                                        fire_at = %suspect.fire_at,
-                                        attempt = suspect.attempts,
-                                        "an earlier run of this occurrence never settled (did it crash the process?): running it alone"
-                                    );
-                                    isolating = Some((token, suspect.id));
-                                    claimed.push(suspect);
-                                } else {
-                                    back.push(suspect.id);
-                                    quieting = true;
-                                }
-                                let release = shared.store.occurrences().release(token, &back);
-                                if let Err(error) = shared.timed("release", release).await {
-                                    tracing::warn!(%error, "could not give back occurrences; they come back after their lease");
-                                }
-                            }
-                            for occurrence in claimed {
-                                let shared = self.shared.clone();
-                                let (cancel, interrupt, publisher) =
-                                    (cancel.clone(), interrupt.clone(), publisher.clone());
-                                let mut run: BoxFuture<'static, Finished> = Box::pin(async move {
-                                    shared
-                                        .run_one(token, occurrence, &cancel, &interrupt, &publisher)
-                                        .await
-                                });
-                                // Polled once here: a job that does not wait finishes without a
-                                // task (and is acked with the others of its batch); one that
-                                // waits goes on in a task of its own, never dropped.
-                                match futures_util::poll!(&mut run) {
-                                    std::task::Poll::Ready(done) => finished.push(done),
-                                    std::task::Poll::Pending => {
-                                        running.spawn(run);
-                                    }
-                                }
-                            }
-                            if !finished.is_empty() {
-                                shared.settle(&mut finished).await;
-                            }
-                            if found > 0 {
-                                shared.min_cycle_delay
-                            } else {
-                                shared.poll_interval
-                            }
-                        }
-                        Err(error) => {
-                            shared
-                                .health
-                                .fail(format!("a scheduler cycle failed: {error}"));
-                            tracing::warn!(%error, "scheduler cycle failed; retrying after the poll interval");
-                            shared.poll_interval
-                        }
-                    };
-                    cycle_now = wait.is_zero();
-                    next_cycle
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + wait);
-                }
-            }
-        }
-        tracing::info!("scheduler stopped");
+        self.worker.run(cancel).await;
         Ok(())
     }
 }
 
-/// A run's task, joined: a panic outside the job (the job's own are caught) is logged, and
-/// its claim comes back after its lease.
-fn joined(done: Result<Finished, tokio::task::JoinError>) -> Option<Finished> {
-    match done {
-        Ok(finished) => Some(finished),
-        Err(error) => {
-            tracing::error!(%error, "a scheduled run's task failed; its occurrence comes back after its lease");
-            None
-        }
-    }
-}
-
-/// A run that ended: its claim, and whether to ack it (`Ok(false)`: settled otherwise).
-type Finished = (Uuid, ClaimedOccurrence, Result<bool, StoreError>);
-
 impl fmt::Debug for SchedulerWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let feed = self.worker.feed();
         f.debug_struct("SchedulerWorker")
-            .field("jobs", &self.shared.names)
-            .field("lease", &self.shared.lease)
-            .field("dispatch_timeout", &self.shared.dispatch_timeout)
+            .field("jobs", &feed.names)
+            .field("lease", &feed.lease)
+            .field("dispatch_timeout", &feed.dispatch_timeout)
             .finish_non_exhaustive()
     }
 }
 
-impl Shared {
+/// The scheduler as a [`Feed`]: each pass acks the runs that succeeded, moves due delayed
+/// messages into the outbox, plans due schedules and claims due occurrences, each on its own
+/// pace.
+struct ScheduleFeed {
+    store: Arc<dyn ScheduleStore>,
+    jobs: HashMap<String, ScheduledJob>,
+    names: Vec<String>,
+    poll_interval: Duration,
+    batch_size: u32,
+    dispatch_timeout: Duration,
+    lease: Duration,
+    store_timeout: Duration,
+    catch_up_grace: Duration,
+    release_messages: bool,
+    /// Whether the schedules were written (the first pass does).
+    synced: AtomicBool,
+    pacing: Mutex<Pacing>,
+}
+
+impl Feed for ScheduleFeed {
+    type Claim = (Uuid, Uuid);
+    type Error = StoreError;
+    const NAME: &'static str = "scheduler";
+
+    /// The scheduler waits on its poll interval alone; what its jobs publish wakes the
+    /// outbox's workers.
+    async fn start(&self) -> Started {
+        let wake = crate::store::wake_signal(&*self.store).await;
+        Started {
+            wake: None,
+            publisher: Arc::new(StorePublisher::new(self.store.clone(), wake)),
+        }
+    }
+
+    async fn pass(
+        &self,
+        acks: Vec<(Uuid, Uuid)>,
+        room: u32,
+    ) -> Result<Pass<(Uuid, Uuid)>, StoreError> {
+        ack_all(self.store.occurrences(), acks, self.store_timeout).await?;
+        if !self.synced.load(Ordering::Relaxed) {
+            self.sync().await?;
+            self.synced.store(true, Ordering::Relaxed);
+        }
+        let (found, token, claimed) = self.cycle(room).await?;
+        let arrivals = claimed
+            .into_iter()
+            .map(|occurrence| Arrival {
+                claim: (token, occurrence.id),
+                envelope: envelope_of(&occurrence),
+                recovered: occurrence.recovered,
+                handler: Some(occurrence.schedule),
+                unreadable: None,
+            })
+            .collect();
+        Ok(Pass { found, arrivals })
+    }
+
+    async fn settle(&self, (token, id): (Uuid, Uuid), verdict: Verdict) -> Result<Row, StoreError> {
+        let rows = ClaimedRows {
+            claims: self.store.occurrences(),
+            token,
+            lease: self.lease,
+            store_timeout: self.store_timeout,
+        };
+        rows.settle(id, verdict).await
+    }
+
+    async fn hand_back(&self, claims: Vec<(Uuid, Uuid)>) -> Result<(), StoreError> {
+        release_all(self.store.occurrences(), claims, self.store_timeout).await
+    }
+
+    async fn ack(&self, acks: Vec<(Uuid, Uuid)>) -> Result<(), StoreError> {
+        ack_all(self.store.occurrences(), acks, self.store_timeout).await
+    }
+}
+
+impl ScheduleFeed {
     /// `statement` with the scheduler's deadline ([`store_timeout`](SchedulerBuilder::store_timeout)).
     async fn timed<T>(
         &self,
@@ -520,17 +430,16 @@ impl Shared {
 
     /// One cycle: releases due delayed messages, plans due schedules, claims up to `room`
     /// occurrences. Returns how much it found to do, the claim token and the claims.
-    async fn cycle(
-        &self,
-        pacing: &mut Pacing,
-        room: usize,
-    ) -> Result<(usize, Uuid, Vec<ClaimedOccurrence>), StoreError> {
+    async fn cycle(&self, room: u32) -> Result<(usize, Uuid, Vec<ClaimedOccurrence>), StoreError> {
         let mut found = 0;
         let token = Uuid::now_v7();
+        let pacing = |step: fn(&Pacing, Duration) -> bool| {
+            step(&self.pacing.lock().expect("pacing"), self.poll_interval)
+        };
         // Fire times and due times are only looked for once per poll interval (or again at
         // once while a full batch says there is more): a backlog of occurrences drains at the
         // pace of claims, not of these statements.
-        if self.release_messages && pacing.release_due(self.poll_interval) {
+        if self.release_messages && pacing(Pacing::release_due) {
             let moved = self
                 .timed(
                     "release of due messages",
@@ -540,7 +449,8 @@ impl Shared {
             if moved > 0 {
                 tracing::debug!(moved, "delayed messages released to the outbox");
             }
-            pacing.released(moved >= u64::from(self.batch_size));
+            let more = moved >= u64::from(self.batch_size);
+            self.pacing.lock().expect("pacing").released(more);
             found += usize::try_from(moved).unwrap_or(usize::MAX);
         }
         if self.names.is_empty() {
@@ -556,7 +466,7 @@ impl Shared {
                 next_fire_at: due,
             },
         };
-        if pacing.plan_due(self.poll_interval) {
+        if pacing(Pacing::plan_due) {
             let written = self
                 .timed(
                     "plan",
@@ -564,113 +474,20 @@ impl Shared {
                 )
                 .await?;
             // A full batch of due schedules: there may be more.
-            pacing.planned(written >= u64::from(self.batch_size));
+            let more = written >= u64::from(self.batch_size);
+            self.pacing.lock().expect("pacing").planned(more);
         }
         if room == 0 {
             // Runs fill the batch (or one runs alone): plan and release, claim nothing.
             return Ok((found, token, Vec::new()));
         }
-        let limit = u32::try_from(room).unwrap_or(u32::MAX).min(self.batch_size);
+        let limit = room.min(self.batch_size);
         let claim = self
             .store
             .claim_occurrences(token, &self.names, limit, self.lease);
         let claimed = self.timed("claim", claim).await?;
         found += claimed.len();
         Ok((found, token, claimed))
-    }
-
-    /// Acks the runs in `finished` that succeeded, one statement per claim token; the others
-    /// were settled when they ended. A store error is logged: those claims run again after
-    /// their lease.
-    async fn settle(&self, finished: &mut Vec<Finished>) {
-        let mut by_token: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
-        for (token, occurrence, result) in finished.drain(..) {
-            match result {
-                Ok(true) => by_token.entry(token).or_default().push(occurrence.id),
-                Ok(false) => {}
-                Err(error) => {
-                    self.health
-                        .fail(format!("settling a scheduled run failed: {error}"));
-                    tracing::warn!(
-                        job = %occurrence.schedule,
-                        fire_at = %occurrence.fire_at,
-                        %error,
-                        "could not settle a scheduled run; it runs again after its lease"
-                    );
-                }
-            }
-        }
-        for (token, ids) in by_token {
-            let ack = self.store.occurrences().ack(token, &ids);
-            match self.timed("ack", ack).await {
-                Ok(done) if done < ids.len() as u64 => tracing::warn!(
-                    finished = ids.len(),
-                    settled = done,
-                    lease = ?self.lease,
-                    "some leases ended before their runs were settled: other workers took them over"
-                ),
-                Ok(_) => {}
-                Err(error) => {
-                    self.health
-                        .fail(format!("acking scheduled runs failed: {error}"));
-                    tracing::warn!(%error, runs = ids.len(), "could not ack scheduled runs; they run again after their lease");
-                }
-            }
-        }
-    }
-
-    /// Runs one occurrence and settles it, except a success: `Ok(true)` means "ack it".
-    async fn run_one(
-        &self,
-        token: Uuid,
-        occurrence: ClaimedOccurrence,
-        cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-    ) -> Finished {
-        let result = self
-            .run_claimed(token, &occurrence, cancel, interrupt, publisher)
-            .await;
-        (token, occurrence, result)
-    }
-
-    async fn run_claimed(
-        &self,
-        token: Uuid,
-        occurrence: &ClaimedOccurrence,
-        cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-    ) -> Result<bool, StoreError> {
-        let Some(slot) = self.slots.get(&occurrence.schedule) else {
-            // Claims only take this worker's schedules.
-            return Ok(false);
-        };
-        let envelope = Arc::new(envelope_of(occurrence));
-        let verdict = self
-            .engine
-            .deliver(Target::Slot(slot), &envelope, cancel, interrupt, publisher)
-            .await;
-        let world = ClaimedRows {
-            claims: self.store.occurrences(),
-            token,
-            lease: self.lease,
-            store_timeout: self.store_timeout,
-        };
-        match world.settle(occurrence.id, verdict).await? {
-            Row::Ack => Ok(true),
-            Row::Settled => Ok(false),
-            Row::Lost => {
-                tracing::warn!(
-                    job = %occurrence.schedule,
-                    fire_at = %occurrence.fire_at,
-                    lease = ?self.lease,
-                    "the lease ended before the run was settled: another worker took it over, and \
-                     this outcome is dropped"
-                );
-                Ok(false)
-            }
-        }
     }
 }
 
