@@ -264,9 +264,10 @@ impl<S: ClaimSource> WorkerBuilder<S> {
         self
     }
 
-    /// How many deliveries (or occurrences) are called at once, at most (default 10): each
-    /// pass claims as many as there is room for, and once half the batch has ended the next
-    /// pass claims again. Also how many delayed messages the scheduler moves per pass.
+    /// How many deliveries (or occurrences) are called at once, at most (default 10). The
+    /// outbox worker claims a batch and claims the next once the whole batch is settled; the
+    /// scheduler claims the room left as each run ends, and moves up to this many delayed
+    /// messages per pass.
     pub fn batch_size(mut self, batch_size: u32) -> WorkerBuilder<S> {
         self.policy.batch_size = batch_size;
         self

@@ -231,6 +231,15 @@ impl InMemoryStore {
         }
     }
 
+    /// The `deliveries` deliveries of a taken message went back unstarted, as one message.
+    pub(crate) fn fold_back(&self, deliveries: usize) {
+        if deliveries > 1 {
+            self.inner
+                .outstanding
+                .fetch_sub(deliveries - 1, Ordering::SeqCst);
+        }
+    }
+
     /// One delivery was acked or dead-lettered.
     pub(crate) fn settle(&self) {
         if self.inner.outstanding.fetch_sub(1, Ordering::SeqCst) == 1 {

@@ -9,16 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::dead_letter::DeadLetter;
-use crate::delivery::{Engine, Policy, Slot, Target, Verdict, World, IN_MEMORY_CONCURRENCY};
+use crate::delivery::{Engine, Policy, Slot, Verdict, IN_MEMORY_CONCURRENCY};
 use crate::envelope::Envelope;
-use crate::memory::{InMemoryStore, StoreBusy, Waiting};
+use crate::health::Probe;
+use crate::memory::{Consumer, InMemoryStore, StoreBusy, Waiting};
 use crate::metrics::Metrics;
-use crate::publish::Publish;
 use crate::registry::{HandlerInfo, HandlerSet, Registry};
 use crate::signals::stop_on_signal;
+use crate::worker::feed::{Arrival, Feed, Pace, Pass, Refill, Row, Started, To, Worker};
 use crate::worker::{handler_slot, BuildError, MessageSource, Source, WorkerBuilder};
 
 type Filter = Box<dyn Fn(&HandlerInfo) -> bool + Send>;
@@ -82,29 +82,36 @@ impl Source for MemorySource {
             .filter_map(|info| registry.get(&info.name))
             .map(|handler| handler_slot(&policy, handler, &metrics, None))
             .collect();
-        let by_name = slots
-            .iter()
-            .enumerate()
-            .map(|(index, slot)| (slot.name().to_string(), index))
-            .collect();
         let mut by_type: ByType = HashMap::default();
         for (index, slot) in slots.iter().enumerate() {
             let message_type = slot.registered().expect("a handler").info().message_type;
             by_type.entry(message_type).or_default().push(index);
         }
+        let feed = MemoryFeed {
+            store,
+            registry,
+            by_type,
+            consumer: tokio::sync::Mutex::new(None),
+        };
+        let engine =
+            Engine::new(policy.retry, policy.max_payload_bytes, "memory").metrics_in(metrics);
+        let pace = Pace {
+            poll_interval: policy.poll_interval,
+            busy_delay: Duration::ZERO,
+            // No bound of its own: each handler's concurrency is.
+            batch_size: u32::MAX,
+            shutdown_grace: policy.shutdown_grace,
+            refill: Refill::WhenAnyEnds,
+        };
         Ok(MemoryWorker {
-            shared: Arc::new(Shared {
-                publisher: Arc::new(store.clone()),
-                store,
-                registry,
+            worker: Worker::new(
+                feed,
                 slots,
-                by_name,
-                by_type,
-                engine: Engine::new(policy.retry, policy.max_payload_bytes, "memory")
-                    .metrics_in(metrics),
-                shutdown_grace: policy.shutdown_grace,
-                handle_signals: source.handle_signals,
-            }),
+                engine,
+                pace,
+                Probe::detached("in-memory worker"),
+            ),
+            handle_signals: source.handle_signals,
         })
     }
 }
@@ -172,33 +179,21 @@ impl WorkerBuilder<MemorySource> {
     }
 }
 
-/// Messages the runtime takes from its store at a time: each is started before the next batch
-/// is taken, and the stop is checked between messages.
+/// Messages the worker takes from its store per pass: each is started before the next pass,
+/// and the stop is checked between passes.
 const RECEIVE_BATCH: usize = 64;
 
-/// A configured runtime; [`MemoryWorker::run`] runs it. Clones share everything.
+/// A configured in-memory worker; [`MemoryWorker::run`] runs it. Clones share everything.
 #[derive(Clone)]
 pub struct MemoryWorker {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    store: InMemoryStore,
-    publisher: Arc<dyn Publish>,
-    registry: Registry,
-    /// Every handler as the engine calls it, in name order.
-    slots: Vec<Slot>,
-    by_name: HashMap<String, usize>,
-    by_type: ByType,
-    engine: Engine,
-    shutdown_grace: Duration,
+    worker: Worker<MemoryFeed>,
     handle_signals: bool,
 }
 
 /// The slots of each message type's handlers, looked up once per message.
 type ByType = HashMap<&'static str, Vec<usize>, BuildHasherDefault<NameHasher>>;
 
-/// Hashes the message types of the runtime's lookup: a multiplication per eight bytes of the
+/// Hashes the message types of the worker's lookup: a multiplication per eight bytes of the
 /// name. The standard hasher (SipHash) resists keys chosen to collide, and costs as much as a
 /// tenth of the rest of a delivery; here the keys are the program's own message types, and a
 /// name that is not one of them only misses.
@@ -220,7 +215,7 @@ impl Hasher for NameHasher {
     }
 }
 
-/// What one handler did, as counted in the runtime's metrics (those of
+/// What one handler did, as counted in the worker's metrics (those of
 /// [`MemoryWorkerBuilder::metrics`], [`Metrics::global`] by default).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -243,21 +238,21 @@ impl MemoryWorker {
         MemoryWorkerBuilder::default()
     }
 
-    /// The store this runtime takes messages from: publish there, wait for it to be idle, read
+    /// The store this worker takes messages from: publish there, wait for it to be idle, read
     /// its dead letters.
     pub fn store(&self) -> &InMemoryStore {
-        &self.shared.store
+        &self.worker.feed().store
     }
 
-    /// The handlers this runtime runs.
+    /// The handlers this worker runs.
     pub fn registry(&self) -> &Registry {
-        &self.shared.registry
+        &self.worker.feed().registry
     }
 
     /// Counters per handler, sorted by handler name.
     pub fn stats(&self) -> Vec<HandlerStats> {
-        self.shared
-            .slots
+        self.worker
+            .slots()
             .iter()
             .map(|slot| {
                 let metrics = slot.metrics();
@@ -274,89 +269,23 @@ impl MemoryWorker {
 
     /// Runs until `cancel` fires, then lets running handlers finish (up to the shutdown grace)
     /// and returns `Ok(())`. Messages not started, or waiting for a retry, stay in the store
-    /// (those the runtime had taken but not started go back behind the others: the in-memory
+    /// (those the worker had taken but not started go back behind the others: the in-memory
     /// store keeps no order across a stop).
     ///
-    /// One runtime runs on a store at a time (it fans messages out to its own handlers): a
+    /// One worker runs on a store at a time (it fans messages out to its own handlers): a
     /// second `run` on the same store returns [`StoreBusy`].
     ///
     /// Stopping has one hard deadline: the grace and 5 s to settle.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreBusy> {
-        let grace = self.shared.shutdown_grace;
-        crate::delivery::stop_by_deadline("runtime", &cancel, grace, self.serve(cancel.clone()))
-            .await
-    }
-
-    async fn serve(self, cancel: CancellationToken) -> Result<(), StoreBusy> {
-        let mut consumer = self.shared.store.claim_consumer().ok_or(StoreBusy)?;
-        let run = Arc::new(Run {
-            shared: self.shared.clone(),
-            stop: cancel.child_token(),
-            abort: CancellationToken::new(),
-        });
-        let stop = &run.stop;
-        if self.shared.handle_signals {
+        let stop = cancel.child_token();
+        if self.handle_signals {
             tokio::spawn(stop_on_signal(stop.clone()));
         }
-        let tracker = TaskTracker::new();
-        tracing::info!(
-            handlers = self.shared.registry.len(),
-            "hexeract runtime started (in-process store)"
-        );
-        for info in self.shared.registry.handlers() {
-            tracing::debug!(handler = %info.name, message_type = info.message_type, "handler registered");
-        }
-        // One wait for the stop across the loop: a new one per message would register and
-        // unregister a waiter on the token, a lock each way.
-        let mut stopped = std::pin::pin!(stop.cancelled());
-        let mut batch = Vec::with_capacity(RECEIVE_BATCH);
-        'taking: loop {
-            tokio::select! {
-                biased;
-                () = &mut stopped => break,
-                () = consumer.next_batch(&mut batch, RECEIVE_BATCH) => {}
-            }
-            let full = batch.len() == RECEIVE_BATCH;
-            // Nothing below awaits anything that waits until the batch is empty: a `run`
-            // dropped here would drop the messages left in it.
-            let mut taken = batch.drain(..);
-            while let Some(pending) = taken.next() {
-                run.accept(pending, &tracker).await;
-                if stop.is_cancelled() {
-                    // Not started: back in the store, as if never taken.
-                    taken.for_each(|pending| self.shared.store.requeue(pending));
-                    break 'taking;
-                }
-            }
-            // A backlog is always ready: let the spawned handlers (and the application's other
-            // tasks) run on a single-threaded executor too. A batch takes one unit of the
-            // task's budget where a message took one before, so a full batch gives way itself.
-            if full {
-                tokio::task::yield_now().await;
-            } else {
-                tokio::task::consume_budget().await;
-            }
-        }
-        tracker.close();
-        if tokio::time::timeout(self.shared.shutdown_grace, tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                grace = ?self.shared.shutdown_grace,
-                "handlers still running after the shutdown grace; interrupting them, their messages stay in the store"
-            );
-            run.abort.cancel();
-            tracker.wait().await;
-        }
-        let left = self.shared.store.pending();
+        let store = self.store().clone();
+        self.worker.run(stop).await?;
+        let left = store.pending();
         if left > 0 {
-            tracing::info!(
-                pending = left,
-                "hexeract runtime stopped; messages left in the store"
-            );
-        } else {
-            tracing::info!("hexeract runtime stopped");
+            tracing::info!(pending = left, "messages left in the in-memory store");
         }
         Ok(())
     }
@@ -365,174 +294,203 @@ impl MemoryWorker {
 impl fmt::Debug for MemoryWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryWorker")
-            .field("handlers", &self.shared.registry)
-            .field("retry", self.shared.engine.retry())
-            .field("store", &self.shared.store)
+            .field("handlers", self.registry())
+            .field("retry", self.worker.engine().retry())
+            .field("store", self.store())
             .finish_non_exhaustive()
     }
 }
 
-/// Where one of the runtime's deliveries goes: a handler by its place in the slots, or none.
-enum Destination {
-    Slot(usize),
-    NoHandlerForType,
-    NoSuchHandler(String),
+/// The in-memory store as a [`Feed`]: each pass takes a batch of waiting messages and fans each
+/// out to every handler of its type (or to the one handler a retry or a replay is for); the
+/// attempt is counted as it is taken. A retry waits in its call's task and goes back into the
+/// store; dead letters stay in the store.
+struct MemoryFeed {
+    store: InMemoryStore,
+    registry: Registry,
+    by_type: ByType,
+    /// The store's messages, taken by [`start`](Feed::start) and given back by
+    /// [`finish`](Feed::finish).
+    consumer: tokio::sync::Mutex<Option<Consumer>>,
 }
 
-/// One run of a runtime: what its deliveries share, behind one `Arc` (a delivery that goes on
-/// in a task of its own holds it).
-struct Run {
-    shared: Arc<Shared>,
-    /// The runtime was told to stop: no new calls, retries wait no longer.
-    stop: CancellationToken,
-    /// The shutdown grace is over: running calls are given up on.
-    abort: CancellationToken,
+impl MemoryFeed {
+    /// Back in the store, for `handler` (every handler of its type when `None`).
+    fn put_back(&self, envelope: Envelope, handler: Option<&str>) {
+        self.store.requeue(Waiting {
+            envelope,
+            handler: handler.map(str::to_owned),
+        });
+    }
 }
 
-impl Run {
-    /// Fans a message out to its handlers. Each delivery is polled once here: a handler that
-    /// does not wait is called, settled and done without a task; one that waits (or must wait
-    /// for a permit, or for a retry) goes on in a task of its own.
-    async fn accept(self: &Arc<Self>, pending: Waiting, tracker: &TaskTracker) {
-        let Waiting { envelope, handler } = pending;
-        let shared = &self.shared;
-        let only;
-        let destinations: &[usize] = match handler {
-            Some(name) => match shared.by_name.get(&name) {
-                Some(index) => {
-                    only = [*index];
-                    &only
-                }
-                None => {
-                    shared.store.fan_out(1);
-                    let missing = Destination::NoSuchHandler(name);
-                    return self.start(Arc::new(envelope), missing, tracker).await;
-                }
-            },
-            None => match shared.by_type.get(envelope.message_type.as_str()) {
-                Some(indexes) => indexes,
-                None => {
-                    shared.store.fan_out(1);
-                    let missing = Destination::NoHandlerForType;
-                    return self.start(Arc::new(envelope), missing, tracker).await;
-                }
-            },
-        };
-        shared.store.fan_out(destinations.len());
-        // One envelope for every handler: a delivery copies it only when it counts an attempt
-        // while another still holds it.
-        let envelope = Arc::new(envelope);
-        let (last, others) = destinations.split_last().expect("never empty");
-        for index in others {
-            let destination = Destination::Slot(*index);
-            self.start(envelope.clone(), destination, tracker).await;
+impl Feed for MemoryFeed {
+    type Claim = ();
+    type Error = StoreBusy;
+    const NAME: &'static str = "in-memory worker";
+
+    async fn start(&self) -> Result<Started, StoreBusy> {
+        let consumer = self.store.claim_consumer().ok_or(StoreBusy)?;
+        *self.consumer.lock().await = Some(consumer);
+        for info in self.registry.handlers() {
+            tracing::debug!(handler = %info.name, message_type = info.message_type, "handler registered");
         }
-        self.start(envelope, Destination::Slot(*last), tracker)
-            .await;
+        Ok(Started {
+            wake: None,
+            publisher: Arc::new(self.store.clone()),
+        })
     }
 
-    async fn start(
-        self: &Arc<Self>,
-        envelope: Arc<Envelope>,
-        destination: Destination,
-        tracker: &TaskTracker,
-    ) {
-        let mut delivery = Box::pin(self.clone().deliver(envelope, destination));
-        if futures_util::poll!(&mut delivery).is_pending() {
-            tracker.spawn(delivery);
-        }
-    }
-
-    /// Calls the handler until the message is acked or dead-lettered, or the runtime stops
-    /// (then the message goes back to the store with the attempts it used).
-    async fn deliver(self: Arc<Self>, mut envelope: Arc<Envelope>, destination: Destination) {
-        let shared = &*self.shared;
-        let target = shared.target(&destination);
-        loop {
-            // Attempts are counted when a call starts, so a call that never finished (its
-            // runtime was stopped past the grace) still uses one up.
-            Arc::make_mut(&mut envelope).attempt += 1;
-            let verdict = shared
-                .engine
-                .deliver(
-                    target,
-                    &envelope,
-                    &self.stop,
-                    &self.abort,
-                    &shared.publisher,
-                )
-                .await;
-            let world = Memory {
-                shared,
-                target,
-                stop: &self.stop,
-            };
-            // A call that finished holds the envelope no more: this takes it without a copy.
-            match world.settle(Arc::unwrap_or_clone(envelope), verdict).await {
-                Some(again) => envelope = Arc::new(again),
-                None => return,
+    async fn pass(
+        &self,
+        _acks: Vec<()>,
+        room: u32,
+        stop: &CancellationToken,
+    ) -> Result<Pass<()>, StoreBusy> {
+        let limit = usize::try_from(room)
+            .unwrap_or(usize::MAX)
+            .min(RECEIVE_BATCH);
+        let mut batch = Vec::with_capacity(limit);
+        if limit > 0 {
+            let mut consumer = self.consumer.lock().await;
+            let consumer = consumer.as_mut().expect("taken when the worker started");
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return Ok(Pass::of(Vec::new())),
+                () = consumer.next_batch(&mut batch, limit) => {}
             }
         }
-    }
-}
-
-impl Shared {
-    fn target<'a>(&'a self, destination: &'a Destination) -> Target<'a> {
-        match destination {
-            Destination::Slot(index) => Target::Slot(&self.slots[*index]),
-            Destination::NoHandlerForType => Target::NoHandlerForType(None),
-            Destination::NoSuchHandler(name) => Target::NoSuchHandler(name),
-        }
-    }
-}
-
-/// The in-memory world: verdicts become store updates, and a retry waits in the delivery's
-/// task.
-struct Memory<'a> {
-    shared: &'a Shared,
-    target: Target<'a>,
-    stop: &'a CancellationToken,
-}
-
-impl World for Memory<'_> {
-    type Delivery = Envelope;
-    /// The envelope to call again, after a retry's wait.
-    type Settled = Option<Envelope>;
-
-    async fn settle(&self, mut envelope: Envelope, verdict: Verdict) -> Option<Envelope> {
-        let store = &self.shared.store;
-        let handler = || self.target.handler_name().map(str::to_owned);
-        let put_back = |envelope| {
-            store.requeue(Waiting {
-                envelope,
-                handler: handler(),
-            });
+        let full = batch.len() == RECEIVE_BATCH;
+        let mut arrivals = Vec::with_capacity(batch.len());
+        let arrival = |to, envelope| Arrival {
+            claim: (),
+            to,
+            envelope,
+            recovered: false,
+            unreadable: None,
         };
+        for Waiting {
+            mut envelope,
+            handler,
+        } in batch
+        {
+            // Counted as it is taken, so a call that never finished (its worker was stopped
+            // past the grace) still uses one up.
+            envelope.attempt += 1;
+            let slots = match &handler {
+                None => self.by_type.get(envelope.message_type.as_str()),
+                Some(_) => None,
+            };
+            match (handler, slots) {
+                (Some(name), _) => {
+                    self.store.fan_out(1);
+                    arrivals.push(arrival(To::Named(name), Arc::new(envelope)));
+                }
+                (None, Some(slots)) => {
+                    self.store.fan_out(slots.len());
+                    // One envelope for every handler: a delivery copies it only when it is put
+                    // back while another still holds it.
+                    let envelope = Arc::new(envelope);
+                    for slot in slots {
+                        arrivals.push(arrival(To::Slot(*slot), envelope.clone()));
+                    }
+                }
+                (None, None) => {
+                    self.store.fan_out(1);
+                    arrivals.push(arrival(To::Nobody, Arc::new(envelope)));
+                }
+            }
+        }
+        // A backlog is always ready: let the spawned handlers (and the application's other
+        // tasks) run on a single-threaded executor too. A batch takes one unit of the task's
+        // budget where a message took one before, so a full batch gives way itself.
+        if full {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::task::consume_budget().await;
+        }
+        Ok(Pass::of(arrivals))
+    }
+
+    async fn settle(
+        &self,
+        _claim: &(),
+        handler: Option<&str>,
+        envelope: Arc<Envelope>,
+        verdict: Verdict,
+        stop: &CancellationToken,
+    ) -> Result<Row, StoreBusy> {
+        // A call that finished holds the envelope no more: this takes it without a copy.
+        let envelope = || Arc::unwrap_or_clone(envelope);
         match verdict {
-            Verdict::Ack => store.settle(),
+            Verdict::Ack => self.store.settle(),
             Verdict::DeadLetter {
                 reason,
                 detail,
                 calls,
             } => {
+                let mut envelope = envelope();
                 envelope.attempt = calls;
-                store.record_dead_letter(DeadLetter::new(envelope, handler(), reason, &detail));
+                let handler = handler.map(str::to_owned);
+                let dead_letter = DeadLetter::new(envelope, handler, reason, &detail);
+                self.store.record_dead_letter(dead_letter);
             }
             Verdict::Retry { delay, .. } => {
+                // Back in the store once the delay is over, or at once when the worker stops.
                 tokio::select! {
                     biased;
-                    () = self.stop.cancelled() => put_back(envelope),
-                    () = tokio::time::sleep(delay) => return Some(envelope),
+                    () = stop.cancelled() => {}
+                    () = tokio::time::sleep(delay) => {}
                 }
+                self.put_back(envelope(), handler);
             }
             // Back in the store with the attempt counted: the call may still be running.
-            Verdict::Abandoned => put_back(envelope),
+            Verdict::Abandoned => self.put_back(envelope(), handler),
             Verdict::Release => {
+                let mut envelope = envelope();
                 envelope.attempt -= 1;
-                put_back(envelope);
+                self.put_back(envelope, handler);
             }
         }
-        None
+        Ok(Row::Settled)
+    }
+
+    /// Taken but not started (the worker was told to stop): back in the store, their attempt
+    /// not counted. A message none of whose handlers started goes back as it came, for every
+    /// handler of its type; one a handler's retry or a replay was for, for that handler.
+    async fn hand_back(&self, arrivals: Vec<Arrival<()>>) -> Result<(), StoreBusy> {
+        let mut arrivals = arrivals.into_iter().peekable();
+        while let Some(arrival) = arrivals.next() {
+            let handler = match arrival.to {
+                To::Named(name) => Some(name),
+                // The deliveries of one message (the loop starts them all or none).
+                To::Slot(_) => {
+                    let mut deliveries = 1;
+                    while arrivals
+                        .next_if(|next| Arc::ptr_eq(&next.envelope, &arrival.envelope))
+                        .is_some()
+                    {
+                        deliveries += 1;
+                    }
+                    self.store.fold_back(deliveries);
+                    None
+                }
+                To::Nobody => None,
+            };
+            let mut envelope = Arc::unwrap_or_clone(arrival.envelope);
+            envelope.attempt -= 1;
+            self.store.requeue(Waiting { envelope, handler });
+        }
+        Ok(())
+    }
+
+    async fn ack(&self, _acks: Vec<()>) -> Result<(), StoreBusy> {
+        Ok(())
+    }
+
+    /// Gives the store back: another worker may run on it.
+    async fn finish(&self) {
+        *self.consumer.lock().await = None;
     }
 }
 

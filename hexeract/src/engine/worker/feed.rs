@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -40,10 +41,12 @@ use crate::reason::Reason;
 /// (`acks`: a feed writes them with its next statement, as the outbox does in one round trip
 /// with its take) and asks for up to `room` deliveries (`0` while a suspect runs alone or the
 /// calls in flight fill the batch: the feed then does only its own work, such as the
-/// scheduler's planning).
+/// scheduler's planning). A pull feed's pass claims what is due and returns; a push feed's
+/// waits until something arrives, or until `stop` fires (it then returns nothing). Either way
+/// the loop goes on joining calls that end while a pass is under way.
 pub(crate) trait Feed: Send + Sync + 'static {
-    /// What settles a delivery: a claim's token and the row's id.
-    type Claim: Copy + Send + Sync + 'static;
+    /// What settles a delivery: a claim's token and the row's id, say.
+    type Claim: Send + Sync + 'static;
     /// Why a pass or a settle failed.
     type Error: fmt::Display + Send + 'static;
 
@@ -51,33 +54,44 @@ pub(crate) trait Feed: Send + Sync + 'static {
     const NAME: &'static str;
 
     /// Once, before the first pass: what ends a wait between passes early, and where a
-    /// handler's `ctx.publish` writes.
-    fn start(&self) -> impl Future<Output = Started> + Send;
+    /// handler's `ctx.publish` writes. An error ends the run (another worker holds the
+    /// in-memory store).
+    fn start(&self) -> impl Future<Output = Result<Started, Self::Error>> + Send;
 
     /// Writes `acks`, does the feed's own work and takes up to `room` deliveries.
     fn pass(
         &self,
         acks: Vec<Self::Claim>,
         room: u32,
+        stop: &CancellationToken,
     ) -> impl Future<Output = Result<Pass<Self::Claim>, Self::Error>> + Send;
 
-    /// Carries `verdict` out for the delivery `claim` holds. A success is not written here:
-    /// [`Row::Ack`] gives the claim back to the loop, which acks it with the next pass.
+    /// Carries `verdict` out for the delivery `claim` holds (`handler`'s, with `envelope`). A
+    /// success is not written here: [`Row::Ack`] has the loop ack the claim with the next pass.
+    /// `stop` is the worker's stop signal (a wait before a retry ends there).
     fn settle(
         &self,
-        claim: Self::Claim,
+        claim: &Self::Claim,
+        handler: Option<&str>,
+        envelope: Arc<Envelope>,
         verdict: Verdict,
+        stop: &CancellationToken,
     ) -> impl Future<Output = Result<Row, Self::Error>> + Send;
 
     /// Gives deliveries back without calling their handlers: due at once, their attempt not
     /// counted.
     fn hand_back(
         &self,
-        claims: Vec<Self::Claim>,
+        arrivals: Vec<Arrival<Self::Claim>>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Writes the acks still owed when the worker stops.
     fn ack(&self, acks: Vec<Self::Claim>) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// After the last settle: lets go of what [`start`](Feed::start) took.
+    fn finish(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// What a feed's [`start`](Feed::start) returns.
@@ -112,14 +126,26 @@ impl<C> Pass<C> {
 pub(crate) struct Arrival<C> {
     /// What settles it.
     pub(crate) claim: C,
-    /// The handler it is for; `None` when no handler knew its type.
-    pub(crate) handler: Option<String>,
-    /// The message, `attempt` counted.
-    pub(crate) envelope: Envelope,
+    /// The handler it is for.
+    pub(crate) to: To,
+    /// The message, `attempt` counted (shared by the deliveries of one message to several
+    /// handlers).
+    pub(crate) envelope: Arc<Envelope>,
     /// An earlier hold of it ended unsettled: it may have crashed a process, so it runs alone.
     pub(crate) recovered: bool,
     /// Why the stored message cannot be read (it is dead-lettered without a call).
     pub(crate) unreadable: Option<String>,
+}
+
+/// Which handler a delivery is for.
+pub(crate) enum To {
+    /// A handler of the worker, by its place among the worker's slots (the feed looked it up).
+    Slot(usize),
+    /// A handler by name, looked up by the loop: one the worker does not have gets the
+    /// `no_such_handler` dead letter.
+    Named(String),
+    /// No handler knew its type.
+    Nobody,
 }
 
 /// What became of a delivery once its verdict was carried out.
@@ -145,17 +171,40 @@ pub(crate) struct Pace {
     pub(crate) batch_size: u32,
     /// How long calls in flight get to end once the worker is told to stop.
     pub(crate) shutdown_grace: Duration,
+    /// When a call that ends starts the next pass.
+    pub(crate) refill: Refill,
+}
+
+/// When a call that ends starts the next pass at once (otherwise the pass waits for its time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refill {
+    /// Once every call of the worker has ended: a pass takes a whole batch, and its acks are
+    /// written in one statement with the next take (the outbox).
+    WhenAllEnded,
+    /// As soon as any call ends: a slow call holds only its own place (the scheduler, whose
+    /// runs may take minutes).
+    WhenAnyEnds,
 }
 
 /// The worker around a [`Feed`]: the feed, the handlers (or jobs) it calls, the engine, the
-/// pace and the probe readiness is reported to.
+/// pace and the probe readiness is reported to. Clones share everything.
 pub(crate) struct Worker<F: Feed> {
     inner: Arc<Inner<F>>,
 }
 
+impl<F: Feed> Clone for Worker<F> {
+    fn clone(&self) -> Worker<F> {
+        Worker {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
 struct Inner<F> {
     feed: F,
-    slots: HashMap<String, Slot>,
+    /// The handlers (or jobs), in the order a feed's [`To::Slot`] counts them.
+    slots: Vec<Slot>,
+    by_name: HashMap<String, usize>,
     engine: Engine,
     pace: Pace,
     health: Probe,
@@ -164,18 +213,27 @@ struct Inner<F> {
 /// A run that ended: its sequence number, and its claim when the loop owes its ack.
 type Ended<C> = (u64, Option<C>);
 
+/// A pass under way: the loop joins calls that end meanwhile.
+type PassUnderWay<'a, C, E> = Pin<Box<dyn Future<Output = Result<Pass<C>, E>> + Send + 'a>>;
+
 impl<F: Feed> Worker<F> {
     pub(crate) fn new(
         feed: F,
-        slots: HashMap<String, Slot>,
+        slots: Vec<Slot>,
         engine: Engine,
         pace: Pace,
         health: Probe,
     ) -> Worker<F> {
+        let by_name = slots
+            .iter()
+            .enumerate()
+            .map(|(index, slot)| (slot.name().to_string(), index))
+            .collect();
         Worker {
             inner: Arc::new(Inner {
                 feed,
                 slots,
+                by_name,
                 engine,
                 pace,
                 health,
@@ -183,15 +241,24 @@ impl<F: Feed> Worker<F> {
         }
     }
 
-    /// The handlers (or jobs) it calls, by name, sorted.
+    /// The handlers (or jobs) it calls, in the order they were given.
+    pub(crate) fn slots(&self) -> &[Slot] {
+        &self.inner.slots
+    }
+
+    /// Their names, sorted.
     pub(crate) fn names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.inner.slots.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = self.inner.slots.iter().map(|slot| &**slot.name()).collect();
         names.sort_unstable();
         names
     }
 
     pub(crate) fn pace(&self) -> Pace {
         self.inner.pace
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.inner.engine
     }
 
     pub(crate) fn feed(&self) -> &F {
@@ -201,27 +268,25 @@ impl<F: Feed> Worker<F> {
     /// Runs until `cancel` fires, then lets the calls in flight end (they get the shutdown
     /// grace), writes the acks owed and returns. Stopping has one hard deadline: the grace and
     /// [`SETTLE_AFTER_GRACE`](crate::policy::SETTLE_AFTER_GRACE) to settle; what is unsettled
-    /// by then runs again once its lease ends.
-    pub(crate) async fn run(self, cancel: CancellationToken) {
+    /// by then runs again once its lease ends (or, in memory, is left where it was). Fails
+    /// only when the feed cannot start.
+    pub(crate) async fn run(self, cancel: CancellationToken) -> Result<(), F::Error> {
         let grace = self.inner.pace.shutdown_grace;
-        let serve = async {
-            self.serve(cancel.clone()).await;
-            Ok::<(), std::convert::Infallible>(())
-        };
-        let _ = stop_by_deadline(F::NAME, &cancel, grace, serve).await;
+        stop_by_deadline(F::NAME, &cancel, grace, self.serve(cancel.clone())).await
     }
 
-    async fn serve(self, cancel: CancellationToken) {
+    async fn serve(self, cancel: CancellationToken) -> Result<(), F::Error> {
         let inner = &*self.inner;
         let pace = inner.pace;
+        let Started { wake, publisher } = inner.feed.start().await?;
         let interrupt = CancellationToken::new();
         let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), pace.shutdown_grace);
-        let Started { wake, publisher } = inner.feed.start().await;
         let wake = wake.unwrap_or_else(|| Arc::new(Notify::new()));
         // Calls in flight, each in a task of its own (call and settle): a pass never waits for
         // them, and they go on while the loop awaits the feed.
         let mut running: JoinSet<Ended<F::Claim>> = JoinSet::new();
         let mut owed: Vec<F::Claim> = Vec::new();
+        let mut under_way: Option<PassUnderWay<'_, F::Claim, F::Error>> = None;
         let mut runs: u64 = 0;
         let next_pass = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(next_pass);
@@ -239,20 +304,15 @@ impl<F: Feed> Worker<F> {
             "worker started"
         );
         loop {
-            if stopping && running.is_empty() {
-                break;
-            }
             if running.is_empty() {
+                if stopping && under_way.is_none() {
+                    break;
+                }
                 // Whatever a suspect waited for has ended, and a suspect's run that ended in
                 // a failed task has too.
                 quieting = false;
                 isolating = None;
             }
-            let room = if isolating.is_some() || quieting {
-                0
-            } else {
-                batch.saturating_sub(running.len())
-            };
             tokio::select! {
                 biased;
                 () = cancel.cancelled(), if !stopping => stopping = true,
@@ -270,29 +330,25 @@ impl<F: Feed> Worker<F> {
                             }
                         }
                     }
-                    // Room for a pass's worth of deliveries (or a suspect's turn): the next
-                    // pass need not wait. Fewer calls ending, one at a time, wait for more, so
-                    // that a pass takes several.
-                    if running.len() <= batch / 2 {
+                    // Room again (or a suspect's turn): the next pass need not wait.
+                    if pace.refill == Refill::WhenAnyEnds || running.is_empty() {
                         pass_now = true;
                     }
                 }
-                // A zero wait goes by the flag: a timer would still wait for the clock's next
-                // tick (a millisecond).
-                () = async {
-                    if !pass_now {
-                        if wakeable {
-                            tokio::select! {
-                                () = &mut next_pass => {}
-                                () = wake.notified() => {}
+                passed = async { under_way.as_mut().expect("a pass is under way").await },
+                    if under_way.is_some() =>
+                {
+                    under_way = None;
+                    let wait = match passed {
+                        Ok(pass) if stopping => {
+                            // Told to stop while it took them: none is called.
+                            if !pass.arrivals.is_empty() {
+                                if let Err(error) = inner.feed.hand_back(pass.arrivals).await {
+                                    tracing::warn!(worker = F::NAME, %error, "could not give deliveries back; they come back after their lease");
+                                }
                             }
-                        } else {
-                            (&mut next_pass).await;
+                            Duration::ZERO
                         }
-                    }
-                }, if !stopping => {
-                    let room = u32::try_from(room).unwrap_or(u32::MAX);
-                    let wait = match inner.feed.pass(std::mem::take(&mut owed), room).await {
                         Ok(pass) => {
                             inner.health.pass();
                             let found = pass.found;
@@ -303,13 +359,12 @@ impl<F: Feed> Worker<F> {
                                 // uncharged, and if other calls are still going, it goes back
                                 // too until they end.
                                 let suspect = arrivals.swap_remove(suspect);
-                                let mut back: Vec<F::Claim> =
-                                    arrivals.drain(..).map(|arrival| arrival.claim).collect();
+                                let mut back = std::mem::take(&mut arrivals);
                                 if running.is_empty() {
                                     tracing::warn!(
                                         worker = F::NAME,
                                         message_id = %suspect.envelope.id,
-                                        handler = suspect.handler.as_deref().unwrap_or("none"),
+                                        handler = inner.handler_name(&suspect.to).unwrap_or("none"),
                                         attempt = suspect.envelope.attempt,
                                         "an earlier call of this delivery never settled (did it \
                                          crash the process?): running it alone"
@@ -317,14 +372,29 @@ impl<F: Feed> Worker<F> {
                                     isolating = Some(runs);
                                     arrivals.push(suspect);
                                 } else {
-                                    back.push(suspect.claim);
+                                    back.push(suspect);
                                     quieting = true;
                                 }
                                 if let Err(error) = inner.feed.hand_back(back).await {
                                     tracing::warn!(worker = F::NAME, %error, "could not give deliveries back; they come back after their lease");
                                 }
                             }
-                            for arrival in arrivals {
+                            let mut arrivals = arrivals.into_iter();
+                            // The message of the last delivery started: the deliveries of one
+                            // message to several handlers start together, or none does.
+                            let mut last: Option<usize> = None;
+                            while let Some(arrival) = arrivals.next() {
+                                let message = Arc::as_ptr(&arrival.envelope) as usize;
+                                if last != Some(message) && cancel.is_cancelled() {
+                                    // Told to stop by a call of this pass: the rest are not
+                                    // started.
+                                    let back = std::iter::once(arrival).chain(arrivals).collect();
+                                    if let Err(error) = inner.feed.hand_back(back).await {
+                                        tracing::warn!(worker = F::NAME, %error, "could not give deliveries back; they come back after their lease");
+                                    }
+                                    break;
+                                }
+                                last = Some(message);
                                 let run_number = runs;
                                 runs += 1;
                                 let worker = self.inner.clone();
@@ -374,6 +444,30 @@ impl<F: Feed> Worker<F> {
                         .as_mut()
                         .reset(tokio::time::Instant::now() + wait);
                 }
+                // A zero wait goes by the flag: a timer would still wait for the clock's next
+                // tick (a millisecond).
+                () = async {
+                    if !pass_now {
+                        if wakeable {
+                            tokio::select! {
+                                () = &mut next_pass => {}
+                                () = wake.notified() => {}
+                            }
+                        } else {
+                            (&mut next_pass).await;
+                        }
+                    }
+                }, if !stopping && under_way.is_none() => {
+                    let room = if isolating.is_some() || quieting {
+                        0
+                    } else {
+                        batch.saturating_sub(running.len())
+                    };
+                    let room = u32::try_from(room).unwrap_or(u32::MAX);
+                    let acks = std::mem::take(&mut owed);
+                    under_way = Some(Box::pin(inner.feed.pass(acks, room, &cancel)));
+                    pass_now = false;
+                }
             }
         }
         if !owed.is_empty() {
@@ -381,7 +475,9 @@ impl<F: Feed> Worker<F> {
                 tracing::warn!(worker = F::NAME, %error, "the last acks failed; those deliveries run again when their lease ends");
             }
         }
+        inner.feed.finish().await;
         tracing::info!(worker = F::NAME, "worker stopped");
+        Ok(())
     }
 }
 
@@ -400,15 +496,20 @@ fn joined<F: Feed>(
 }
 
 impl<F: Feed> Inner<F> {
-    /// Where a delivery for `handler` goes.
-    fn target<'a>(&'a self, handler: Option<&'a str>) -> Target<'a> {
-        match handler {
-            None => Target::NoHandlerForType(None),
-            Some(name) => match self.slots.get(name) {
-                Some(slot) => Target::Slot(slot),
+    /// Where a delivery for `to` goes.
+    fn target<'a>(&'a self, to: &'a To) -> Target<'a> {
+        match to {
+            To::Slot(index) => Target::Slot(&self.slots[*index]),
+            To::Named(name) => match self.by_name.get(name) {
+                Some(index) => Target::Slot(&self.slots[*index]),
                 None => Target::NoSuchHandler(name),
             },
+            To::Nobody => Target::NoHandlerForType(None),
         }
+    }
+
+    fn handler_name<'a>(&'a self, to: &'a To) -> Option<&'a str> {
+        self.target(to).handler_name()
     }
 
     /// Calls one delivery's handler and settles the verdict; returns its claim when its ack is
@@ -422,36 +523,40 @@ impl<F: Feed> Inner<F> {
     ) -> Option<F::Claim> {
         let Arrival {
             claim,
-            handler,
+            to,
             envelope,
             unreadable,
             ..
         } = arrival;
-        let target = self.target(handler.as_deref());
-        let message_id = envelope.id;
+        let target = self.target(&to);
         let verdict = match unreadable {
             Some(detail) => {
                 // A row another program wrote, which no call would read either: dead-lettered
                 // alone, the rest of the pass handled.
-                tracing::error!(worker = F::NAME, %message_id, %detail, "stored message cannot be read; dead-lettered");
+                tracing::error!(worker = F::NAME, message_id = %envelope.id, %detail, "stored message cannot be read; dead-lettered");
                 self.engine
                     .reject(target, &envelope, Reason::MESSAGE_UNREADABLE, detail, 0)
             }
             None => {
-                let envelope = Arc::new(envelope);
                 self.engine
                     .deliver(target, &envelope, stop, interrupt, publisher)
                     .await
             }
         };
-        match self.feed.settle(claim, verdict).await {
+        let message_id = envelope.id;
+        let handler = target.handler_name();
+        match self
+            .feed
+            .settle(&claim, handler, envelope, verdict, stop)
+            .await
+        {
             Ok(Row::Ack) => Some(claim),
             Ok(Row::Settled) => None,
             Ok(Row::Lost) => {
                 tracing::warn!(
                     worker = F::NAME,
                     %message_id,
-                    handler = handler.as_deref().unwrap_or("none"),
+                    handler = handler.unwrap_or("none"),
                     "the lease ended before the delivery was settled: another worker took it \
                      over, and this outcome is dropped (it runs again)"
                 );

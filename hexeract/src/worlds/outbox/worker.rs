@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::delivery::{Engine, Policy, Verdict, World};
+use crate::envelope::Envelope;
 use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
@@ -18,7 +19,7 @@ use crate::store::{
     ack_all, by_token, release_all, warn_unless_all_acked, ClaimedRows, DeliveryId, DeliveryStore,
     Routes, Row, StoreError, NO_HANDLER,
 };
-use crate::worker::feed::{Arrival, Feed, Pace, Pass, Started, Worker};
+use crate::worker::feed::{Arrival, Feed, Pace, Pass, Refill, Started, To, Worker};
 use crate::worker::{
     claim_lease, handler_slot, BuildError, ClaimSource, MessageSource, Source, WorkerBuilder,
 };
@@ -74,10 +75,7 @@ impl Source for OutboxSource {
         let handlers = registry
             .handlers()
             .filter_map(|info| registry.get(&info.name))
-            .map(|handler| {
-                let slot = handler_slot(&policy, handler, Metrics::global(), Some(&health));
-                (handler.info().name.to_string(), slot)
-            })
+            .map(|handler| handler_slot(&policy, handler, Metrics::global(), Some(&health)))
             .collect();
         let feed = OutboxFeed {
             routes: Routes::from_registry(&registry),
@@ -93,6 +91,7 @@ impl Source for OutboxSource {
             busy_delay: Duration::ZERO,
             batch_size: policy.batch_size,
             shutdown_grace: policy.shutdown_grace,
+            refill: Refill::WhenAllEnded,
         };
         Ok(OutboxWorker {
             worker: Worker::new(feed, handlers, engine, pace, health),
@@ -196,8 +195,7 @@ impl OutboxWorker {
     /// cannot land by then (the database stopped answering) stops anyway; its claims run again
     /// once their lease ends.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreError> {
-        self.worker.run(cancel).await;
-        Ok(())
+        self.worker.run(cancel).await
     }
 }
 
@@ -229,22 +227,23 @@ impl Feed for OutboxFeed {
     type Error = StoreError;
     const NAME: &'static str = "outbox worker";
 
-    async fn start(&self) -> Started {
+    async fn start(&self) -> Result<Started, StoreError> {
         let wake = match (&self.wake, self.polling_only) {
             (Some(wake), _) => wake.clone(),
             (None, true) => Arc::new(Notify::new()),
             (None, false) => crate::store::wake_signal(&*self.store).await,
         };
-        Started {
+        Ok(Started {
             publisher: Arc::new(StorePublisher::new(self.store.clone(), wake.clone())),
             wake: Some(wake),
-        }
+        })
     }
 
     async fn pass(
         &self,
         acks: Vec<(Uuid, DeliveryId)>,
         room: u32,
+        _stop: &CancellationToken,
     ) -> Result<Pass<(Uuid, DeliveryId)>, StoreError> {
         if room == 0 {
             self.ack(acks).await?;
@@ -279,8 +278,12 @@ impl Feed for OutboxFeed {
                 .into_iter()
                 .map(|delivery| Arrival {
                     claim: (token, delivery.id),
-                    handler: (delivery.handler != NO_HANDLER).then_some(delivery.handler),
-                    envelope: delivery.envelope,
+                    to: if delivery.handler == NO_HANDLER {
+                        To::Nobody
+                    } else {
+                        To::Named(delivery.handler)
+                    },
+                    envelope: Arc::new(delivery.envelope),
                     recovered: delivery.recovered,
                     unreadable: delivery.unreadable,
                 })
@@ -290,8 +293,11 @@ impl Feed for OutboxFeed {
 
     async fn settle(
         &self,
-        (token, id): (Uuid, DeliveryId),
+        &(token, id): &(Uuid, DeliveryId),
+        _handler: Option<&str>,
+        _envelope: Arc<Envelope>,
         verdict: Verdict,
+        _stop: &CancellationToken,
     ) -> Result<Row, StoreError> {
         let rows = ClaimedRows {
             claims: self.store.deliveries(),
@@ -302,7 +308,11 @@ impl Feed for OutboxFeed {
         rows.settle(id, verdict).await
     }
 
-    async fn hand_back(&self, claims: Vec<(Uuid, DeliveryId)>) -> Result<(), StoreError> {
+    async fn hand_back(
+        &self,
+        arrivals: Vec<Arrival<(Uuid, DeliveryId)>>,
+    ) -> Result<(), StoreError> {
+        let claims = arrivals.into_iter().map(|arrival| arrival.claim).collect();
         release_all(self.store.deliveries(), claims, self.store_timeout).await
     }
 

@@ -26,7 +26,7 @@ use crate::store::{
     ack_all, release_all, ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition,
     ScheduleStore, StoreError, SCHEDULE_MESSAGE_TYPE,
 };
-use crate::worker::feed::{Arrival, Feed, Pace, Pass, Started, Worker};
+use crate::worker::feed::{Arrival, Feed, Pace, Pass, Refill, Started, To, Worker};
 use crate::worker::{claim_lease, BuildError, ClaimSource, Source, WorkerBuilder};
 
 /// Builds a [`SchedulerWorker`]. The defaults are the library's: `poll_interval` 100 ms,
@@ -158,9 +158,10 @@ impl Source for ScheduleSource {
             .health
             .unwrap_or_else(|| Probe::detached("scheduler"));
         let lease = claim_lease(&policy, "lease (SCHEDULER_LEASE_MS)", longest_run, &health)?;
-        let slots = by_name
+        let slots = names
             .iter()
-            .map(|(name, job)| {
+            .map(|name| {
+                let job = &by_name[name];
                 let timeout = job.own_timeout().unwrap_or(policy.handler_timeout);
                 let slot = Slot::job(
                     job.shared_name(),
@@ -169,7 +170,7 @@ impl Source for ScheduleSource {
                     timeout,
                 );
                 slot.watch(&health);
-                (name.clone(), slot)
+                slot
             })
             .collect();
         let feed = ScheduleFeed {
@@ -191,6 +192,7 @@ impl Source for ScheduleSource {
             busy_delay: policy.min_cycle_delay,
             batch_size: policy.batch_size,
             shutdown_grace: policy.shutdown_grace,
+            refill: Refill::WhenAnyEnds,
         };
         // The scheduler's own small payloads: no cap.
         let engine = Engine::new(policy.retry, usize::MAX, "scheduler");
@@ -310,8 +312,7 @@ impl SchedulerWorker {
     /// Stopping has one hard deadline: the grace and 5 s to settle. A scheduler whose last
     /// writes cannot land by then stops anyway; its claims run again once their lease ends.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreError> {
-        self.worker.run(cancel).await;
-        Ok(())
+        self.worker.run(cancel).await
     }
 }
 
@@ -352,18 +353,19 @@ impl Feed for ScheduleFeed {
 
     /// The scheduler waits on its poll interval alone; what its jobs publish wakes the
     /// outbox's workers.
-    async fn start(&self) -> Started {
+    async fn start(&self) -> Result<Started, StoreError> {
         let wake = crate::store::wake_signal(&*self.store).await;
-        Started {
+        Ok(Started {
             wake: None,
             publisher: Arc::new(StorePublisher::new(self.store.clone(), wake)),
-        }
+        })
     }
 
     async fn pass(
         &self,
         acks: Vec<(Uuid, Uuid)>,
         room: u32,
+        _stop: &CancellationToken,
     ) -> Result<Pass<(Uuid, Uuid)>, StoreError> {
         ack_all(self.store.occurrences(), acks, self.store_timeout).await?;
         if !self.synced.load(Ordering::Relaxed) {
@@ -375,16 +377,23 @@ impl Feed for ScheduleFeed {
             .into_iter()
             .map(|occurrence| Arrival {
                 claim: (token, occurrence.id),
-                envelope: envelope_of(&occurrence),
+                envelope: Arc::new(envelope_of(&occurrence)),
                 recovered: occurrence.recovered,
-                handler: Some(occurrence.schedule),
+                to: To::Named(occurrence.schedule),
                 unreadable: None,
             })
             .collect();
         Ok(Pass { found, arrivals })
     }
 
-    async fn settle(&self, (token, id): (Uuid, Uuid), verdict: Verdict) -> Result<Row, StoreError> {
+    async fn settle(
+        &self,
+        &(token, id): &(Uuid, Uuid),
+        _handler: Option<&str>,
+        _envelope: Arc<Envelope>,
+        verdict: Verdict,
+        _stop: &CancellationToken,
+    ) -> Result<Row, StoreError> {
         let rows = ClaimedRows {
             claims: self.store.occurrences(),
             token,
@@ -394,7 +403,8 @@ impl Feed for ScheduleFeed {
         rows.settle(id, verdict).await
     }
 
-    async fn hand_back(&self, claims: Vec<(Uuid, Uuid)>) -> Result<(), StoreError> {
+    async fn hand_back(&self, arrivals: Vec<Arrival<(Uuid, Uuid)>>) -> Result<(), StoreError> {
+        let claims = arrivals.into_iter().map(|arrival| arrival.claim).collect();
         release_all(self.store.occurrences(), claims, self.store_timeout).await
     }
 
