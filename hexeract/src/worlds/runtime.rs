@@ -310,8 +310,8 @@ struct MemoryFeed {
     registry: Registry,
     by_type: ByType,
     /// The store's messages, taken by [`start`](Feed::start) and given back by
-    /// [`finish`](Feed::finish).
-    consumer: tokio::sync::Mutex<Option<Consumer>>,
+    /// [`finish`](Feed::finish), and the buffer each pass takes a batch into.
+    consumer: tokio::sync::Mutex<Option<(Consumer, Vec<Waiting>)>>,
 }
 
 impl MemoryFeed {
@@ -331,7 +331,7 @@ impl Feed for MemoryFeed {
 
     async fn start(&self) -> Result<Started, StoreBusy> {
         let consumer = self.store.claim_consumer().ok_or(StoreBusy)?;
-        *self.consumer.lock().await = Some(consumer);
+        *self.consumer.lock().await = Some((consumer, Vec::with_capacity(RECEIVE_BATCH)));
         for info in self.registry.handlers() {
             tracing::debug!(handler = %info.name, message_type = info.message_type, "handler registered");
         }
@@ -350,14 +350,13 @@ impl Feed for MemoryFeed {
         let limit = usize::try_from(room)
             .unwrap_or(usize::MAX)
             .min(RECEIVE_BATCH);
-        let mut batch = Vec::with_capacity(limit);
+        let mut taken = self.consumer.lock().await;
+        let (consumer, batch) = taken.as_mut().expect("taken when the worker started");
         if limit > 0 {
-            let mut consumer = self.consumer.lock().await;
-            let consumer = consumer.as_mut().expect("taken when the worker started");
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return Ok(Pass::of(Vec::new())),
-                () = consumer.next_batch(&mut batch, limit) => {}
+                () = consumer.next_batch(batch, limit) => {}
             }
         }
         let full = batch.len() == RECEIVE_BATCH;
@@ -372,7 +371,7 @@ impl Feed for MemoryFeed {
         for Waiting {
             mut envelope,
             handler,
-        } in batch
+        } in batch.drain(..)
         {
             // Counted as it is taken, so a call that never finished (its worker was stopped
             // past the grace) still uses one up.
@@ -401,6 +400,7 @@ impl Feed for MemoryFeed {
                 }
             }
         }
+        drop(taken);
         // A backlog is always ready: let the spawned handlers (and the application's other
         // tasks) run on a single-threaded executor too. A batch takes one unit of the task's
         // budget where a message took one before, so a full batch gives way itself.

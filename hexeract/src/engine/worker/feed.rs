@@ -210,6 +210,86 @@ struct Inner<F> {
     health: Probe,
 }
 
+/// One run of a worker, as each of its calls holds it.
+struct Run<F> {
+    worker: Arc<Inner<F>>,
+    /// The worker was told to stop: no new calls, waits before a retry end.
+    stop: CancellationToken,
+    /// The shutdown grace is over: running calls are given up on.
+    interrupt: CancellationToken,
+    /// Where a handler's `ctx.publish` writes.
+    publisher: Arc<dyn Publish>,
+}
+
+impl<F: Feed> Run<F> {
+    /// Calls one delivery's handler and settles the verdict; returns its claim when its ack is
+    /// owed.
+    async fn call(
+        self: Arc<Self>,
+        number: u64,
+        Arrival {
+            claim,
+            to,
+            envelope,
+            unreadable,
+            ..
+        }: Arrival<F::Claim>,
+    ) -> Ended<F::Claim> {
+        let (worker, stop) = (&*self.worker, &self.stop);
+        let target = worker.target(&to);
+        let verdict = match unreadable {
+            Some(detail) => {
+                // A row another program wrote, which no call would read either: dead-lettered
+                // alone, the rest of the pass handled.
+                tracing::error!(worker = F::NAME, message_id = %envelope.id, %detail, "stored message cannot be read; dead-lettered");
+                worker
+                    .engine
+                    .reject(target, &envelope, Reason::MESSAGE_UNREADABLE, detail, 0)
+            }
+            None => {
+                let (interrupt, publisher) = (&self.interrupt, &self.publisher);
+                worker
+                    .engine
+                    .deliver(target, &envelope, stop, interrupt, publisher)
+                    .await
+            }
+        };
+        let message_id = envelope.id;
+        let handler = target.handler_name();
+        let settled = worker
+            .feed
+            .settle(&claim, handler, envelope, verdict, stop)
+            .await;
+        let owed = match settled {
+            Ok(Row::Ack) => Some(claim),
+            Ok(Row::Settled) => None,
+            Ok(Row::Lost) => {
+                tracing::warn!(
+                    worker = F::NAME,
+                    %message_id,
+                    handler = handler.unwrap_or("none"),
+                    "the lease ended before the delivery was settled: another worker took it \
+                     over, and this outcome is dropped (it runs again)"
+                );
+                None
+            }
+            Err(error) => {
+                worker
+                    .health
+                    .fail(format!("settling a delivery failed: {error}"));
+                tracing::warn!(
+                    worker = F::NAME,
+                    %message_id,
+                    %error,
+                    "could not settle a delivery; it runs again after its lease"
+                );
+                None
+            }
+        };
+        (number, owed)
+    }
+}
+
 /// A run that ended: its sequence number, and its claim when the loop owes its ack.
 type Ended<C> = (u64, Option<C>);
 
@@ -281,6 +361,14 @@ impl<F: Feed> Worker<F> {
         let Started { wake, publisher } = inner.feed.start().await?;
         let interrupt = CancellationToken::new();
         let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), pace.shutdown_grace);
+        // What every call of this run shares, behind one `Arc`: a call takes one clone, not one
+        // of each token (a token's clone takes a lock).
+        let run = Arc::new(Run {
+            worker: self.inner.clone(),
+            stop: cancel.clone(),
+            interrupt,
+            publisher,
+        });
         let wake = wake.unwrap_or_else(|| Arc::new(Notify::new()));
         // Calls in flight, each in a task of its own (call and settle): a pass never waits for
         // them, and they go on while the loop awaits the feed.
@@ -397,16 +485,8 @@ impl<F: Feed> Worker<F> {
                                 last = Some(message);
                                 let run_number = runs;
                                 runs += 1;
-                                let worker = self.inner.clone();
-                                let (cancel, interrupt, publisher) =
-                                    (cancel.clone(), interrupt.clone(), publisher.clone());
                                 let mut call: BoxFuture<'static, Ended<F::Claim>> =
-                                    Box::pin(async move {
-                                        let claim = worker
-                                            .call(arrival, &cancel, &interrupt, &publisher)
-                                            .await;
-                                        (run_number, claim)
-                                    });
+                                    Box::pin(Run::call(run.clone(), run_number, arrival));
                                 // Polled once here: a call that does not wait ends without a
                                 // task (and is acked with the next pass); one that waits goes
                                 // on in a task of its own, never dropped.
@@ -510,69 +590,5 @@ impl<F: Feed> Inner<F> {
 
     fn handler_name<'a>(&'a self, to: &'a To) -> Option<&'a str> {
         self.target(to).handler_name()
-    }
-
-    /// Calls one delivery's handler and settles the verdict; returns its claim when its ack is
-    /// owed.
-    async fn call(
-        &self,
-        arrival: Arrival<F::Claim>,
-        stop: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-    ) -> Option<F::Claim> {
-        let Arrival {
-            claim,
-            to,
-            envelope,
-            unreadable,
-            ..
-        } = arrival;
-        let target = self.target(&to);
-        let verdict = match unreadable {
-            Some(detail) => {
-                // A row another program wrote, which no call would read either: dead-lettered
-                // alone, the rest of the pass handled.
-                tracing::error!(worker = F::NAME, message_id = %envelope.id, %detail, "stored message cannot be read; dead-lettered");
-                self.engine
-                    .reject(target, &envelope, Reason::MESSAGE_UNREADABLE, detail, 0)
-            }
-            None => {
-                self.engine
-                    .deliver(target, &envelope, stop, interrupt, publisher)
-                    .await
-            }
-        };
-        let message_id = envelope.id;
-        let handler = target.handler_name();
-        match self
-            .feed
-            .settle(&claim, handler, envelope, verdict, stop)
-            .await
-        {
-            Ok(Row::Ack) => Some(claim),
-            Ok(Row::Settled) => None,
-            Ok(Row::Lost) => {
-                tracing::warn!(
-                    worker = F::NAME,
-                    %message_id,
-                    handler = handler.unwrap_or("none"),
-                    "the lease ended before the delivery was settled: another worker took it \
-                     over, and this outcome is dropped (it runs again)"
-                );
-                None
-            }
-            Err(error) => {
-                self.health
-                    .fail(format!("settling a delivery failed: {error}"));
-                tracing::warn!(
-                    worker = F::NAME,
-                    %message_id,
-                    %error,
-                    "could not settle a delivery; it runs again after its lease"
-                );
-                None
-            }
-        }
     }
 }
