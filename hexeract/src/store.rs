@@ -50,9 +50,7 @@ mod claims;
 pub use claims::Claims;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use claims::Deliveries;
-pub(crate) use claims::{
-    ack_all, by_token, release_all, warn_unless_all_acked, within, ClaimedRows, Row,
-};
+pub(crate) use claims::{by_token, warn_unless_all_acked, within, Leased, LeasedFeed};
 mod dead_letters;
 pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;

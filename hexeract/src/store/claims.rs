@@ -1,17 +1,22 @@
 //! The claim model, shared by handler deliveries and scheduler occurrences: [`Claims`], how a
-//! store settles rows claimed under a token, and [`ClaimedRows`], the world that turns the
-//! engine's verdicts into those row updates, each with a deadline.
+//! store settles rows claimed under a token, [`Leased`], which turns the engine's verdicts
+//! into those row updates, each with a deadline, and [`LeasedFeed`], the feed of the outbox
+//! worker and of the scheduler, settled by it.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::delivery::{Verdict, World};
+use crate::envelope::Envelope;
 use crate::reason::Reason;
 use crate::store::{DeliveryId, StoreError};
 pub(crate) use crate::worker::feed::Row;
+use crate::worker::feed::{Arrival, Feed, Pass, Started};
 
 /// Rows claimed under a token, settled by the worker that holds it: handler deliveries (ids
 /// [`DeliveryId`]: a `deliveries` row or a message claimed in place, [`DeliveryStore::deliveries`](crate::store::DeliveryStore::deliveries)) and scheduler occurrences (ids `Uuid`,
@@ -125,26 +130,25 @@ pub(crate) async fn within<T>(
         .map_err(|_| StoreError::Timeout { what, after })?
 }
 
-/// Rows of one claim (one token), settled in `claims`: the world of the outbox worker and of
-/// the scheduler alike.
-pub(crate) struct ClaimedRows<'a, Id> {
+/// The rows of a kind a worker claims under a lease (handler deliveries, scheduler
+/// occurrences), as its feed settles them: each claim is a token and a row, each statement has
+/// a deadline.
+pub(crate) struct Leased<'a, Id> {
     /// The store's rows of this kind.
     pub(crate) claims: &'a dyn Claims<Id>,
-    /// The claim's token.
-    pub(crate) token: Uuid,
-    /// How long the claim lasts: an abandoned call keeps its row that long, since it may still
+    /// How long a claim lasts: an abandoned call keeps its row that long, since it may still
     /// be running.
     pub(crate) lease: Duration,
     /// The deadline of each statement.
     pub(crate) store_timeout: Duration,
 }
 
-impl<Id: Copy + Send + Sync> World for ClaimedRows<'_, Id> {
-    type Delivery = Id;
+impl<Id: Copy + Send + Sync> World for Leased<'_, Id> {
+    type Delivery = (Uuid, Id);
     type Settled = Result<Row, StoreError>;
 
-    async fn settle(&self, id: Id, verdict: Verdict) -> Self::Settled {
-        let (claims, token, after) = (self.claims, self.token, self.store_timeout);
+    async fn settle(&self, (token, id): (Uuid, Id), verdict: Verdict) -> Self::Settled {
+        let (claims, after) = (self.claims, self.store_timeout);
         let written = match verdict {
             Verdict::Ack => return Ok(Row::Ack),
             Verdict::Retry {
@@ -179,6 +183,103 @@ impl<Id: Copy + Send + Sync> World for ClaimedRows<'_, Id> {
     }
 }
 
+impl<Id: Copy + Send + Sync> Leased<'_, Id> {
+    /// Runs one of the worker's own statements (a take, a plan) with its deadline.
+    pub(crate) async fn within<T>(
+        &self,
+        what: &'static str,
+        statement: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        within(what, self.store_timeout, statement).await
+    }
+
+    /// Deletes the rows of `acks`, one statement per claim token.
+    pub(crate) async fn ack(&self, acks: Vec<(Uuid, Id)>) -> Result<(), StoreError> {
+        for (token, ids) in by_token(acks) {
+            let statement = self.claims.ack(token, &ids);
+            let landed = within("ack", self.store_timeout, statement).await?;
+            warn_unless_all_acked(landed, ids.len());
+        }
+        Ok(())
+    }
+
+    /// Gives the rows of `arrivals` back uncalled, one statement per claim token.
+    pub(crate) async fn hand_back(
+        &self,
+        arrivals: Vec<Arrival<(Uuid, Id)>>,
+    ) -> Result<(), StoreError> {
+        let claims = arrivals.into_iter().map(|arrival| arrival.claim).collect();
+        for (token, ids) in by_token(claims) {
+            let statement = self.claims.release(token, &ids);
+            within("release", self.store_timeout, statement).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A [`Feed`] of rows claimed under a lease: the outbox worker's and the scheduler's. Each says
+/// how it starts and what a pass takes; settling, giving back and acking are [`Leased`]'s,
+/// written once for both.
+pub(crate) trait LeasedFeed: Send + Sync + 'static {
+    /// The id of a row of this kind.
+    type Id: Copy + Send + Sync + 'static;
+
+    /// What log lines and readiness call the worker.
+    const NAME: &'static str;
+
+    /// See [`Feed::start`].
+    fn start(&self) -> impl Future<Output = Result<Started, StoreError>> + Send;
+
+    /// Writes `acks` (or leaves them to ride with the take), does the feed's own work, and
+    /// claims up to `room` rows under a fresh token.
+    fn take(
+        &self,
+        acks: Vec<(Uuid, Self::Id)>,
+        room: u32,
+    ) -> impl Future<Output = Result<Pass<(Uuid, Self::Id)>, StoreError>> + Send;
+
+    /// The rows it claims.
+    fn rows(&self) -> Leased<'_, Self::Id>;
+}
+
+impl<T: LeasedFeed> Feed for T {
+    type Claim = (Uuid, T::Id);
+    type Error = StoreError;
+    const NAME: &'static str = T::NAME;
+
+    fn start(&self) -> impl Future<Output = Result<Started, StoreError>> + Send {
+        LeasedFeed::start(self)
+    }
+
+    fn pass(
+        &self,
+        acks: Vec<(Uuid, T::Id)>,
+        room: u32,
+        _stop: &CancellationToken,
+    ) -> impl Future<Output = Result<Pass<(Uuid, T::Id)>, StoreError>> + Send {
+        self.take(acks, room)
+    }
+
+    async fn settle(
+        &self,
+        claim: &(Uuid, T::Id),
+        _handler: Option<&str>,
+        _envelope: Arc<Envelope>,
+        verdict: Verdict,
+        _stop: &CancellationToken,
+    ) -> Result<Row, StoreError> {
+        self.rows().settle(*claim, verdict).await
+    }
+
+    async fn hand_back(&self, arrivals: Vec<Arrival<(Uuid, T::Id)>>) -> Result<(), StoreError> {
+        self.rows().hand_back(arrivals).await
+    }
+
+    async fn ack(&self, acks: Vec<(Uuid, T::Id)>) -> Result<(), StoreError> {
+        self.rows().ack(acks).await
+    }
+}
+
 /// Claims (a token and a row each) grouped by token, the largest group first: one statement
 /// settles each group.
 pub(crate) fn by_token<Id>(claims: Vec<(Uuid, Id)>) -> Vec<(Uuid, Vec<Id>)> {
@@ -191,32 +292,6 @@ pub(crate) fn by_token<Id>(claims: Vec<(Uuid, Id)>) -> Vec<(Uuid, Vec<Id>)> {
     }
     groups.sort_by_key(|(_, ids)| std::cmp::Reverse(ids.len()));
     groups
-}
-
-/// Deletes the rows of `acks`, one statement per claim token, each with the deadline `after`.
-pub(crate) async fn ack_all<Id: Send + Sync>(
-    claims: &dyn Claims<Id>,
-    acks: Vec<(Uuid, Id)>,
-    after: Duration,
-) -> Result<(), StoreError> {
-    for (token, ids) in by_token(acks) {
-        let landed = within("ack", after, claims.ack(token, &ids)).await?;
-        warn_unless_all_acked(landed, ids.len());
-    }
-    Ok(())
-}
-
-/// Gives the rows of `back` back uncalled, one statement per claim token, each with the
-/// deadline `after`.
-pub(crate) async fn release_all<Id: Send + Sync>(
-    claims: &dyn Claims<Id>,
-    back: Vec<(Uuid, Id)>,
-    after: Duration,
-) -> Result<(), StoreError> {
-    for (token, ids) in by_token(back) {
-        within("release", after, claims.release(token, &ids)).await?;
-    }
-    Ok(())
 }
 
 /// Says when fewer acks landed than were written.

@@ -431,9 +431,7 @@ impl<F: Feed> Worker<F> {
                         Ok(pass) if stopping => {
                             // Told to stop while it took them: none is called.
                             if !pass.arrivals.is_empty() {
-                                if let Err(error) = inner.feed.hand_back(pass.arrivals).await {
-                                    tracing::warn!(worker = F::NAME, %error, "could not give deliveries back; they come back after their lease");
-                                }
+                                inner.give_back(pass.arrivals).await;
                             }
                             Duration::ZERO
                         }
@@ -463,9 +461,7 @@ impl<F: Feed> Worker<F> {
                                     back.push(suspect);
                                     quieting = true;
                                 }
-                                if let Err(error) = inner.feed.hand_back(back).await {
-                                    tracing::warn!(worker = F::NAME, %error, "could not give deliveries back; they come back after their lease");
-                                }
+                                inner.give_back(back).await;
                             }
                             let mut arrivals = arrivals.into_iter();
                             // The message of the last delivery started: the deliveries of one
@@ -477,9 +473,7 @@ impl<F: Feed> Worker<F> {
                                     // Told to stop by a call of this pass: the rest are not
                                     // started.
                                     let back = std::iter::once(arrival).chain(arrivals).collect();
-                                    if let Err(error) = inner.feed.hand_back(back).await {
-                                        tracing::warn!(worker = F::NAME, %error, "could not give deliveries back; they come back after their lease");
-                                    }
+                                    inner.give_back(back).await;
                                     break;
                                 }
                                 last = Some(message);
@@ -576,6 +570,13 @@ fn joined<F: Feed>(
 }
 
 impl<F: Feed> Inner<F> {
+    /// Gives `arrivals` back uncalled; a failure is logged (they come back after their lease).
+    async fn give_back(&self, arrivals: Vec<Arrival<F::Claim>>) {
+        if let Err(error) = self.feed.hand_back(arrivals).await {
+            tracing::warn!(worker = F::NAME, %error, "could not give deliveries back; they come back after their lease");
+        }
+    }
+
     /// Where a delivery for `to` goes.
     fn target<'a>(&'a self, to: &'a To) -> Target<'a> {
         match to {

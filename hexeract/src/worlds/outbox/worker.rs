@@ -10,16 +10,15 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::delivery::{Engine, Policy, Verdict, World};
-use crate::envelope::Envelope;
+use crate::delivery::{Engine, Policy};
 use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
 use crate::store::{
-    ack_all, by_token, release_all, warn_unless_all_acked, ClaimedRows, DeliveryId, DeliveryStore,
-    Routes, Row, StoreError, NO_HANDLER,
+    by_token, warn_unless_all_acked, DeliveryId, DeliveryStore, Leased, LeasedFeed, Routes,
+    StoreError, NO_HANDLER,
 };
-use crate::worker::feed::{Arrival, Feed, Pace, Pass, Refill, Started, To, Worker};
+use crate::worker::feed::{Arrival, Pace, Pass, Refill, Started, To, Worker};
 use crate::worker::{
     claim_lease, handler_slot, BuildError, ClaimSource, MessageSource, Source, WorkerBuilder,
 };
@@ -199,9 +198,9 @@ impl OutboxWorker {
     }
 }
 
-/// The outbox as a [`Feed`]: each pass acks what succeeded and takes (expands and claims) due
-/// deliveries under a fresh token, in one statement on PostgreSQL, one transaction on SQLite
-/// ([`DeliveryStore::ack_and_take`]).
+/// The outbox as a feed ([`LeasedFeed`]): each pass acks what succeeded and takes (expands
+/// and claims) due deliveries under a fresh token, in one statement on PostgreSQL, one
+/// transaction on SQLite ([`DeliveryStore::ack_and_take`]).
 struct OutboxFeed {
     store: Arc<dyn DeliveryStore>,
     routes: Routes,
@@ -211,20 +210,8 @@ struct OutboxFeed {
     polling_only: bool,
 }
 
-impl OutboxFeed {
-    /// `statement` with the worker's deadline ([`store_timeout`](OutboxWorkerBuilder::store_timeout)).
-    async fn timed<T>(
-        &self,
-        what: &'static str,
-        statement: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        crate::store::within(what, self.store_timeout, statement).await
-    }
-}
-
-impl Feed for OutboxFeed {
-    type Claim = (Uuid, DeliveryId);
-    type Error = StoreError;
+impl LeasedFeed for OutboxFeed {
+    type Id = DeliveryId;
     const NAME: &'static str = "outbox worker";
 
     async fn start(&self) -> Result<Started, StoreError> {
@@ -239,14 +226,13 @@ impl Feed for OutboxFeed {
         })
     }
 
-    async fn pass(
+    async fn take(
         &self,
         acks: Vec<(Uuid, DeliveryId)>,
         room: u32,
-        _stop: &CancellationToken,
     ) -> Result<Pass<(Uuid, DeliveryId)>, StoreError> {
         if room == 0 {
-            self.ack(acks).await?;
+            self.rows().ack(acks).await?;
             return Ok(Pass::of(Vec::new()));
         }
         // The largest group of acks rides with the take; any other claim's are written first.
@@ -254,7 +240,8 @@ impl Feed for OutboxFeed {
         let with_take = groups.next();
         for (token, ids) in groups {
             let landed = self
-                .timed("ack", self.store.deliveries().ack(token, &ids))
+                .rows()
+                .within("ack", self.store.deliveries().ack(token, &ids))
                 .await?;
             warn_unless_all_acked(landed, ids.len());
         }
@@ -264,13 +251,13 @@ impl Feed for OutboxFeed {
                 let both =
                     self.store
                         .ack_and_take((acked, &ids), &self.routes, token, room, self.lease);
-                let (landed, claimed) = self.timed("ack and take", both).await?;
+                let (landed, claimed) = self.rows().within("ack and take", both).await?;
                 warn_unless_all_acked(landed, ids.len());
                 claimed
             }
             None => {
                 let take = self.store.take(&self.routes, token, room, self.lease);
-                self.timed("take", take).await?
+                self.rows().within("take", take).await?
             }
         };
         Ok(Pass::of(
@@ -291,33 +278,12 @@ impl Feed for OutboxFeed {
         ))
     }
 
-    async fn settle(
-        &self,
-        &(token, id): &(Uuid, DeliveryId),
-        _handler: Option<&str>,
-        _envelope: Arc<Envelope>,
-        verdict: Verdict,
-        _stop: &CancellationToken,
-    ) -> Result<Row, StoreError> {
-        let rows = ClaimedRows {
+    fn rows(&self) -> Leased<'_, DeliveryId> {
+        Leased {
             claims: self.store.deliveries(),
-            token,
             lease: self.lease,
             store_timeout: self.store_timeout,
-        };
-        rows.settle(id, verdict).await
-    }
-
-    async fn hand_back(
-        &self,
-        arrivals: Vec<Arrival<(Uuid, DeliveryId)>>,
-    ) -> Result<(), StoreError> {
-        let claims = arrivals.into_iter().map(|arrival| arrival.claim).collect();
-        release_all(self.store.deliveries(), claims, self.store_timeout).await
-    }
-
-    async fn ack(&self, acks: Vec<(Uuid, DeliveryId)>) -> Result<(), StoreError> {
-        ack_all(self.store.deliveries(), acks, self.store_timeout).await
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::delivery::{Engine, Policy, Slot, Verdict, World};
+use crate::delivery::{Engine, Policy, Slot};
 use crate::envelope::Envelope;
 use crate::envelope::FIRE_TIME_HEADER;
 use crate::health::Probe;
@@ -23,10 +23,10 @@ use crate::registry::RegistryError;
 use crate::schedule::{jobs_from_inventory, ScheduledJob, Spec};
 use crate::state::States;
 use crate::store::{
-    ack_all, release_all, ClaimedOccurrence, ClaimedRows, Plan, Row, ScheduleDefinition,
-    ScheduleStore, StoreError, SCHEDULE_MESSAGE_TYPE,
+    ClaimedOccurrence, Leased, LeasedFeed, Plan, ScheduleDefinition, ScheduleStore, StoreError,
+    SCHEDULE_MESSAGE_TYPE,
 };
-use crate::worker::feed::{Arrival, Feed, Pace, Pass, Refill, Started, To, Worker};
+use crate::worker::feed::{Arrival, Pace, Pass, Refill, Started, To, Worker};
 use crate::worker::{claim_lease, BuildError, ClaimSource, Source, WorkerBuilder};
 
 /// Builds a [`SchedulerWorker`]. The defaults are the library's: `poll_interval` 100 ms,
@@ -327,9 +327,9 @@ impl fmt::Debug for SchedulerWorker {
     }
 }
 
-/// The scheduler as a [`Feed`]: each pass acks the runs that succeeded, moves due delayed
-/// messages into the outbox, plans due schedules and claims due occurrences, each on its own
-/// pace.
+/// The scheduler as a feed ([`LeasedFeed`]): each pass acks the runs that succeeded, moves due
+/// delayed messages into the outbox, plans due schedules and claims due occurrences, each on
+/// its own pace.
 struct ScheduleFeed {
     store: Arc<dyn ScheduleStore>,
     jobs: HashMap<String, ScheduledJob>,
@@ -346,9 +346,8 @@ struct ScheduleFeed {
     pacing: Mutex<Pacing>,
 }
 
-impl Feed for ScheduleFeed {
-    type Claim = (Uuid, Uuid);
-    type Error = StoreError;
+impl LeasedFeed for ScheduleFeed {
+    type Id = Uuid;
     const NAME: &'static str = "scheduler";
 
     /// The scheduler waits on its poll interval alone; what its jobs publish wakes the
@@ -361,13 +360,12 @@ impl Feed for ScheduleFeed {
         })
     }
 
-    async fn pass(
+    async fn take(
         &self,
         acks: Vec<(Uuid, Uuid)>,
         room: u32,
-        _stop: &CancellationToken,
     ) -> Result<Pass<(Uuid, Uuid)>, StoreError> {
-        ack_all(self.store.occurrences(), acks, self.store_timeout).await?;
+        self.rows().ack(acks).await?;
         if !self.synced.load(Ordering::Relaxed) {
             self.sync().await?;
             self.synced.store(true, Ordering::Relaxed);
@@ -386,43 +384,16 @@ impl Feed for ScheduleFeed {
         Ok(Pass { found, arrivals })
     }
 
-    async fn settle(
-        &self,
-        &(token, id): &(Uuid, Uuid),
-        _handler: Option<&str>,
-        _envelope: Arc<Envelope>,
-        verdict: Verdict,
-        _stop: &CancellationToken,
-    ) -> Result<Row, StoreError> {
-        let rows = ClaimedRows {
+    fn rows(&self) -> Leased<'_, Uuid> {
+        Leased {
             claims: self.store.occurrences(),
-            token,
             lease: self.lease,
             store_timeout: self.store_timeout,
-        };
-        rows.settle(id, verdict).await
-    }
-
-    async fn hand_back(&self, arrivals: Vec<Arrival<(Uuid, Uuid)>>) -> Result<(), StoreError> {
-        let claims = arrivals.into_iter().map(|arrival| arrival.claim).collect();
-        release_all(self.store.occurrences(), claims, self.store_timeout).await
-    }
-
-    async fn ack(&self, acks: Vec<(Uuid, Uuid)>) -> Result<(), StoreError> {
-        ack_all(self.store.occurrences(), acks, self.store_timeout).await
+        }
     }
 }
 
 impl ScheduleFeed {
-    /// `statement` with the scheduler's deadline ([`store_timeout`](SchedulerBuilder::store_timeout)).
-    async fn timed<T>(
-        &self,
-        what: &'static str,
-        statement: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        crate::store::within(what, self.store_timeout, statement).await
-    }
-
     /// Writes each job's schedule, starting a new or changed one at its first fire time.
     async fn sync(&self) -> Result<(), StoreError> {
         let definitions: Vec<ScheduleDefinition> = self
@@ -434,7 +405,8 @@ impl ScheduleFeed {
             })
             .collect();
         let first = |name: &str, now| self.jobs[name].spec().next_after(now);
-        self.timed("sync", self.store.sync_schedules(&definitions, &first))
+        self.rows()
+            .within("sync", self.store.sync_schedules(&definitions, &first))
             .await
     }
 
@@ -451,7 +423,8 @@ impl ScheduleFeed {
         // pace of claims, not of these statements.
         if self.release_messages && pacing(Pacing::release_due) {
             let moved = self
-                .timed(
+                .rows()
+                .within(
                     "release of due messages",
                     self.store.release_due_messages(self.batch_size),
                 )
@@ -478,7 +451,8 @@ impl ScheduleFeed {
         };
         if pacing(Pacing::plan_due) {
             let written = self
-                .timed(
+                .rows()
+                .within(
                     "plan",
                     self.store.plan(&self.names, self.batch_size, &planner),
                 )
@@ -495,7 +469,7 @@ impl ScheduleFeed {
         let claim = self
             .store
             .claim_occurrences(token, &self.names, limit, self.lease);
-        let claimed = self.timed("claim", claim).await?;
+        let claimed = self.rows().within("claim", claim).await?;
         found += claimed.len();
         Ok((found, token, claimed))
     }
