@@ -193,14 +193,18 @@ impl<Id: Copy + Send + Sync> Leased<'_, Id> {
         within(what, self.store_timeout, statement).await
     }
 
-    /// Deletes the rows of `acks`, one statement per claim token.
+    /// Deletes the rows of `acks`, one statement per claim token. A token whose statement
+    /// fails does not keep the others from theirs; the first error is returned.
     pub(crate) async fn ack(&self, acks: Vec<(Uuid, Id)>) -> Result<(), StoreError> {
+        let mut failed = None;
         for (token, ids) in by_token(acks) {
             let statement = self.claims.ack(token, &ids);
-            let landed = within("ack", self.store_timeout, statement).await?;
-            warn_unless_all_acked(landed, ids.len());
+            match within("ack", self.store_timeout, statement).await {
+                Ok(landed) => warn_unless_all_acked(landed, ids.len()),
+                Err(error) => failed = failed.or(Some(error)),
+            }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Gives the rows of `arrivals` back uncalled, one statement per claim token.
@@ -209,11 +213,14 @@ impl<Id: Copy + Send + Sync> Leased<'_, Id> {
         arrivals: Vec<Arrival<(Uuid, Id)>>,
     ) -> Result<(), StoreError> {
         let claims = arrivals.into_iter().map(|arrival| arrival.claim).collect();
+        let mut failed = None;
         for (token, ids) in by_token(claims) {
             let statement = self.claims.release(token, &ids);
-            within("release", self.store_timeout, statement).await?;
+            if let Err(error) = within("release", self.store_timeout, statement).await {
+                failed = failed.or(Some(error));
+            }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 }
 

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,7 +92,8 @@ impl Source for MemorySource {
             store,
             registry,
             by_type,
-            consumer: tokio::sync::Mutex::new(None),
+            consumer: std::sync::Mutex::new(None),
+            backlog: AtomicBool::new(false),
         };
         let engine =
             Engine::new(policy.retry, policy.max_payload_bytes, "memory").metrics_in(metrics);
@@ -310,11 +312,22 @@ struct MemoryFeed {
     registry: Registry,
     by_type: ByType,
     /// The store's messages, taken by [`start`](Feed::start) and given back by
-    /// [`finish`](Feed::finish), and the buffer each pass takes a batch into.
-    consumer: tokio::sync::Mutex<Option<(Consumer, Vec<Waiting>)>>,
+    /// [`finish`](Feed::finish), and the buffer each pass takes a batch into. A pass holds
+    /// them while it waits: dropped there, the consumer gives the store back itself.
+    consumer: std::sync::Mutex<Option<(Consumer, Vec<Waiting>)>>,
+    /// The last pass took a full batch: the next gives way to other tasks first.
+    backlog: AtomicBool,
 }
 
 impl MemoryFeed {
+    /// The consumer and its buffer, while the worker holds the store.
+    fn taken(&self) -> std::sync::MutexGuard<'_, Option<(Consumer, Vec<Waiting>)>> {
+        // Nothing panics while holding it: a poisoned lock holds a whole value.
+        self.consumer
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
     /// Back in the store, for `handler` (every handler of its type when `None`).
     fn put_back(&self, envelope: Envelope, handler: Option<&str>) {
         self.store.requeue(Waiting {
@@ -331,7 +344,7 @@ impl Feed for MemoryFeed {
 
     async fn start(&self) -> Result<Started, StoreBusy> {
         let consumer = self.store.claim_consumer().ok_or(StoreBusy)?;
-        *self.consumer.lock().await = Some((consumer, Vec::with_capacity(RECEIVE_BATCH)));
+        *self.taken() = Some((consumer, Vec::with_capacity(RECEIVE_BATCH)));
         for info in self.registry.handlers() {
             tracing::debug!(handler = %info.name, message_type = info.message_type, "handler registered");
         }
@@ -350,16 +363,25 @@ impl Feed for MemoryFeed {
         let limit = usize::try_from(room)
             .unwrap_or(usize::MAX)
             .min(RECEIVE_BATCH);
-        let mut taken = self.consumer.lock().await;
-        let (consumer, batch) = taken.as_mut().expect("taken when the worker started");
+        // A backlog is always ready: let the spawned handlers (and the application's other
+        // tasks) run on a single-threaded executor too. A batch takes one unit of the task's
+        // budget where a message took one before, so a full batch gives way itself. Done
+        // before taking, so that nothing taken waits here.
+        if self.backlog.swap(false, Ordering::Relaxed) {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::task::consume_budget().await;
+        }
+        let (mut consumer, mut batch) = self.taken().take().expect("taken when the worker started");
         if limit > 0 {
             tokio::select! {
                 biased;
-                () = stop.cancelled() => return Ok(Pass::of(Vec::new())),
-                () = consumer.next_batch(batch, limit) => {}
+                () = stop.cancelled() => {}
+                () = consumer.next_batch(&mut batch, limit) => {}
             }
         }
-        let full = batch.len() == RECEIVE_BATCH;
+        self.backlog
+            .store(batch.len() == RECEIVE_BATCH, Ordering::Relaxed);
         let mut arrivals = Vec::with_capacity(batch.len());
         let arrival = |to, envelope| Arrival {
             claim: (),
@@ -400,15 +422,7 @@ impl Feed for MemoryFeed {
                 }
             }
         }
-        drop(taken);
-        // A backlog is always ready: let the spawned handlers (and the application's other
-        // tasks) run on a single-threaded executor too. A batch takes one unit of the task's
-        // budget where a message took one before, so a full batch gives way itself.
-        if full {
-            tokio::task::yield_now().await;
-        } else {
-            tokio::task::consume_budget().await;
-        }
+        *self.taken() = Some((consumer, batch));
         Ok(Pass::of(arrivals))
     }
 
@@ -489,8 +503,8 @@ impl Feed for MemoryFeed {
     }
 
     /// Gives the store back: another worker may run on it.
-    async fn finish(&self) {
-        *self.consumer.lock().await = None;
+    fn finish(&self) {
+        self.taken().take();
     }
 }
 

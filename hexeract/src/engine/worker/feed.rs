@@ -88,10 +88,9 @@ pub(crate) trait Feed: Send + Sync + 'static {
     /// Writes the acks still owed when the worker stops.
     fn ack(&self, acks: Vec<Self::Claim>) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// After the last settle: lets go of what [`start`](Feed::start) took.
-    fn finish(&self) -> impl Future<Output = ()> + Send {
-        async {}
-    }
+    /// After the last settle, or when the loop is dropped: lets go of what
+    /// [`start`](Feed::start) took.
+    fn finish(&self) {}
 }
 
 /// What a feed's [`start`](Feed::start) returns.
@@ -290,6 +289,40 @@ impl<F: Feed> Run<F> {
     }
 }
 
+/// The calls in flight. A loop that is dropped (the hard stop deadline, a caller's own
+/// timeout) leaves them running rather than aborting them: each still settles its delivery
+/// (a retry goes back, an abandoned call's row waits for its lease).
+struct Detached<T: 'static>(JoinSet<T>);
+
+impl<T: 'static> Drop for Detached<T> {
+    fn drop(&mut self) {
+        self.0.detach_all();
+    }
+}
+
+impl<T: 'static> std::ops::Deref for Detached<T> {
+    type Target = JoinSet<T>;
+
+    fn deref(&self) -> &JoinSet<T> {
+        &self.0
+    }
+}
+
+impl<T: 'static> std::ops::DerefMut for Detached<T> {
+    fn deref_mut(&mut self) -> &mut JoinSet<T> {
+        &mut self.0
+    }
+}
+
+/// Calls [`Feed::finish`] when the loop ends, however it ends.
+struct Finish<'a, F: Feed>(&'a F);
+
+impl<F: Feed> Drop for Finish<'_, F> {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
+}
+
 /// A run that ended: its sequence number, and its claim when the loop owes its ack.
 type Ended<C> = (u64, Option<C>);
 
@@ -372,7 +405,8 @@ impl<F: Feed> Worker<F> {
         let wake = wake.unwrap_or_else(|| Arc::new(Notify::new()));
         // Calls in flight, each in a task of its own (call and settle): a pass never waits for
         // them, and they go on while the loop awaits the feed.
-        let mut running: JoinSet<Ended<F::Claim>> = JoinSet::new();
+        let _finish = Finish(&inner.feed);
+        let mut running: Detached<Ended<F::Claim>> = Detached(JoinSet::new());
         let mut owed: Vec<F::Claim> = Vec::new();
         let mut under_way: Option<PassUnderWay<'_, F::Claim, F::Error>> = None;
         let mut runs: u64 = 0;
@@ -513,7 +547,8 @@ impl<F: Feed> Worker<F> {
                             pace.poll_interval
                         }
                     };
-                    pass_now = wait.is_zero();
+                    // A call that ended during the pass may have asked for the next one.
+                    pass_now |= wait.is_zero();
                     next_pass
                         .as_mut()
                         .reset(tokio::time::Instant::now() + wait);
@@ -549,7 +584,6 @@ impl<F: Feed> Worker<F> {
                 tracing::warn!(worker = F::NAME, %error, "the last acks failed; those deliveries run again when their lease ends");
             }
         }
-        inner.feed.finish().await;
         tracing::info!(worker = F::NAME, "worker stopped");
         Ok(())
     }

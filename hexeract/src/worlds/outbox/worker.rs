@@ -239,11 +239,17 @@ impl LeasedFeed for OutboxFeed {
         let mut groups = by_token(acks).into_iter();
         let with_take = groups.next();
         for (token, ids) in groups {
-            let landed = self
+            match self
                 .rows()
                 .within("ack", self.store.deliveries().ack(token, &ids))
-                .await?;
-            warn_unless_all_acked(landed, ids.len());
+                .await
+            {
+                Ok(landed) => warn_unless_all_acked(landed, ids.len()),
+                // Those run again after their lease; the take goes on.
+                Err(error) => {
+                    tracing::warn!(%error, "could not ack a claim's deliveries; they run again when their lease ends")
+                }
+            }
         }
         let token = Uuid::now_v7();
         let claimed = match with_take {
