@@ -156,25 +156,6 @@ impl Engine {
         verdict
     }
 
-    /// [`deliver`](Engine::deliver) for a world that holds its envelope by value: the call
-    /// shares it, and it comes back with the verdict (copied only when an abandoned call still
-    /// holds it).
-    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
-    pub(crate) async fn deliver_owned(
-        &self,
-        target: Target<'_>,
-        envelope: Envelope,
-        stop: &CancellationToken,
-        interrupt: &CancellationToken,
-        publisher: &Arc<dyn Publish>,
-    ) -> (Envelope, Verdict) {
-        let envelope = Arc::new(envelope);
-        let verdict = self
-            .deliver(target, &envelope, stop, interrupt, publisher)
-            .await;
-        (Arc::unwrap_or_clone(envelope), verdict)
-    }
-
     /// A dead letter the world decided before any call (a delivery it could not read into an
     /// envelope, a stored row another program wrote), recorded like every other verdict.
     pub(crate) fn reject(

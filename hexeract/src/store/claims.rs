@@ -282,7 +282,7 @@ impl<T: LeasedFeed> Feed for T {
         self.rows().hand_back(arrivals).await
     }
 
-    async fn ack(&self, acks: Vec<(Uuid, T::Id)>) -> Result<(), StoreError> {
+    async fn close(&self, acks: Vec<(Uuid, T::Id)>) -> Result<(), StoreError> {
         self.rows().ack(acks).await
     }
 }

@@ -388,7 +388,7 @@ impl Feed for MemoryFeed {
             to,
             envelope,
             recovered: false,
-            unreadable: None,
+            refused: None,
         };
         for Waiting {
             mut envelope,
@@ -489,7 +489,7 @@ impl Feed for MemoryFeed {
                     self.store.fold_back(deliveries);
                     None
                 }
-                To::Nobody => None,
+                To::Nobody | To::QueueOf(_) => None,
             };
             let mut envelope = Arc::unwrap_or_clone(arrival.envelope);
             envelope.attempt -= 1;
@@ -498,7 +498,7 @@ impl Feed for MemoryFeed {
         Ok(())
     }
 
-    async fn ack(&self, _acks: Vec<()>) -> Result<(), StoreBusy> {
+    async fn close(&self, _acks: Vec<()>) -> Result<(), StoreBusy> {
         Ok(())
     }
 

@@ -13,8 +13,11 @@
 //!    its own and is never dropped)
 //! ```
 //!
-//! The outbox worker and the scheduler are feeds (their passes claim rows under a lease, and
-//! the store counted the attempt at the claim).
+//! The outbox worker and the scheduler are feeds whose passes claim rows under a lease (the
+//! store counted the attempt at the claim); the in-memory worker and each RabbitMQ queue are
+//! feeds whose passes wait for what arrives. A push feed whose source stops sending while acks
+//! are owed (a broker at its prefetch) acks in `settle` itself and returns [`Row::Settled`]:
+//! an ack owed to the next pass could wait for good.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -85,8 +88,10 @@ pub(crate) trait Feed: Send + Sync + 'static {
         arrivals: Vec<Arrival<Self::Claim>>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// Writes the acks still owed when the worker stops.
-    fn ack(&self, acks: Vec<Self::Claim>) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// Once, when the worker stops, after its last call ended: writes the acks still owed (often
+    /// none) and lets go of what the feed holds at its source (a broker's consumer).
+    fn close(&self, acks: Vec<Self::Claim>)
+        -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// After the last settle, or when the loop is dropped: lets go of what
     /// [`start`](Feed::start) took.
@@ -132,8 +137,28 @@ pub(crate) struct Arrival<C> {
     pub(crate) envelope: Arc<Envelope>,
     /// An earlier hold of it ended unsettled: it may have crashed a process, so it runs alone.
     pub(crate) recovered: bool,
-    /// Why the stored message cannot be read (it is dead-lettered without a call).
-    pub(crate) unreadable: Option<String>,
+    /// Why it is dead-lettered without a call (a stored message that cannot be read, a
+    /// delivery the broker returned too often).
+    pub(crate) refused: Option<Refusal>,
+}
+
+/// Why a delivery is dead-lettered without a call.
+pub(crate) struct Refusal {
+    pub(crate) reason: Reason,
+    pub(crate) detail: String,
+    /// The handler calls made before (its dead letter's `attempts`).
+    pub(crate) calls: u32,
+}
+
+impl Refusal {
+    /// A stored message another program wrote, which no call could read either.
+    pub(crate) fn unreadable(detail: String) -> Refusal {
+        Refusal {
+            reason: Reason::MESSAGE_UNREADABLE,
+            detail,
+            calls: 0,
+        }
+    }
 }
 
 /// Which handler a delivery is for.
@@ -145,6 +170,9 @@ pub(crate) enum To {
     Named(String),
     /// No handler knew its type.
     Nobody,
+    /// No handler of the worker takes its type, and it arrived where this handler's messages
+    /// do (a handler's own queue): its dead letter names that handler.
+    QueueOf(usize),
 }
 
 /// What became of a delivery once its verdict was carried out.
@@ -230,20 +258,23 @@ impl<F: Feed> Run<F> {
             claim,
             to,
             envelope,
-            unreadable,
+            refused,
             ..
         }: Arrival<F::Claim>,
     ) -> Ended<F::Claim> {
         let (worker, stop) = (&*self.worker, &self.stop);
         let target = worker.target(&to);
-        let verdict = match unreadable {
-            Some(detail) => {
-                // A row another program wrote, which no call would read either: dead-lettered
-                // alone, the rest of the pass handled.
-                tracing::error!(worker = F::NAME, message_id = %envelope.id, %detail, "stored message cannot be read; dead-lettered");
+        let verdict = match refused {
+            Some(Refusal {
+                reason,
+                detail,
+                calls,
+            }) => {
+                // Dead-lettered alone, the rest of the pass handled.
+                tracing::error!(worker = F::NAME, message_id = %envelope.id, %reason, %detail, "a delivery is dead-lettered without a call");
                 worker
                     .engine
-                    .reject(target, &envelope, Reason::MESSAGE_UNREADABLE, detail, 0)
+                    .reject(target, &envelope, reason, detail, calls)
             }
             None => {
                 let (interrupt, publisher) = (&self.interrupt, &self.publisher);
@@ -579,10 +610,8 @@ impl<F: Feed> Worker<F> {
                 }
             }
         }
-        if !owed.is_empty() {
-            if let Err(error) = inner.feed.ack(owed).await {
-                tracing::warn!(worker = F::NAME, %error, "the last acks failed; those deliveries run again when their lease ends");
-            }
+        if let Err(error) = inner.feed.close(owed).await {
+            tracing::warn!(worker = F::NAME, %error, "the last acks failed; those deliveries run again when their lease ends");
         }
         tracing::info!(worker = F::NAME, "worker stopped");
         Ok(())
@@ -620,6 +649,7 @@ impl<F: Feed> Inner<F> {
                 None => Target::NoSuchHandler(name),
             },
             To::Nobody => Target::NoHandlerForType(None),
+            To::QueueOf(index) => Target::NoHandlerForType(Some(self.slots[*index].name())),
         }
     }
 

@@ -18,7 +18,7 @@ use crate::store::{
     by_token, warn_unless_all_acked, DeliveryId, DeliveryStore, Leased, LeasedFeed, Routes,
     StoreError, NO_HANDLER,
 };
-use crate::worker::feed::{Arrival, Pace, Pass, Refill, Started, To, Worker};
+use crate::worker::feed::{Arrival, Pace, Pass, Refill, Refusal, Started, To, Worker};
 use crate::worker::{
     claim_lease, handler_slot, BuildError, ClaimSource, MessageSource, Source, WorkerBuilder,
 };
@@ -278,7 +278,7 @@ impl LeasedFeed for OutboxFeed {
                     },
                     envelope: Arc::new(delivery.envelope),
                     recovered: delivery.recovered,
-                    unreadable: delivery.unreadable,
+                    refused: delivery.unreadable.map(Refusal::unreadable),
                 })
                 .collect(),
         ))

@@ -3,24 +3,25 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::{join_all, BoxFuture, FutureExt};
-use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::future::{join_all, try_join_all, BoxFuture, FutureExt};
+use futures_util::stream::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
     BasicRejectOptions,
 };
 use lapin::types::FieldTable;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::dead_letter::DeadLetter;
-use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
+use crate::delivery::{Engine, Policy, Slot, Verdict};
 use crate::envelope::Envelope;
 use crate::health::Probe;
 use crate::knobs::{ConfigError, ConfigProblem};
@@ -33,9 +34,11 @@ use crate::rabbitmq::{
     ensure_topology, BusError, RabbitMqConnection, RabbitMqPublisher, Topology,
     DEFAULT_DELIVERY_LIMIT, DEFAULT_EXCHANGE, DEFAULT_PARKING_MAX_LENGTH, DEFAULT_PREFIX,
 };
+use crate::reason::Reason;
 use crate::registry::RegisteredHandler;
 use crate::retry::Backoff;
 use crate::store::DeadLetterStore;
+use crate::worker::feed::{Arrival, Feed, Pace, Pass, Refill, Refusal, Row, Started, To, Worker};
 use crate::worker::{handler_slot, BuildError, MessageSource, Source, WorkerBuilder};
 
 /// Builds a [`RabbitMqWorker`]. Defaults are the library's: `prefetch` 16, `max_attempts` 5,
@@ -356,13 +359,15 @@ impl Source for RabbitMqSource {
         let runner = |handler: &Arc<RegisteredHandler>| {
             handler_slot(&policy, handler, Metrics::global(), Some(&health))
         };
-        let consumers = match &source.queue {
+        // Each queue's handlers, as its loop counts them (`To::Slot`).
+        let consumers: Vec<(QueueConsumer, Vec<Slot>)> = match &source.queue {
             Some(queue) => {
                 let mut by_type = HashMap::new();
+                let mut slots = Vec::new();
                 for info in registry.handlers() {
                     let handler = registry.get(&info.name).expect("listed");
                     if by_type
-                        .insert(info.message_type.to_owned(), runner(handler))
+                        .insert(info.message_type.to_owned(), slots.len())
                         .is_some()
                     {
                         return Err(config_problem(
@@ -376,56 +381,72 @@ impl Source for RabbitMqSource {
                             ),
                         ));
                     }
+                    slots.push(runner(handler));
                 }
-                vec![QueueConsumer {
+                let consumer = QueueConsumer {
                     parking: source
                         .dead_letter_routing_key
                         .clone()
                         .unwrap_or_else(|| parking_queue(queue)),
                     queue: queue.clone(),
                     route: Route::ByType(by_type),
-                }]
+                };
+                vec![(consumer, slots)]
             }
             None => topology
                 .handler_queues()
                 .into_iter()
                 .map(|place| {
                     let handler = registry.get(&place.handler).expect("listed");
-                    QueueConsumer {
+                    let consumer = QueueConsumer {
                         queue: place.queue,
                         parking: place.parking,
                         route: Route::One {
                             message_type: place.message_type,
-                            runner: runner(handler),
                         },
-                    }
+                    };
+                    (consumer, vec![runner(handler)])
                 })
                 .collect(),
         };
         for info in registry.handlers() {
             tracing::debug!(handler = %info.name, message_type = info.message_type, "bus handler");
         }
-        Ok(RabbitMqWorker {
-            shared: Arc::new(Shared {
-                connection: source.connection,
-                topology,
-                exchange: source.exchange,
-                consumers,
-                prefetch: u16::try_from(policy.prefetch).expect("checked above"),
-                engine: Engine::new(policy.retry, policy.max_payload_bytes, "rabbitmq"),
-                max_payload_bytes: policy.max_payload_bytes,
-                shutdown_grace: policy.shutdown_grace,
-                confirm_timeout: source.confirm_timeout,
-                delivery_limit: source.delivery_limit,
-                ack_mode: source.ack_mode,
-                declare: source.declare,
-                dead_letters: source.dead_letters,
-                store_timeout: policy.store_timeout,
-                publisher: source.publisher,
-                health,
-                subscribed: AtomicUsize::new(0),
-            }),
-        })
+        let prefetch = u16::try_from(policy.prefetch).expect("checked above");
+        let shared = Arc::new(Shared {
+            connection: source.connection,
+            topology,
+            exchange: source.exchange,
+            prefetch,
+            max_payload_bytes: policy.max_payload_bytes,
+            shutdown_grace: policy.shutdown_grace,
+            confirm_timeout: source.confirm_timeout,
+            delivery_limit: source.delivery_limit,
+            ack_mode: source.ack_mode,
+            declare: source.declare,
+            dead_letters: source.dead_letters,
+            store_timeout: policy.store_timeout,
+            publisher: source.publisher,
+            health: health.clone(),
+        });
+        let engine = Engine::new(policy.retry, policy.max_payload_bytes, "rabbitmq");
+        // A push feed: a pass waits for the broker's next deliveries, and each call that ends
+        // makes room for the next (the broker's prefetch bounds them first).
+        let pace = Pace {
+            poll_interval: Duration::from_millis(100),
+            busy_delay: Duration::ZERO,
+            batch_size: u32::from(prefetch),
+            shutdown_grace: policy.shutdown_grace,
+            refill: Refill::WhenAnyEnds,
+        };
+        let queues = consumers
+            .into_iter()
+            .map(|(consumer, slots)| {
+                let feed = QueueFeed::new(shared.clone(), consumer);
+                Worker::new(feed, slots, engine.clone(), pace, health.clone())
+            })
+            .collect();
+        Ok(RabbitMqWorker { shared, queues })
     }
 }
 
@@ -443,9 +464,10 @@ fn config_problem(setting: &str, value: &str, expected: &str) -> BuildError {
 /// lost.
 ///
 /// Each handler queue gets a channel and a consumer of its own, with `prefetch` deliveries in
-/// flight. A delivery is acked only once its outcome is settled: after the handler succeeded,
-/// after its retry was republished to a wait queue and confirmed, or after it was parked and the
-/// park confirmed. Acks are coalesced with `multiple`.
+/// flight, and runs on the one loop every world shares. A delivery is acked only once its
+/// outcome is settled: after the handler succeeded, after its retry was republished to a wait
+/// queue and confirmed, or after it was parked and the park confirmed. Acks are coalesced with
+/// `multiple`.
 ///
 /// Acks go through the channel by delivery tag, on a connection without lapin's automatic
 /// recovery: a channel that is gone shows as an error and the end of the consumer stream, never
@@ -457,6 +479,8 @@ fn config_problem(setting: &str, value: &str, expected: &str) -> BuildError {
 /// (the runtime's supervisor) reconnects and builds a new worker.
 pub struct RabbitMqWorker {
     shared: Arc<Shared>,
+    /// One loop per queue.
+    queues: Vec<Worker<QueueFeed>>,
 }
 
 /// When the worker acks a delivery.
@@ -490,13 +514,12 @@ pub enum AckMode {
     Automatic,
 }
 
+/// What every queue of the worker shares.
 struct Shared {
     connection: RabbitMqConnection,
     topology: Topology,
     exchange: String,
-    consumers: Vec<QueueConsumer>,
     prefetch: u16,
-    engine: Engine,
     max_payload_bytes: usize,
     shutdown_grace: Duration,
     confirm_timeout: Duration,
@@ -508,8 +531,6 @@ struct Shared {
     store_timeout: Duration,
     publisher: Option<Arc<dyn Publish>>,
     health: Probe,
-    /// Consumers subscribed so far in this run.
-    subscribed: AtomicUsize,
 }
 
 struct QueueConsumer {
@@ -518,28 +539,31 @@ struct QueueConsumer {
     route: Route,
 }
 
+/// Which of a queue's handlers a delivery is for.
 enum Route {
-    /// A handler's own queue.
-    One { message_type: String, runner: Slot },
-    /// A queue of several types, each to its handler.
-    ByType(HashMap<String, Slot>),
+    /// A handler's own queue: its handler is the loop's only one.
+    One { message_type: String },
+    /// A queue of several types, each to its handler (by its place among the loop's).
+    ByType(HashMap<String, usize>),
 }
 
 impl Route {
-    fn runner(&self, message_type: &str) -> Option<&Slot> {
+    fn to(&self, message_type: &str) -> To {
         match self {
-            Route::One {
-                message_type: own,
-                runner,
-            } => (own == message_type).then_some(runner),
-            Route::ByType(runners) => runners.get(message_type),
+            Route::One { message_type: own } if own == message_type => To::Slot(0),
+            Route::One { .. } => To::QueueOf(0),
+            Route::ByType(slots) => slots
+                .get(message_type)
+                .map_or(To::Nobody, |&slot| To::Slot(slot)),
         }
     }
 
-    fn handler_name(&self) -> Option<&str> {
+    /// Where a delivery whose type cannot be read goes: to its queue's handler, if the queue
+    /// has one.
+    fn unread(&self) -> To {
         match self {
-            Route::One { runner, .. } => Some(runner.name()),
-            Route::ByType(_) => None,
+            Route::One { .. } => To::QueueOf(0),
+            Route::ByType(_) => To::Nobody,
         }
     }
 }
@@ -558,15 +582,7 @@ enum DeliveryEnd {
 impl fmt::Debug for RabbitMqWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RabbitMqWorker")
-            .field(
-                "queues",
-                &self
-                    .shared
-                    .consumers
-                    .iter()
-                    .map(|consumer| &consumer.queue)
-                    .collect::<Vec<_>>(),
-            )
+            .field("queues", &self.queues())
             .field("prefetch", &self.shared.prefetch)
             .finish_non_exhaustive()
     }
@@ -580,10 +596,9 @@ impl RabbitMqWorker {
 
     /// The queues this worker consumes.
     pub fn queues(&self) -> Vec<&str> {
-        self.shared
-            .consumers
+        self.queues
             .iter()
-            .map(|consumer| consumer.queue.as_str())
+            .map(|worker| worker.feed().consumer.queue.as_str())
             .collect()
     }
 
@@ -601,12 +616,12 @@ impl RabbitMqWorker {
     /// parkings cannot land by then (a broker alarm) stops anyway; the broker hands its
     /// unacknowledged deliveries out again when its channels close.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), BusError> {
-        let shared = self.shared;
+        let shared = self.shared.clone();
         let result = crate::delivery::stop_by_deadline(
             "RabbitMQ worker",
             &cancel,
             shared.shutdown_grace,
-            shared.run(cancel.clone()),
+            self.serve(cancel.clone()),
         )
         .await;
         if let Err(error) = &result {
@@ -614,11 +629,9 @@ impl RabbitMqWorker {
         }
         result
     }
-}
 
-impl Shared {
-    async fn run(&self, cancel: CancellationToken) -> Result<(), BusError> {
-        let shared = self;
+    async fn serve(self, cancel: CancellationToken) -> Result<(), BusError> {
+        let shared = &*self.shared;
         let connection = shared.connection.clone();
         shared.health.watch("connection.blocked", move || {
             connection.is_blocked().then(|| {
@@ -627,15 +640,14 @@ impl Shared {
                     .to_owned()
             })
         });
-        shared.subscribed.store(0, Ordering::SeqCst);
-        if shared.consumers.is_empty() {
+        if self.queues.is_empty() {
             tracing::info!("RabbitMQ worker has no handlers; idle until cancelled");
             shared.health.pass();
             cancel.cancelled().await;
             return Ok(());
         }
         if shared.declare {
-            shared.declare().await?;
+            self.declare().await?;
         }
         let publisher = Arc::new(
             RabbitMqPublisher::new(&shared.connection)
@@ -647,52 +659,42 @@ impl Shared {
             Some(publisher) => publisher.clone(),
             None => Arc::new(DirectPublisher(publisher.clone())),
         };
-        // One consumer's loss (or the publisher's) stops the others: the worker is rebuilt as a
-        // whole. The shutdown grace runs from either stop.
-        let stop = cancel.child_token();
-        let interrupt = CancellationToken::new();
-        let _grace = spawn_grace_timer(stop.clone(), interrupt.clone(), shared.shutdown_grace);
+        // Ready once every queue's consumer is subscribed.
+        try_join_all(self.queues.iter().map(|worker| {
+            worker
+                .feed()
+                .subscribe(publisher.clone(), ctx_publisher.clone())
+        }))
+        .await?;
+        shared.health.pass();
         tracing::info!(
-            queues = shared.consumers.len(),
+            queues = self.queues.len(),
             connection = shared.connection.name(),
             "RabbitMQ worker started"
         );
+        // One queue's loss (or the publisher's) stops the others: the worker is rebuilt as a
+        // whole. The shutdown grace runs from either stop.
+        let stop = cancel.child_token();
         let depths = tokio::spawn(sample_queue_depths(
             shared.connection.clone(),
-            shared
-                .consumers
-                .iter()
-                .map(|consumer| consumer.queue.clone())
-                .collect(),
+            self.queues().into_iter().map(str::to_owned).collect(),
             stop.clone(),
         ));
-        let results = join_all(shared.consumers.iter().map(|consumer| {
-            let consume = ConsumeLoop {
-                shared,
-                consumer,
-                publisher: &publisher,
-                ctx_publisher: &ctx_publisher,
-                stop: &stop,
-                interrupt: &interrupt,
-                lost: AtomicBool::new(false),
-            };
-            async move {
-                let result = consume.run().await;
-                if result.is_err() {
-                    consume.stop.cancel();
-                }
-                result
-            }
-        }))
+        join_all(
+            self.queues
+                .iter()
+                .map(|worker| worker.clone().run(stop.clone())),
+        )
         .await;
         depths.abort();
         if cancel.is_cancelled() {
             tracing::info!("RabbitMQ worker stopped");
             return Ok(());
         }
-        let error = results
-            .into_iter()
-            .find_map(Result::err)
+        let error = self
+            .queues
+            .iter()
+            .find_map(|worker| worker.feed().lost_to())
             .unwrap_or_else(|| {
                 BusError::Connection(
                     "the channel for retries and parking closed (a publish the broker refused, a \
@@ -705,13 +707,14 @@ impl Shared {
     }
 
     async fn declare(&self) -> Result<(), BusError> {
-        match self.consumers.first().map(|consumer| &consumer.route) {
-            Some(Route::ByType(_)) => {
+        let shared = &*self.shared;
+        let consumer = &self.queues[0].feed().consumer;
+        match consumer.route {
+            Route::ByType(_) => {
                 // The queue is the application's, and so is the parking queue when it exists
                 // already: both are only checked, passively, never declared again with
                 // arguments of ours. The wait tiers are the worker's.
-                let consumer = &self.consumers[0];
-                if !queue_exists(&self.connection, &consumer.queue).await? {
+                if !queue_exists(&shared.connection, &consumer.queue).await? {
                     return Err(BusError::Transport {
                         operation: format!("consuming queue {:?}", consumer.queue),
                         detail: "it does not exist: with queue(…) the application declares \
@@ -719,293 +722,399 @@ impl Shared {
                             .to_owned(),
                     });
                 }
-                if !queue_exists(&self.connection, &consumer.parking).await? {
-                    let parking = self.topology.parking_queue_layout(&consumer.parking);
-                    match ensure_topology(&self.connection, &[], &[parking], &[]).await {
+                if !queue_exists(&shared.connection, &consumer.parking).await? {
+                    let parking = shared.topology.parking_queue_layout(&consumer.parking);
+                    match ensure_topology(&shared.connection, &[], &[parking], &[]).await {
                         // Declared meanwhile, with arguments of its own (the application, or
                         // another replica): it is theirs, and it is there.
                         Err(BusError::Mismatch { .. })
-                            if queue_exists(&self.connection, &consumer.parking).await? => {}
+                            if queue_exists(&shared.connection, &consumer.parking).await? => {}
                         declared => declared?,
                     }
                 }
-                let exchanges = self.topology.exchanges();
+                let exchanges = shared.topology.exchanges();
                 let wait_tier = |queue: &Queue| queue.message_ttl.is_some();
-                let queues: Vec<Queue> = self
+                let queues: Vec<Queue> = shared
                     .topology
                     .queues()
                     .into_iter()
                     .filter(wait_tier)
                     .collect();
-                let bindings: Vec<_> = self
+                let bindings: Vec<_> = shared
                     .topology
                     .bindings()
                     .into_iter()
-                    .filter(|binding| binding.exchange != self.exchange)
+                    .filter(|binding| binding.exchange != shared.exchange)
                     .collect();
-                ensure_topology(&self.connection, &exchanges, &[], &[]).await?;
-                self.topology.upgrade(&self.connection, wait_tier).await?;
-                ensure_topology(&self.connection, &exchanges, &queues, &bindings).await
+                ensure_topology(&shared.connection, &exchanges, &[], &[]).await?;
+                shared
+                    .topology
+                    .upgrade(&shared.connection, wait_tier)
+                    .await?;
+                ensure_topology(&shared.connection, &exchanges, &queues, &bindings).await
             }
-            _ => self.topology.declare(&self.connection).await,
+            Route::One { .. } => shared.topology.declare(&shared.connection).await,
         }
     }
 }
 
-/// One queue's consumer: deliveries in, handler calls, acks out.
-struct ConsumeLoop<'a> {
-    shared: &'a Shared,
-    consumer: &'a QueueConsumer,
-    publisher: &'a Arc<RabbitMqPublisher>,
-    ctx_publisher: &'a Arc<dyn Publish>,
-    /// Fires on cancellation and when any part of the worker lost its connection.
-    stop: &'a CancellationToken,
-    interrupt: &'a CancellationToken,
-    /// This consumer's stream ended: its acks can no longer reach the broker, so nothing more
-    /// is started (the broker delivers every unacked delivery again).
+/// One queue's half of the worker: its consumer's deliveries in, verdicts out as acks,
+/// wait-queue republishes, parks and hand-backs.
+struct QueueFeed {
+    shared: Arc<Shared>,
+    consumer: QueueConsumer,
+    /// This run's channel and publishers, once subscribed.
+    consuming: OnceLock<Consuming>,
+    /// The consumer's deliveries, held by the pass that waits for them; `None` once the
+    /// consumer is cancelled.
+    deliveries: Mutex<Option<lapin::Consumer>>,
+    /// Which deliveries are settled, and the fewest acks that say so.
+    tracker: Mutex<AckTracker>,
+    /// A delivery was settled: the pass under way acks it within a millisecond.
+    settled: Notify,
+    /// The consumer's stream ended: its acks can no longer reach the broker, so nothing more
+    /// is started, retried or parked (the broker delivers every unacked delivery again).
     lost: AtomicBool,
+    /// Why the stream ended.
+    lost_to: Mutex<Option<BusError>>,
+    /// The consumer is cancelled: the broker sends it nothing more.
+    cancelled: tokio::sync::OnceCell<()>,
 }
 
-impl ConsumeLoop<'_> {
-    /// The bytes of properties a copy this loop republishes may take (see
-    /// [`wire::property_budget`]).
-    fn property_budget(&self) -> usize {
-        wire::property_budget(self.shared.connection.lapin().configuration().frame_max())
+/// A queue's run: its channel and consumer tag, and where retries, parks and `ctx.publish` go.
+struct Consuming {
+    channel: lapin::Channel,
+    tag: String,
+    publisher: Arc<RabbitMqPublisher>,
+    ctx_publisher: Arc<dyn Publish>,
+}
+
+/// A delivery as the loop holds it (its body moved into the envelope).
+struct Taken {
+    delivery: Delivery,
+    /// Acked already, as it was taken ([`AckMode::Automatic`]).
+    acked: bool,
+}
+
+impl QueueFeed {
+    fn new(shared: Arc<Shared>, consumer: QueueConsumer) -> QueueFeed {
+        QueueFeed {
+            shared,
+            consumer,
+            consuming: OnceLock::new(),
+            deliveries: Mutex::new(None),
+            tracker: Mutex::new(AckTracker::default()),
+            settled: Notify::new(),
+            lost: AtomicBool::new(false),
+            lost_to: Mutex::new(None),
+            cancelled: tokio::sync::OnceCell::new(),
+        }
     }
 
-    async fn run(&self) -> Result<(), BusError> {
-        let stop = self.stop;
-        let shared = self.shared;
+    /// Opens the queue's channel and subscribes its consumer.
+    async fn subscribe(
+        &self,
+        publisher: Arc<RabbitMqPublisher>,
+        ctx_publisher: Arc<dyn Publish>,
+    ) -> Result<(), BusError> {
+        let shared = &*self.shared;
+        let queue = &self.consumer.queue;
         let channel = shared.connection.channel().await?;
         channel
             .basic_qos(shared.prefetch, BasicQosOptions { global: false })
             .await
             .map_err(|error| BusError::transport("basic.qos", error))?;
         let tag = format!("{}:{}", shared.connection.name(), Uuid::now_v7().simple());
-        let mut deliveries = channel
+        let deliveries = channel
             .basic_consume(
-                short(&self.consumer.queue)?,
+                short(queue)?,
                 short(&tag)?,
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
             .await
-            .map_err(|error| {
-                BusError::transport(format!("consuming {:?}", self.consumer.queue), error)
-            })?;
-        if shared.subscribed.fetch_add(1, Ordering::SeqCst) + 1 == shared.consumers.len() {
-            shared.health.pass();
-        }
-        let acks = AckSender {
-            channel: &channel,
-            queue: &self.consumer.queue,
+            .map_err(|error| BusError::transport(format!("consuming {queue:?}"), error))?;
+        *lock(&self.deliveries) = Some(deliveries);
+        let consuming = Consuming {
+            channel,
+            tag,
+            publisher,
+            ctx_publisher,
         };
-        let mut tracker = AckTracker::default();
-        let mut running: FuturesUnordered<BoxFuture<'_, (u64, DeliveryEnd)>> =
-            FuturesUnordered::new();
-        // Ack when half the window is settled, or 1 ms after the loop first found nothing else
-        // to do: a steady stream is acked once per half window, a lull at most 1 ms late.
-        let batch = usize::from(shared.prefetch).div_ceil(2);
-        let idle_flush = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(idle_flush);
-        let mut flush_armed = false;
-        let automatic = shared.ack_mode == AckMode::Automatic;
-        // One wait for the stop across the loop: a new one per delivery would register and
-        // unregister a waiter on the token, a lock each way.
-        let mut stopped = std::pin::pin!(stop.cancelled());
-        let lost = loop {
-            if tracker.settled() >= batch {
-                acks.send(tracker.take(false));
-                if tracker.settled() >= batch {
-                    // Half a window settled behind a call still running: ack those singly now.
-                    // Waiting would shrink the window, and leaving them counted would bring
-                    // this check back at once, round and round without ever awaiting.
-                    acks.send(tracker.take(true));
-                }
-                flush_armed = false;
-            }
-            tokio::select! {
-                biased;
-                () = &mut stopped => break None,
-                Some((tag, settled)) = running.next(), if !running.is_empty() => {
-                    if self.settle_after_call(&mut tracker, tag, settled) {
-                        // A delivery to give back is sent at once: nothing else might flush it.
-                        acks.send(tracker.take(false));
-                    }
-                }
-                // Acked as taken, a delivery no longer holds its prefetch slot: the worker
-                // itself keeps to `prefetch` calls at once.
-                next = deliveries.next(), if !automatic || running.len() < usize::from(shared.prefetch) => match next {
-                    Some(Ok(delivery)) => {
-                        tracker.received(delivery.delivery_tag);
-                        if automatic {
-                            // Acked before the call starts: its frame is queued now.
-                            tracker.settle(delivery.delivery_tag);
-                            acks.send(tracker.take(true));
-                        }
-                        running.push(Box::pin(self.process(delivery)));
-                    }
-                    // The stream fails only when the channel or connection is gone.
-                    Some(Err(error)) => break Some(BusError::Connection(format!(
-                        "the consumer of {:?} failed: {error}", self.consumer.queue))),
-                    None => break Some(BusError::Connection(format!(
-                        "the consumer of {:?} ended (connection or channel closed)",
-                        self.consumer.queue
-                    ))),
-                },
-                () = &mut idle_flush, if flush_armed => {
-                    acks.send(tracker.take(true));
-                    flush_armed = false;
-                }
-                () = std::future::ready(()), if !flush_armed && tracker.settled() > 0 => {
-                    idle_flush
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + Duration::from_millis(1));
-                    flush_armed = true;
-                }
-            }
-        };
-        if lost.is_none() {
-            // Stop taking deliveries, and hand back those the broker already sent that no call
-            // has started on, uncharged.
-            let _ = channel
-                .basic_cancel(short(&tag)?, BasicCancelOptions::default())
-                .await;
-            while let Ok(Some(Ok(delivery))) =
-                tokio::time::timeout(Duration::from_millis(20), deliveries.next()).await
-            {
-                tracker.received(delivery.delivery_tag);
-                let settled = self.hand_back(&delivery, &delivery.data).await;
-                settle(&mut tracker, delivery.delivery_tag, settled);
-                // At once: a copy is in the queue now, and the original must not come back too.
-                acks.send(tracker.take(true));
-            }
+        if self.consuming.set(consuming).is_err() {
+            unreachable!("a worker runs once: run takes it by value");
         }
-        // Calls already running finish (up to the grace; then they are given back) and are
-        // settled, even after a connection loss: their outcome is logged, and their deliveries
-        // come back anyway.
-        if lost.is_some() {
-            self.lost.store(true, Ordering::SeqCst);
-        }
-        while let Some((tag, settled)) = running.next().await {
-            self.settle_after_call(&mut tracker, tag, settled);
-            // Singles too: a delivery handed back uncharged has a copy in the queue already.
-            acks.send(tracker.take(true));
-        }
-        // Queued ahead of the channel's close, so every ack is written before it.
-        acks.send(tracker.take(true));
-        if let Some(error) = lost {
-            return Err(error);
-        }
-        let _ = channel.close(200, "worker stopped".into()).await;
         Ok(())
     }
 
-    /// Records how a call's delivery is settled; `true` when it is to be given back at once.
-    /// Under [`AckMode::Automatic`] the delivery was acked when it was taken: one that should
-    /// go back to its queue is lost instead, and said so.
-    fn settle_after_call(&self, tracker: &mut AckTracker, tag: u64, settled: DeliveryEnd) -> bool {
-        if self.shared.ack_mode == AckMode::Manual {
-            return settle(tracker, tag, settled);
-        }
-        if !matches!(settled, DeliveryEnd::Ack) {
-            tracing::error!(
-                queue = %self.consumer.queue,
-                delivery_tag = tag,
-                "a delivery acked when taken (AckMode::Automatic) could not be settled and is \
-                 lost (unless its ack never reached the broker, which then delivers it again): \
-                 the worker stopped or lost its connection, or its retry or park could not be \
-                 published"
-            );
-        }
-        false
+    fn consuming(&self) -> &Consuming {
+        self.consuming
+            .get()
+            .expect("subscribed before the loop runs")
     }
 
-    /// Handles one delivery to its end: called, then acked, retried or parked.
-    async fn process(&self, mut delivery: Delivery) -> (u64, DeliveryEnd) {
-        let tag = delivery.delivery_tag;
-        let shared = self.shared;
-        if self.lost.load(Ordering::SeqCst) {
-            return (tag, DeliveryEnd::GiveBack);
+    fn publisher(&self) -> &RabbitMqPublisher {
+        &self.consuming().publisher
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Why the consumer's stream ended, when it did.
+    fn lost_to(&self) -> Option<BusError> {
+        lock(&self.lost_to).take()
+    }
+
+    /// The stream ended without a cancellation: the worker stops (every queue of it).
+    fn lose(&self, error: BusError, stop: &CancellationToken) {
+        self.lost.store(true, Ordering::SeqCst);
+        *lock(&self.lost_to) = Some(error);
+        stop.cancel();
+    }
+
+    /// The bytes of properties a copy this queue republishes may take (see
+    /// [`wire::property_budget`]).
+    fn property_budget(&self) -> usize {
+        wire::property_budget(self.shared.connection.lapin().configuration().frame_max())
+    }
+
+    /// Sends the acks the tracker holds. With `now` false, settled deliveries wait for half a
+    /// window or the pass's next millisecond; those behind a call still running wait for it.
+    fn flush(&self, tracker: &mut AckTracker, now: bool) {
+        let acks = AckSender {
+            channel: &self.consuming().channel,
+            queue: &self.consumer.queue,
+        };
+        if now {
+            acks.send(tracker.take(true));
+            return;
         }
-        let queue_handler = self.consumer.route.handler_name();
+        let batch = usize::from(self.shared.prefetch).div_ceil(2);
+        if tracker.settled() >= batch {
+            acks.send(tracker.take(false));
+            if tracker.settled() >= batch {
+                // Half a window settled behind a call still running: ack those singly now.
+                // Waiting would shrink the window.
+                acks.send(tracker.take(true));
+            }
+        } else if tracker.settled() == 1 {
+            // The first one since the last ack: the pass under way (or the next) acks it
+            // within a millisecond, with whatever settles meanwhile.
+            self.settled.notify_one();
+        }
+    }
+
+    /// Records how a delivery ended: acked with others of its window, or given back at once
+    /// (`now`: a copy of it is in the queue already, and the original must not come back
+    /// too). One acked as it was taken ([`AckMode::Automatic`]) that should go back is lost
+    /// instead, and said so.
+    fn record(&self, taken: &Taken, end: DeliveryEnd, now: bool) {
+        let tag = taken.delivery.delivery_tag;
+        if taken.acked {
+            if !matches!(end, DeliveryEnd::Ack) {
+                tracing::error!(
+                    queue = %self.consumer.queue,
+                    delivery_tag = tag,
+                    "a delivery acked when taken (AckMode::Automatic) could not be settled and \
+                     is lost (unless its ack never reached the broker, which then delivers it \
+                     again): the worker stopped or lost its connection, or its retry or park \
+                     could not be published"
+                );
+            }
+            return;
+        }
+        let mut tracker = lock(&self.tracker);
+        let now = match end {
+            DeliveryEnd::Ack => {
+                tracker.settle(tag);
+                now
+            }
+            DeliveryEnd::Requeue => {
+                tracker.requeue(tag);
+                true
+            }
+            DeliveryEnd::GiveBack => {
+                tracker.give_back(tag);
+                true
+            }
+        };
+        self.flush(&mut tracker, now);
+    }
+
+    /// Deliveries as the loop takes them: counted as received (and, under
+    /// [`AckMode::Automatic`], acked now, `ack_now`), their bodies read.
+    fn arrivals(&self, taken: Vec<Delivery>, ack_now: bool) -> Vec<Arrival<Taken>> {
+        {
+            let mut tracker = lock(&self.tracker);
+            for delivery in &taken {
+                tracker.received(delivery.delivery_tag);
+                if ack_now {
+                    tracker.settle(delivery.delivery_tag);
+                }
+            }
+            if ack_now {
+                // Acked before the calls start: the frames are queued now.
+                self.flush(&mut tracker, true);
+            }
+        }
+        taken
+            .into_iter()
+            .map(|delivery| self.arrival(delivery, ack_now))
+            .collect()
+    }
+
+    fn arrival(&self, mut delivery: Delivery, acked: bool) -> Arrival<Taken> {
+        let shared = &*self.shared;
         // The body moves into the envelope, uncopied; from here on, a republish (retry, park,
         // hand-back) takes it from there.
         let payload = Bytes::from(std::mem::take(&mut delivery.data));
-        let (envelope, verdict) = match wire::read_payload(
+        let read = wire::read_payload(
             &delivery,
             payload.clone(),
             &shared.exchange,
             shared.max_payload_bytes,
-        ) {
+        );
+        let (envelope, to, refused) = match read {
             Ok(envelope) => {
-                let target = match self.consumer.route.runner(&envelope.message_type) {
-                    Some(slot) => Target::Slot(slot),
-                    None => {
-                        let missing = BusError::MissingHandler {
-                            message_type: envelope.message_type.clone(),
-                        };
-                        tracing::warn!(
-                            error = %missing,
-                            message_id = %envelope.id,
-                            queue = %self.consumer.queue,
-                            "a delivery no handler of this worker takes"
-                        );
-                        Target::NoHandlerForType(queue_handler)
-                    }
-                };
-                let redeliveries = wire::redeliveries_of(&delivery);
-                if redeliveries >= u64::from(shared.delivery_limit) {
-                    // One more return (a crash, a lost connection) and the broker would
-                    // park it itself, with no reason and no row.
-                    let verdict = shared.engine.reject(
-                        target,
-                        &envelope,
-                        crate::reason::Reason::DELIVERY_LIMIT_REACHED,
-                        format!(
-                            "the broker delivered it {} times without an outcome settled \
-                                 (the queue's x-delivery-limit is {}): its consumer crashed or \
-                                 lost its connection each time; no call was made",
-                            redeliveries.saturating_add(1),
-                            shared.delivery_limit
-                        ),
-                        envelope.attempt.saturating_sub(1),
+                let to = self.consumer.route.to(&envelope.message_type);
+                if !matches!(to, To::Slot(_)) {
+                    let missing = BusError::MissingHandler {
+                        message_type: envelope.message_type.clone(),
+                    };
+                    tracing::warn!(
+                        error = %missing,
+                        message_id = %envelope.id,
+                        queue = %self.consumer.queue,
+                        "a delivery no handler of this worker takes"
                     );
-                    (envelope, verdict)
-                } else {
-                    shared
-                        .engine
-                        .deliver_owned(
-                            target,
-                            envelope,
-                            self.stop,
-                            self.interrupt,
-                            self.ctx_publisher,
-                        )
-                        .await
                 }
+                let redeliveries = wire::redeliveries_of(&delivery);
+                // One more return (a crash, a lost connection) and the broker would park it
+                // itself, with no reason and no row.
+                let refused = (redeliveries >= u64::from(shared.delivery_limit)).then(|| Refusal {
+                    reason: Reason::DELIVERY_LIMIT_REACHED,
+                    detail: format!(
+                        "the broker delivered it {} times without an outcome settled (the \
+                         queue's x-delivery-limit is {}): its consumer crashed or lost its \
+                         connection each time; no call was made",
+                        redeliveries.saturating_add(1),
+                        shared.delivery_limit
+                    ),
+                    calls: envelope.attempt.saturating_sub(1),
+                });
+                (envelope, to, refused)
             }
             Err(unreadable) => {
                 let salvaged = wire::salvage_payload(&delivery, payload, &shared.exchange);
-                let attempts = salvaged.attempt;
-                let verdict = shared.engine.reject(
-                    Target::NoHandlerForType(queue_handler),
-                    &salvaged,
-                    unreadable.reason,
-                    unreadable.detail,
-                    attempts,
-                );
-                (salvaged, verdict)
+                let refused = Refusal {
+                    reason: unreadable.reason,
+                    detail: unreadable.detail,
+                    calls: salvaged.attempt,
+                };
+                (salvaged, self.consumer.route.unread(), Some(refused))
             }
         };
-        (tag, self.settle((delivery, envelope), verdict).await)
+        Arrival {
+            claim: Taken { delivery, acked },
+            to,
+            envelope: Arc::new(envelope),
+            recovered: false,
+            refused,
+        }
+    }
+
+    /// Waits for the first delivery, then takes those that are there already, up to `room`;
+    /// meanwhile sends the acks of deliveries settled, a millisecond after the first (a steady
+    /// stream is acked once per half window by the settles themselves). On `stop`, cancels
+    /// the consumer and takes what the broker had sent already, to be given back.
+    async fn receive(
+        &self,
+        deliveries: &mut lapin::Consumer,
+        room: usize,
+        stop: &CancellationToken,
+    ) -> Received {
+        let mut taken = Vec::new();
+        let flush = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(flush);
+        let mut armed = false;
+        // Settled before this pass began: their notice may have gone to an earlier pass.
+        let mut check = true;
+        loop {
+            if !armed && std::mem::take(&mut check) && lock(&self.tracker).settled() > 0 {
+                flush
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + Duration::from_millis(1));
+                armed = true;
+            }
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => {
+                    self.cancel_consumer(deliveries, &mut taken).await;
+                    return Received::Stopped(taken);
+                }
+                next = deliveries.next() => match next {
+                    Some(Ok(delivery)) => {
+                        taken.push(delivery);
+                        while taken.len() < room {
+                            match deliveries.next().now_or_never() {
+                                Some(Some(Ok(delivery))) => taken.push(delivery),
+                                // The end, or an error: the next pass sees it.
+                                _ => break,
+                            }
+                        }
+                        return Received::Taken(taken);
+                    }
+                    // The stream fails only when the channel or connection is gone.
+                    Some(Err(error)) => return Received::Lost(taken, BusError::Connection(format!(
+                        "the consumer of {:?} failed: {error}", self.consumer.queue))),
+                    None => return Received::Lost(taken, BusError::Connection(format!(
+                        "the consumer of {:?} ended (connection or channel closed)",
+                        self.consumer.queue
+                    ))),
+                },
+                () = &mut flush, if armed => {
+                    self.flush(&mut lock(&self.tracker), true);
+                    armed = false;
+                }
+                () = self.settled.notified(), if !armed => check = true,
+            }
+        }
+    }
+
+    /// Cancels the consumer, once: the broker sends it nothing more. Done before any copy of
+    /// a delivery is handed back to the queue, which would otherwise come back to this very
+    /// consumer.
+    async fn cancel(&self) {
+        self.cancelled
+            .get_or_init(|| async {
+                let consuming = self.consuming();
+                if let Ok(tag) = short(&consuming.tag) {
+                    let _ = consuming
+                        .channel
+                        .basic_cancel(tag, BasicCancelOptions::default())
+                        .await;
+                }
+            })
+            .await;
+    }
+
+    /// Stops taking deliveries, and takes those the broker already sent that no call has
+    /// started on (to be given back uncharged).
+    async fn cancel_consumer(&self, deliveries: &mut lapin::Consumer, taken: &mut Vec<Delivery>) {
+        self.cancel().await;
+        while let Ok(Some(Ok(delivery))) =
+            tokio::time::timeout(Duration::from_millis(20), deliveries.next()).await
+        {
+            taken.push(delivery);
+        }
     }
 
     /// After a republish the broker refused: a second before the delivery goes back, so that a
     /// lasting refusal does not spin through the queue's delivery limit in milliseconds.
-    async fn pause_before_requeue(&self) {
+    async fn pause_before_requeue(stop: &CancellationToken) {
         tokio::select! {
-            () = self.stop.cancelled() => {}
+            () = stop.cancelled() => {}
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
@@ -1013,10 +1122,10 @@ impl ConsumeLoop<'_> {
     /// A publish failed and its channel is gone (the broker closes a channel after some
     /// refusals, such as a missing exchange): no retry or park can succeed any more, so the
     /// worker stops and is rebuilt, with a new channel, by its supervisor.
-    fn stop_if_publisher_lost(&self) {
-        if !self.publisher.is_connected() {
+    fn stop_if_publisher_lost(&self, stop: &CancellationToken) {
+        if !self.publisher().is_connected() {
             tracing::error!("the channel for retries and parking is closed; stopping the worker");
-            self.stop.cancel();
+            stop.cancel();
         }
     }
 
@@ -1027,8 +1136,9 @@ impl ConsumeLoop<'_> {
         envelope: &Envelope,
         delay: Duration,
         detail: &str,
+        stop: &CancellationToken,
     ) -> DeliveryEnd {
-        if self.lost.load(Ordering::SeqCst) {
+        if self.is_lost() {
             // The broker delivers it again anyway: a copy in the wait tier would be a second.
             return DeliveryEnd::Requeue;
         }
@@ -1042,7 +1152,7 @@ impl ConsumeLoop<'_> {
             self.property_budget(),
         );
         let publish = || {
-            self.publisher.publish_raw(
+            self.publisher().publish_raw(
                 &wait,
                 &self.consumer.queue,
                 &envelope.payload,
@@ -1093,8 +1203,8 @@ impl ConsumeLoop<'_> {
                     %error,
                     "could not republish a retry; the delivery goes back to its queue"
                 );
-                self.stop_if_publisher_lost();
-                self.pause_before_requeue().await;
+                self.stop_if_publisher_lost(stop);
+                Self::pause_before_requeue(stop).await;
                 DeliveryEnd::Requeue
             }
         }
@@ -1106,15 +1216,14 @@ impl ConsumeLoop<'_> {
     /// returned delivery in `x-delivery-count`, so each graceful shutdown would cost the
     /// messages in flight an attempt. If the copy cannot be published, the delivery is
     /// returned with `nack` (and counted there).
-    async fn hand_back(&self, delivery: &Delivery, payload: &[u8]) -> DeliveryEnd {
+    async fn hand_back_one(&self, delivery: &Delivery, payload: &[u8]) -> DeliveryEnd {
         // Lost, the broker returns it anyway; blocked, each publish would wait for its
         // confirm timeout.
-        if self.lost.load(Ordering::SeqCst)
-            || self.shared.connection.is_blocked()
-            || !self.publisher.is_connected()
+        if self.is_lost() || self.shared.connection.is_blocked() || !self.publisher().is_connected()
         {
             return DeliveryEnd::GiveBack;
         }
+        self.cancel().await;
         // The copy goes through the default exchange: a type that only its routing key gave
         // (no `type` property) would be lost on the way.
         let message_type = wire::message_type_of(delivery, &self.shared.exchange);
@@ -1127,7 +1236,7 @@ impl ConsumeLoop<'_> {
             self.property_budget(),
         );
         match self
-            .publisher
+            .publisher()
             .publish_raw("", &self.consumer.queue, payload, properties, true)
             .await
         {
@@ -1150,9 +1259,10 @@ impl ConsumeLoop<'_> {
         delivery: &Delivery,
         envelope: Envelope,
         info: &ParkedInfo<'_>,
+        stop: &CancellationToken,
     ) -> DeliveryEnd {
-        let shared = self.shared;
-        if self.lost.load(Ordering::SeqCst) {
+        let shared = &*self.shared;
+        if self.is_lost() {
             return DeliveryEnd::Requeue;
         }
         let message_id = envelope.id;
@@ -1161,12 +1271,12 @@ impl ConsumeLoop<'_> {
         // `dead_letters`. While the store cannot take it, the delivery waits, unacked.
         if let Some(store) = &shared.dead_letters {
             let letter = info.dead_letter(envelope, &delivery.properties);
-            if !self.write_dead_letter(&**store, &letter).await {
+            if !self.write_dead_letter(&**store, &letter, stop).await {
                 return DeliveryEnd::Requeue;
             }
         }
         let publish = || {
-            self.publisher.publish_raw(
+            self.publisher().publish_raw(
                 "",
                 &self.consumer.parking,
                 &payload,
@@ -1192,8 +1302,8 @@ impl ConsumeLoop<'_> {
                 %error,
                 "could not park a message; the delivery goes back to its queue"
             );
-            self.stop_if_publisher_lost();
-            self.pause_before_requeue().await;
+            self.stop_if_publisher_lost(stop);
+            Self::pause_before_requeue(stop).await;
             return DeliveryEnd::Requeue;
         }
         tracing::debug!(
@@ -1207,7 +1317,12 @@ impl ConsumeLoop<'_> {
 
     /// Writes `letter`, trying again with backoff while the store refuses it; `false` when the
     /// worker stopped first (the delivery then goes back to its queue, and comes again).
-    async fn write_dead_letter(&self, store: &dyn DeadLetterStore, letter: &DeadLetter) -> bool {
+    async fn write_dead_letter(
+        &self,
+        store: &dyn DeadLetterStore,
+        letter: &DeadLetter,
+        stop: &CancellationToken,
+    ) -> bool {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             let written = crate::store::within(
@@ -1225,40 +1340,91 @@ impl ConsumeLoop<'_> {
                 ),
             }
             tokio::select! {
-                () = self.stop.cancelled() => return false,
+                () = stop.cancelled() => return false,
                 () = tokio::time::sleep(backoff.next_delay()) => {}
             }
         }
     }
 }
 
-/// One queue's deliveries: verdicts become acks, wait-queue republishes, parks and
-/// hand-backs.
-impl World for ConsumeLoop<'_> {
-    type Delivery = (Delivery, Envelope);
-    type Settled = DeliveryEnd;
+/// What a pass's wait for deliveries ended with.
+enum Received {
+    Taken(Vec<Delivery>),
+    /// The worker was told to stop: the consumer is cancelled, and these were sent before.
+    Stopped(Vec<Delivery>),
+    /// The stream ended or failed, after these.
+    Lost(Vec<Delivery>, BusError),
+}
+
+impl Feed for QueueFeed {
+    type Claim = Taken;
+    type Error = BusError;
+    const NAME: &'static str = "RabbitMQ worker";
+
+    async fn start(&self) -> Result<Started, BusError> {
+        Ok(Started {
+            wake: None,
+            publisher: self.consuming().ctx_publisher.clone(),
+        })
+    }
+
+    /// Acks go out with the settles themselves (`acks` is always empty): a pass may wait for
+    /// a delivery as long as the queue is empty.
+    async fn pass(
+        &self,
+        _acks: Vec<Taken>,
+        room: u32,
+        stop: &CancellationToken,
+    ) -> Result<Pass<Taken>, BusError> {
+        let room = usize::try_from(room).unwrap_or(usize::MAX);
+        let taken = lock(&self.deliveries).take();
+        let Some(mut deliveries) = taken else {
+            // Cancelled already: the worker is stopping.
+            return Ok(Pass::of(Vec::new()));
+        };
+        if room == 0 {
+            // Every place is taken: what is settled goes out now, and the next call to end
+            // starts the next pass.
+            self.flush(&mut lock(&self.tracker), true);
+            *lock(&self.deliveries) = Some(deliveries);
+            return Ok(Pass::of(Vec::new()));
+        }
+        let received = self.receive(&mut deliveries, room, stop).await;
+        let automatic = self.shared.ack_mode == AckMode::Automatic;
+        let arrivals = match received {
+            Received::Taken(taken) => {
+                *lock(&self.deliveries) = Some(deliveries);
+                self.arrivals(taken, automatic)
+            }
+            // The loop gives these back: a copy of each goes to the end of the queue.
+            Received::Stopped(taken) => self.arrivals(taken, false),
+            Received::Lost(taken, error) => {
+                self.lose(error, stop);
+                self.arrivals(taken, false)
+            }
+        };
+        Ok(Pass::of(arrivals))
+    }
 
     async fn settle(
         &self,
-        (delivery, envelope): (Delivery, Envelope),
+        taken: &Taken,
+        handler: Option<&str>,
+        envelope: Arc<Envelope>,
         verdict: Verdict,
-    ) -> DeliveryEnd {
-        match verdict {
+        stop: &CancellationToken,
+    ) -> Result<Row, BusError> {
+        let delivery = &taken.delivery;
+        let end = match verdict {
             Verdict::Ack => DeliveryEnd::Ack,
             Verdict::Retry { delay, detail, .. } => {
-                self.retry(&delivery, &envelope, delay, &detail).await
+                self.retry(delivery, &envelope, delay, &detail, stop).await
             }
             Verdict::DeadLetter {
                 reason,
                 detail,
                 calls,
             } => {
-                let handler = self
-                    .consumer
-                    .route
-                    .runner(&envelope.message_type)
-                    .map(|slot| &**slot.name())
-                    .or_else(|| self.consumer.route.handler_name());
                 let info = ParkedInfo {
                     reason: &reason,
                     detail: &detail,
@@ -1266,37 +1432,62 @@ impl World for ConsumeLoop<'_> {
                     queue: &self.consumer.queue,
                     attempts: calls,
                 };
-                self.park(&delivery, envelope, &info).await
+                let envelope = Arc::unwrap_or_clone(envelope);
+                self.park(delivery, envelope, &info, stop).await
             }
             // The broker delivers it again, counting the delivery.
             Verdict::Abandoned => DeliveryEnd::Requeue,
             // No call (or a call the stop made fail): back with the count it came with.
-            Verdict::Release => self.hand_back(&delivery, &envelope.payload).await,
-        }
+            Verdict::Release => self.hand_back_one(delivery, &envelope.payload).await,
+        };
+        self.record(taken, end, false);
+        Ok(Row::Settled)
     }
+
+    async fn hand_back(&self, arrivals: Vec<Arrival<Taken>>) -> Result<(), BusError> {
+        for arrival in arrivals {
+            let end = self
+                .hand_back_one(&arrival.claim.delivery, &arrival.envelope.payload)
+                .await;
+            self.record(&arrival.claim, end, true);
+        }
+        Ok(())
+    }
+
+    /// Cancels the consumer if no pass did (the stop came while none was waiting), gives back
+    /// what the broker had sent, acks what is settled, and closes the channel.
+    async fn close(&self, _acks: Vec<Taken>) -> Result<(), BusError> {
+        let deliveries = lock(&self.deliveries).take();
+        if let Some(mut deliveries) = deliveries {
+            if !self.is_lost() {
+                let mut taken = Vec::new();
+                self.cancel_consumer(&mut deliveries, &mut taken).await;
+                let arrivals = self.arrivals(taken, false);
+                self.hand_back(arrivals).await?;
+            }
+        }
+        // Queued ahead of the channel's close, so every ack is written before it.
+        self.flush(&mut lock(&self.tracker), true);
+        if !self.is_lost() {
+            let _ = self
+                .consuming()
+                .channel
+                .close(200, "worker stopped".into())
+                .await;
+        }
+        Ok(())
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// `true` when the broker returned the message: nothing is bound where it was sent.
 fn is_unroutable(published: &Result<(), BusError>) -> bool {
     matches!(published, Err(BusError::NotConfirmed { detail, .. }) if detail.contains("unroutable"))
-}
-
-/// Records how a delivery ended; `true` when it is to be given back.
-fn settle(tracker: &mut AckTracker, tag: u64, settled: DeliveryEnd) -> bool {
-    match settled {
-        DeliveryEnd::Ack => {
-            tracker.settle(tag);
-            false
-        }
-        DeliveryEnd::Requeue => {
-            tracker.requeue(tag);
-            true
-        }
-        DeliveryEnd::GiveBack => {
-            tracker.give_back(tag);
-            true
-        }
-    }
 }
 
 /// Sends a channel's acks in the order they were decided (a `multiple` ack must never overtake
@@ -1314,6 +1505,7 @@ impl AckSender<'_> {
         if acks.is_empty() {
             return;
         }
+
         let channel = self.channel;
         // `reject`, not `nack`: since RabbitMQ 4.3 a requeue by `nack` no longer increments a
         // quorum queue's `x-delivery-count`, and the attempt would not be counted.

@@ -378,7 +378,7 @@ impl LeasedFeed for ScheduleFeed {
                 envelope: Arc::new(envelope_of(&occurrence)),
                 recovered: occurrence.recovered,
                 to: To::Named(occurrence.schedule),
-                unreadable: None,
+                refused: None,
             })
             .collect();
         Ok(Pass { found, arrivals })
