@@ -14,8 +14,9 @@
 //! ```
 //!
 //! The outbox worker and the scheduler are feeds whose passes claim rows under a lease (the
-//! store counted the attempt at the claim); the in-memory worker and each RabbitMQ queue are
-//! feeds whose passes wait for what arrives. A push feed whose source stops sending while acks
+//! store counted the attempt at the claim); the in-memory worker, each RabbitMQ queue and each
+//! Kafka partition are feeds whose passes wait for what arrives (a partition's, one record at
+//! a time, its call counted in the store first). A push feed whose source stops sending while acks
 //! are owed (a broker at its prefetch) acks in `settle` itself and returns [`Row::Settled`]:
 //! an ack owed to the next pass could wait for good.
 
@@ -55,6 +56,10 @@ pub(crate) trait Feed: Send + Sync + 'static {
 
     /// What log lines and readiness call the worker ("outbox worker", "scheduler").
     const NAME: &'static str;
+
+    /// Whether the loop's start and stop are logged at info level; a loop that comes and goes
+    /// with its source (a Kafka partition's, at each assignment) logs them at debug.
+    const ANNOUNCED: bool = true;
 
     /// Once, before the first pass: what ends a wait between passes early, and where a
     /// handler's `ctx.publish` writes. An error ends the run (another worker holds the
@@ -229,8 +234,9 @@ impl<F: Feed> Clone for Worker<F> {
 
 struct Inner<F> {
     feed: F,
-    /// The handlers (or jobs), in the order a feed's [`To::Slot`] counts them.
-    slots: Vec<Slot>,
+    /// The handlers (or jobs), in the order a feed's [`To::Slot`] counts them (shared with
+    /// other loops of the world: a Kafka handler's partitions).
+    slots: Arc<[Slot]>,
     by_name: HashMap<String, usize>,
     engine: Engine,
     pace: Pace,
@@ -363,11 +369,12 @@ type PassUnderWay<'a, C, E> = Pin<Box<dyn Future<Output = Result<Pass<C>, E>> + 
 impl<F: Feed> Worker<F> {
     pub(crate) fn new(
         feed: F,
-        slots: Vec<Slot>,
+        slots: impl Into<Arc<[Slot]>>,
         engine: Engine,
         pace: Pace,
         health: Probe,
     ) -> Worker<F> {
+        let slots: Arc<[Slot]> = slots.into();
         let by_name = slots
             .iter()
             .enumerate()
@@ -451,11 +458,19 @@ impl<F: Feed> Worker<F> {
         let mut isolating: Option<u64> = None;
         let mut quieting = false;
         let batch = pace.batch_size as usize;
-        tracing::info!(
-            worker = F::NAME,
-            handlers = inner.slots.len(),
-            "worker started"
-        );
+        if F::ANNOUNCED {
+            tracing::info!(
+                worker = F::NAME,
+                handlers = inner.slots.len(),
+                "worker started"
+            );
+        } else {
+            tracing::debug!(
+                worker = F::NAME,
+                handlers = inner.slots.len(),
+                "worker started"
+            );
+        }
         loop {
             if running.is_empty() {
                 if stopping && under_way.is_none() {
@@ -613,7 +628,11 @@ impl<F: Feed> Worker<F> {
         if let Err(error) = inner.feed.close(owed).await {
             tracing::warn!(worker = F::NAME, %error, "the last acks failed; those deliveries run again when their lease ends");
         }
-        tracing::info!(worker = F::NAME, "worker stopped");
+        if F::ANNOUNCED {
+            tracing::info!(worker = F::NAME, "worker stopped");
+        } else {
+            tracing::debug!(worker = F::NAME, "worker stopped");
+        }
         Ok(())
     }
 }

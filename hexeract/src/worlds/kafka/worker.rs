@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::dead_letter::DeadLetter;
-use crate::delivery::{spawn_grace_timer, Engine, Policy, Slot, Target, Verdict, World};
+use crate::delivery::{Engine, Policy, Slot, Verdict};
 use crate::envelope::Envelope;
 use crate::health::{Health, Probe};
 use crate::kafka::logged::Logged;
@@ -33,6 +33,7 @@ use crate::publish::Publish;
 use crate::reason::Reason;
 use crate::retry::Backoff;
 use crate::store::{PartitionCalls, PartitionOf, Store};
+use crate::worker::feed::{Arrival, Feed, Pace, Pass, Refill, Refusal, Row, Started, To, Worker};
 use crate::worker::{handler_slot, BuildError, MessageSource, Source, WorkerBuilder};
 
 /// What one record counts for in a partition's queue besides its key and payload.
@@ -104,7 +105,7 @@ impl Source for KafkaSource {
                 message_type: info.message_type,
                 aggregate,
                 topic: source.config.topic(aggregate),
-                slot,
+                slots: Arc::from([slot]),
                 group_id,
                 probe,
             });
@@ -120,6 +121,7 @@ impl Source for KafkaSource {
                 check_interval: source.check_interval,
                 partition_queue_bytes: source.partition_queue_bytes,
                 store_timeout: policy.store_timeout,
+                shutdown_grace: policy.shutdown_grace,
             }),
             shutdown_grace: policy.shutdown_grace,
         })
@@ -228,6 +230,9 @@ struct Shared {
     partition_queue_bytes: usize,
     /// Deadline of each of the worker's statements: a call's count, a dead letter.
     store_timeout: Duration,
+    /// How long a partition's call in flight gets once the worker stops or the partition is
+    /// revoked.
+    shutdown_grace: Duration,
 }
 
 /// One handler as a consumer group.
@@ -237,8 +242,8 @@ struct Group {
     aggregate: &'static str,
     topic: String,
     group_id: String,
-    /// The handler as the engine calls it.
-    slot: Slot,
+    /// The handler as the engine calls it (its only slot: every partition's loop shares it).
+    slots: Arc<[Slot]>,
     probe: Probe,
 }
 
@@ -321,8 +326,6 @@ impl KafkaWorker {
     }
 
     async fn serve(self, cancel: CancellationToken) -> Result<(), KafkaError> {
-        let interrupt = CancellationToken::new();
-        let _grace = spawn_grace_timer(cancel.clone(), interrupt.clone(), self.shutdown_grace);
         let publisher: Arc<dyn Publish> = match &self.shared.publisher {
             Some(publisher) => publisher.clone(),
             None => Arc::new(StorePublisher::new(
@@ -335,12 +338,7 @@ impl KafkaWorker {
             let shared = self.shared.clone();
             let publisher = publisher.clone();
             let cancel = cancel.clone();
-            let interrupt = interrupt.clone();
-            async move {
-                Arc::new(group)
-                    .consume(shared, publisher, cancel, interrupt)
-                    .await
-            }
+            async move { Arc::new(group).consume(shared, publisher, cancel).await }
         });
         let results = futures_util::future::join_all(groups).await;
         tracing::info!("Kafka worker stopped");
@@ -354,7 +352,6 @@ impl Group {
         shared: Arc<Shared>,
         publisher: Arc<dyn Publish>,
         cancel: CancellationToken,
-        interrupt: CancellationToken,
     ) -> Result<(), KafkaError> {
         let partitions: Partitions = Arc::default();
         let context = GroupContext {
@@ -403,7 +400,7 @@ impl Group {
                 record = consumer.recv() => match record {
                     Ok(record) => {
                         let record = record.detach();
-                        self.route(record, &consumer, &partitions, &mut tasks, &mut task_partitions, &shared, &publisher, &cancel, &interrupt);
+                        self.route(record, &consumer, &partitions, &mut tasks, &mut task_partitions, &shared, &publisher, &cancel);
                     }
                     Err(error) => {
                         tracing::warn!(handler = %self.name, %error, "Kafka consumer error");
@@ -474,19 +471,19 @@ impl Group {
         shared: &Arc<Shared>,
         publisher: &Arc<dyn Publish>,
         cancel: &CancellationToken,
-        interrupt: &CancellationToken,
     ) {
         let partition = record.partition();
         let mut held = lock(partitions);
         let slot = held.entry(partition).or_insert_with(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             let state = Arc::new(PartitionState {
-                revoked: CancellationToken::new(),
+                // Fires on a revocation, and when the worker stops.
+                revoked: cancel.child_token(),
                 queued: AtomicUsize::new(0),
                 paused: Mutex::new(false),
                 next_to_settle: AtomicI64::new(record.offset()),
             });
-            let task = PartitionTask {
+            let feed = PartitionFeed {
                 group: self.clone(),
                 shared: shared.clone(),
                 publisher: publisher.clone(),
@@ -494,8 +491,29 @@ impl Group {
                 partition,
                 state: state.clone(),
                 calls: std::sync::Mutex::default(),
+                records: std::sync::Mutex::new(Some(receiver)),
+                again: std::sync::Mutex::new(None),
             };
-            let handle = tasks.spawn(task.run(receiver, cancel.clone(), interrupt.clone()));
+            // One call at a time: the next record waits for the one before to settle.
+            let pace = Pace {
+                poll_interval: Duration::from_millis(100),
+                busy_delay: Duration::ZERO,
+                batch_size: 1,
+                shutdown_grace: shared.shutdown_grace,
+                refill: Refill::WhenAnyEnds,
+            };
+            let worker = Worker::new(
+                feed,
+                self.slots.clone(),
+                shared.engine.clone(),
+                pace,
+                self.probe.clone(),
+            );
+            let stop = state.revoked.clone();
+            let handle = tasks.spawn(async move {
+                // A partition's loop fails only to start, which it does not.
+                let _ = worker.run(stop).await;
+            });
             task_partitions.insert(handle.id(), (partition, state.clone()));
             PartitionQueue {
                 records: sender,
@@ -566,8 +584,8 @@ impl Group {
     }
 }
 
-/// Handles one partition's records in order.
-struct PartitionTask {
+/// One partition's records in order, one call at a time: the feed of the partition's loop.
+struct PartitionFeed {
     group: Arc<Group>,
     shared: Arc<Shared>,
     publisher: Arc<dyn Publish>,
@@ -577,9 +595,13 @@ struct PartitionTask {
     /// What the store remembers of this partition's calls, as this task last wrote it (or
     /// found it), and whether the window in it is this task's own.
     calls: std::sync::Mutex<Remembered>,
+    /// The records the group's consumer routed here, held by the pass that waits for them.
+    records: std::sync::Mutex<Option<mpsc::UnboundedReceiver<OwnedMessage>>>,
+    /// A record whose retry wait is over: called again before the next.
+    again: std::sync::Mutex<Option<(Held, Arc<Envelope>)>>,
 }
 
-/// [`PartitionTask::calls`].
+/// [`PartitionFeed::calls`].
 #[derive(Default)]
 struct Remembered {
     /// As last written (or found).
@@ -593,7 +615,7 @@ struct Remembered {
 impl Remembered {
     /// The number of the call about to be made of the record at `offset` (`made` calls of it
     /// made so far by this task), and what to write to the store first, if anything
-    /// ([`PartitionTask::count_call`]).
+    /// ([`PartitionFeed::count_call`]).
     fn count(&mut self, offset: i64, made: u32) -> (u32, Option<PartitionCalls>) {
         let before = self.calls;
         let counted = before.calls_of(offset);
@@ -616,68 +638,275 @@ impl Remembered {
 /// many records, where a call counted one at a time would cost a statement each.
 const CALL_WINDOW: i64 = 256;
 
-/// How a record ended in this task.
-enum RecordEnd {
-    /// Handled, dead-lettered or passed over: its offset may be committed.
-    Done,
-    /// Not settled (the partition was revoked or the worker stops): whoever holds the
-    /// partition next handles it again.
-    Left,
+/// A record as the partition's loop holds it.
+type Held = Arc<OwnedMessage>;
+
+/// What a pass found of the partition's next record.
+enum Next {
+    /// A record to call its handler with (or to dead-letter without a call).
+    Call(Arrival<Held>),
+    /// Settled without a call: another handler's, or a copy of one settled here.
+    Passed(OwnedMessage),
+    /// The worker stops, or the partition was revoked.
+    Stop,
 }
 
-impl PartitionTask {
-    async fn run(
-        self,
-        mut records: mpsc::UnboundedReceiver<OwnedMessage>,
-        cancel: CancellationToken,
-        interrupt: CancellationToken,
-    ) {
-        match self.remembered_calls(&cancel).await {
-            Some(calls) => self.lock_calls().calls = calls,
-            None => return,
-        }
-        loop {
-            let record = tokio::select! {
-                biased;
-                () = cancel.cancelled() => break,
-                () = self.state.revoked.cancelled() => break,
-                record = records.recv() => match record {
-                    Some(record) => record,
-                    None => break,
-                },
-            };
-            match self.settle(&record, &cancel, &interrupt).await {
-                RecordEnd::Left => break,
-                RecordEnd::Done => {}
+impl PartitionFeed {
+    /// The partition's next record: the one a retry waits to call again first, else the next
+    /// that came, once its call is counted in the store.
+    async fn next(&self, stop: &CancellationToken) -> Next {
+        let again = self.lock_again().take();
+        let (record, envelope, made) = match again {
+            Some((record, envelope)) => {
+                let made = envelope.attempt;
+                (record, envelope, made)
             }
-            let next = record.offset() + 1;
-            let stored = self.consumer.store_offsets(&one_partition(
-                &self.group.topic,
-                self.partition,
-                Offset::Offset(next),
-            ));
-            if let Err(error) = stored {
-                // Revoked meanwhile: the new holder handles the record again.
-                tracing::debug!(partition = self.partition, %error, "offset not stored");
-            }
-            self.state.next_to_settle.store(next, Ordering::Release);
-            let size = record_size(&record);
-            let left = self.state.queued.fetch_sub(size, Ordering::AcqRel) - size;
-            if left < self.shared.partition_queue_bytes / 2 {
-                let mut paused = self.state.paused_flag();
-                if *paused {
-                    let _ = self.consumer.resume(&one_partition(
-                        &self.group.topic,
-                        self.partition,
-                        Offset::Invalid,
-                    ));
-                    *paused = false;
+            None => {
+                let taken = self.lock_records().take();
+                let Some(mut records) = taken else {
+                    return Next::Stop;
+                };
+                let record = tokio::select! {
+                    biased;
+                    () = stop.cancelled() => None,
+                    record = records.recv() => record,
+                };
+                *self.lock_records() = Some(records);
+                let Some(record) = record else {
+                    return Next::Stop;
+                };
+                match self.read(record).await {
+                    Ok(read) => read,
+                    Err(next) => return next,
                 }
             }
+        };
+        // Calls are remembered in the store before they are made (`RecordAttempts`), so that
+        // the count goes on after a restart: a record whose call never finished (it killed the
+        // process) is dead-lettered once the count passes the limit, without a call.
+        let Some(call) = self.count_call(record.offset(), made, stop).await else {
+            return Next::Stop;
+        };
+        let mut envelope = envelope;
+        Arc::make_mut(&mut envelope).attempt = call;
+        Next::Call(Arrival {
+            claim: record,
+            to: To::Slot(0),
+            envelope,
+            recovered: false,
+            refused: None,
+        })
+    }
+
+    /// A record that came: read, or passed over, or dead-lettered unread.
+    async fn read(&self, record: OwnedMessage) -> Result<(Held, Arc<Envelope>, u32), Next> {
+        let group = &*self.group;
+        if wire::message_type(&record).is_some_and(|kind| kind != group.message_type) {
+            // Another message type of the same aggregate: another handler's, even when it
+            // cannot be read (that handler's group dead-letters it).
+            return Err(Next::Passed(record));
         }
-        // Stopped with no call left running: nothing of this holder is in flight, so whoever
-        // holds the partition next calls the records as they come (a window left open tells
-        // it that this process died mid-window). A record counted exactly keeps its count.
+        let envelope = match wire::read(&record, group.aggregate, self.shared.max_payload_bytes) {
+            Ok(envelope) => envelope,
+            Err(unreadable) => {
+                let envelope = wire::salvage(&record, group.aggregate);
+                tracing::debug!(
+                    handler = %group.name,
+                    topic = %group.topic,
+                    partition = record.partition(),
+                    offset = record.offset(),
+                    "record unreadable"
+                );
+                // Dead-lettered without a call (and none counted).
+                return Err(Next::Call(Arrival {
+                    claim: Arc::new(record),
+                    to: To::Slot(0),
+                    envelope: Arc::new(envelope),
+                    recovered: false,
+                    refused: Some(Refusal {
+                        reason: unreadable.reason,
+                        detail: unreadable.detail,
+                        calls: 0,
+                    }),
+                }));
+            }
+        };
+        if envelope.message_type != group.message_type {
+            // Another message type of the same aggregate: another handler's.
+            return Err(Next::Passed(record));
+        }
+        if let Some(target) = envelope
+            .headers
+            .get(wire::headers::REPLAY_FOR)
+            .filter(|target| **target != *group.name)
+        {
+            // A dead letter of another handler, sent back for that handler alone: passed over
+            // only when it copies a record this group has settled; anyone can write the header.
+            if self.copies_a_settled_record(&record, &envelope).await {
+                return Err(Next::Passed(record));
+            }
+            tracing::warn!(
+                handler = %group.name,
+                addressed_to = %target,
+                message_id = %envelope.id,
+                topic = %group.topic,
+                partition = record.partition(),
+                offset = record.offset(),
+                "a record addressed to another handler is not a copy of one this handler has \
+                 had: handled here too"
+            );
+        }
+        // Shared with each call's context (and copied only if an abandoned call still holds it).
+        Ok((Arc::new(record), Arc::new(envelope), 0))
+    }
+
+    /// A record is settled: its offset is stored (librdkafka commits it), and its bytes leave
+    /// the partition's queue (resuming the partition when it had paused for them).
+    fn done(&self, record: &OwnedMessage) {
+        let next = record.offset() + 1;
+        let stored = self.consumer.store_offsets(&one_partition(
+            &self.group.topic,
+            self.partition,
+            Offset::Offset(next),
+        ));
+        if let Err(error) = stored {
+            // Revoked meanwhile: the new holder handles the record again.
+            tracing::debug!(partition = self.partition, %error, "offset not stored");
+        }
+        self.state.next_to_settle.store(next, Ordering::Release);
+        let size = record_size(record);
+        let left = self.state.queued.fetch_sub(size, Ordering::AcqRel) - size;
+        if left < self.shared.partition_queue_bytes / 2 {
+            let mut paused = self.state.paused_flag();
+            if *paused {
+                let _ = self.consumer.resume(&one_partition(
+                    &self.group.topic,
+                    self.partition,
+                    Offset::Invalid,
+                ));
+                *paused = false;
+            }
+        }
+    }
+
+    fn lock_records(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Option<mpsc::UnboundedReceiver<OwnedMessage>>> {
+        self.records
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn lock_again(&self) -> std::sync::MutexGuard<'_, Option<(Held, Arc<Envelope>)>> {
+        self.again
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One partition's records, in order, one call at a time: verdicts become stored offsets,
+/// waits in the partition and dead-letter rows.
+impl Feed for PartitionFeed {
+    type Claim = Held;
+    type Error = KafkaError;
+    const NAME: &'static str = "Kafka partition";
+    // One loop per partition held, started at each assignment: the group's consumer logs the
+    // assignments.
+    const ANNOUNCED: bool = false;
+
+    async fn start(&self) -> Result<Started, KafkaError> {
+        // Stopped or revoked before the store answered: the loop takes nothing.
+        if let Some(calls) = self.remembered_calls(&self.state.revoked).await {
+            self.lock_calls().calls = calls;
+        }
+        Ok(Started {
+            wake: None,
+            publisher: self.publisher.clone(),
+        })
+    }
+
+    /// Waits for the partition's next record that needs a call (passing over, and settling,
+    /// those that do not); nothing while the record before is still being called (`room` 0).
+    async fn pass(
+        &self,
+        _acks: Vec<Held>,
+        room: u32,
+        stop: &CancellationToken,
+    ) -> Result<Pass<Held>, KafkaError> {
+        if room == 0 {
+            return Ok(Pass::of(Vec::new()));
+        }
+        loop {
+            match self.next(stop).await {
+                Next::Call(arrival) => return Ok(Pass::of(vec![arrival])),
+                Next::Passed(record) => self.done(&record),
+                Next::Stop => return Ok(Pass::of(Vec::new())),
+            }
+        }
+    }
+
+    async fn settle(
+        &self,
+        record: &Held,
+        _handler: Option<&str>,
+        envelope: Arc<Envelope>,
+        verdict: Verdict,
+        stop: &CancellationToken,
+    ) -> Result<Row, KafkaError> {
+        let offset = record.offset();
+        let attempt = envelope.attempt;
+        let settled = match verdict {
+            Verdict::Ack => true,
+            Verdict::DeadLetter {
+                reason,
+                detail,
+                calls,
+            } => {
+                let envelope = Arc::unwrap_or_clone(envelope);
+                self.dead_letter(record, envelope, reason, &detail, calls, stop)
+                    .await
+            }
+            // The records behind it in its partition wait with it; its count holds if the
+            // process stops meanwhile.
+            Verdict::Retry { delay, .. } => {
+                self.remember_calls(offset, attempt).await;
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {
+                        *self.lock_again() = Some((record.clone(), envelope));
+                    }
+                    () = stop.cancelled() => {}
+                }
+                false
+            }
+            // Not made, or a failure while stopping: not a call that counts. Whoever holds the
+            // partition next handles it again.
+            Verdict::Release => {
+                self.remember_calls(offset, attempt.saturating_sub(1)).await;
+                false
+            }
+            // Still running past the grace: the next holder goes on from its count.
+            Verdict::Abandoned => {
+                self.lock_calls().in_flight = true;
+                self.remember_calls(offset, attempt).await;
+                false
+            }
+        };
+        if settled {
+            self.done(record);
+        }
+        Ok(Row::Settled)
+    }
+
+    /// Nothing to give back: a record not started is left for whoever holds the partition
+    /// next (its offset is not stored).
+    async fn hand_back(&self, _arrivals: Vec<Arrival<Held>>) -> Result<(), KafkaError> {
+        Ok(())
+    }
+
+    /// Stopped with no call left running: nothing of this holder is in flight, so whoever
+    /// holds the partition next calls the records as they come (a window left open tells it
+    /// that this process died mid-window). A record counted exactly keeps its count.
+    async fn close(&self, _acks: Vec<Held>) -> Result<(), KafkaError> {
         let closing = {
             let remembered = self.lock_calls();
             (!remembered.in_flight && remembered.calls.window != PartitionCalls::CLOSED).then(
@@ -691,105 +920,11 @@ impl PartitionTask {
             // Not closed: the next holder calls its records one at a time.
             self.write_calls(closed).await;
         }
+        Ok(())
     }
+}
 
-    async fn settle(
-        &self,
-        record: &OwnedMessage,
-        cancel: &CancellationToken,
-        interrupt: &CancellationToken,
-    ) -> RecordEnd {
-        let group = &*self.group;
-        if wire::message_type(record).is_some_and(|kind| kind != group.message_type) {
-            // Another message type of the same aggregate: another handler's, even when it
-            // cannot be read (that handler's group dead-letters it).
-            return RecordEnd::Done;
-        }
-        let engine = &self.shared.engine;
-        let target = Target::Slot(&group.slot);
-        let envelope = match wire::read(record, group.aggregate, self.shared.max_payload_bytes) {
-            Ok(envelope) => envelope,
-            Err(unreadable) => {
-                let envelope = wire::salvage(record, group.aggregate);
-                tracing::debug!(
-                    handler = %group.name,
-                    topic = %group.topic,
-                    partition = record.partition(),
-                    offset = record.offset(),
-                    "record unreadable"
-                );
-                let verdict =
-                    engine.reject(target, &envelope, unreadable.reason, unreadable.detail, 0);
-                // A verdict reached without a call is a dead letter, never a retry.
-                return match self.carry_out(record, &envelope, verdict, cancel).await {
-                    Step::RecordEnd(settled) => settled,
-                    Step::Again => RecordEnd::Left,
-                };
-            }
-        };
-        if envelope.message_type != group.message_type {
-            // Another message type of the same aggregate: another handler's.
-            return RecordEnd::Done;
-        }
-        if let Some(target) = envelope
-            .headers
-            .get(wire::headers::REPLAY_FOR)
-            .filter(|target| **target != *group.name)
-        {
-            // A dead letter of another handler, sent back for that handler alone: passed over
-            // only when it copies a record this group has settled; anyone can write the header.
-            if self.copies_a_settled_record(record, &envelope).await {
-                return RecordEnd::Done;
-            }
-            tracing::warn!(
-                handler = %group.name,
-                addressed_to = %target,
-                message_id = %envelope.id,
-                topic = %group.topic,
-                partition = record.partition(),
-                offset = record.offset(),
-                "a record addressed to another handler is not a copy of one this handler has \
-                 had: handled here too"
-            );
-        }
-        // Calls are remembered in the store before they are made (`RecordAttempts`), so that
-        // the count goes on after a restart: a record whose call never finished (it killed the
-        // process) is dead-lettered once the count passes the limit, without a call.
-        let offset = record.offset();
-        let mut attempt = 0;
-        // Shared with each call's context (and copied only if an abandoned call still holds it).
-        let mut envelope = Arc::new(envelope);
-        loop {
-            if cancel.is_cancelled() || self.state.revoked.is_cancelled() {
-                return RecordEnd::Left;
-            }
-            let Some(call) = self.count_call(offset, attempt, cancel).await else {
-                return RecordEnd::Left;
-            };
-            attempt = call;
-            Arc::make_mut(&mut envelope).attempt = attempt;
-            let verdict = engine
-                .deliver(target, &envelope, cancel, interrupt, &self.publisher)
-                .await;
-            match &verdict {
-                // Not made, or a failure while stopping: not a call that counts.
-                Verdict::Release => self.remember_calls(offset, attempt - 1).await,
-                // A failed call, retried here: its count holds if the process stops meanwhile.
-                Verdict::Retry { .. } => self.remember_calls(offset, attempt).await,
-                // Still running past the grace: the next holder goes on from its count.
-                Verdict::Abandoned => {
-                    self.lock_calls().in_flight = true;
-                    self.remember_calls(offset, attempt).await;
-                }
-                _ => {}
-            }
-            match self.carry_out(record, &envelope, verdict, cancel).await {
-                Step::RecordEnd(settled) => return settled,
-                Step::Again => {}
-            }
-        }
-    }
-
+impl PartitionFeed {
     /// Whether `record` (read as `envelope`) names, in [`wire::headers::REPLAY_OF`], an
     /// earlier record of this partition, which this task has therefore settled, and is an
     /// exact copy of it (the same message id, type and payload): only then may this group pass
@@ -829,22 +964,6 @@ impl PartitionTask {
         })
         .await;
         matches!(checked, Ok(Some(true)))
-    }
-
-    /// [`World::settle`] for one record of this task's partition.
-    async fn carry_out(
-        &self,
-        record: &OwnedMessage,
-        envelope: &Envelope,
-        verdict: Verdict,
-        cancel: &CancellationToken,
-    ) -> Step {
-        let world = InPartition {
-            task: self,
-            record,
-            cancel,
-        };
-        world.settle(envelope, verdict).await
     }
 
     fn lock_calls(&self) -> std::sync::MutexGuard<'_, Remembered> {
@@ -962,7 +1081,7 @@ impl PartitionTask {
         detail: &str,
         calls: u32,
         cancel: &CancellationToken,
-    ) -> RecordEnd {
+    ) -> bool {
         let group = &*self.group;
         let mut letter = DeadLetter::new(envelope, Some(group.name.to_string()), reason, detail);
         letter.id = wire::dead_letter_id(
@@ -983,10 +1102,7 @@ impl PartitionTask {
                 self.shared.store.insert_dead_letter(&letter)
             })
             .await;
-        match written {
-            Some(()) => RecordEnd::Done,
-            None => RecordEnd::Left,
-        }
+        written.is_some()
     }
 }
 
@@ -1013,53 +1129,6 @@ fn read_one(
         }
     }
     None
-}
-
-/// What a verdict left a record at.
-enum Step {
-    RecordEnd(RecordEnd),
-    /// Call the handler again (a retry's wait is over).
-    Again,
-}
-
-/// One record of a partition: verdicts become waits in the partition and dead-letter rows.
-struct InPartition<'a> {
-    task: &'a PartitionTask,
-    record: &'a OwnedMessage,
-    cancel: &'a CancellationToken,
-}
-
-impl<'a> World for InPartition<'a> {
-    /// Only a dead letter takes a copy of it.
-    type Delivery = &'a Envelope;
-    type Settled = Step;
-
-    async fn settle(&self, envelope: &'a Envelope, verdict: Verdict) -> Step {
-        let InPartition {
-            task,
-            record,
-            cancel,
-        } = *self;
-        match verdict {
-            Verdict::Ack => Step::RecordEnd(RecordEnd::Done),
-            Verdict::DeadLetter {
-                reason,
-                detail,
-                calls,
-            } => Step::RecordEnd(
-                task.dead_letter(record, envelope.clone(), reason, &detail, calls, cancel)
-                    .await,
-            ),
-            // The records behind it in its partition wait with it.
-            Verdict::Retry { delay, .. } => tokio::select! {
-                () = tokio::time::sleep(delay) => Step::Again,
-                () = cancel.cancelled() => Step::RecordEnd(RecordEnd::Left),
-                () = task.state.revoked.cancelled() => Step::RecordEnd(RecordEnd::Left),
-            },
-            // Whoever holds the partition next handles it again.
-            Verdict::Abandoned | Verdict::Release => Step::RecordEnd(RecordEnd::Left),
-        }
-    }
 }
 
 fn record_size(record: &OwnedMessage) -> usize {

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::delivery::{Engine, Policy};
+use crate::delivery::{Engine, Policy, Slot};
 use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::publish::{Publish, PublishError};
@@ -71,7 +71,7 @@ impl Source for OutboxSource {
             .health
             .unwrap_or_else(|| Probe::detached("outbox worker"));
         let lease = claim_lease(&policy, "lease (DELIVERY_LEASE_MS)", longest_call, &health)?;
-        let handlers = registry
+        let handlers: Vec<Slot> = registry
             .handlers()
             .filter_map(|info| registry.get(&info.name))
             .map(|handler| handler_slot(&policy, handler, Metrics::global(), Some(&health)))
@@ -238,18 +238,12 @@ impl LeasedFeed for OutboxFeed {
         // The largest group of acks rides with the take; any other claim's are written first.
         let mut groups = by_token(acks).into_iter();
         let with_take = groups.next();
-        for (token, ids) in groups {
-            match self
-                .rows()
-                .within("ack", self.store.deliveries().ack(token, &ids))
-                .await
-            {
-                Ok(landed) => warn_unless_all_acked(landed, ids.len()),
-                // Those run again after their lease; the take goes on.
-                Err(error) => {
-                    tracing::warn!(%error, "could not ack a claim's deliveries; they run again when their lease ends")
-                }
-            }
+        let others: Vec<_> = groups
+            .flat_map(|(token, ids)| ids.into_iter().map(move |id| (token, id)))
+            .collect();
+        if let Err(error) = self.rows().ack(others).await {
+            // Those run again after their lease; the take goes on.
+            tracing::warn!(%error, "could not ack a claim's deliveries; they run again when their lease ends");
         }
         let token = Uuid::now_v7();
         let claimed = match with_take {

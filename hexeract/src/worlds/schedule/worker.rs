@@ -158,7 +158,7 @@ impl Source for ScheduleSource {
             .health
             .unwrap_or_else(|| Probe::detached("scheduler"));
         let lease = claim_lease(&policy, "lease (SCHEDULER_LEASE_MS)", longest_run, &health)?;
-        let slots = names
+        let slots: Vec<Slot> = names
             .iter()
             .map(|name| {
                 let job = &by_name[name];
