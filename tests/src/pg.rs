@@ -98,6 +98,20 @@ impl TestSchema {
             .expect("count rows")
     }
 
+    /// The rows of `tables` together, counted in one statement: one snapshot, so a row that a
+    /// statement moves from one of them to another meanwhile is counted once (two counts could
+    /// miss it, or see it twice).
+    pub async fn count_together(&self, tables: &[&str]) -> i64 {
+        let counts: Vec<String> = tables
+            .iter()
+            .map(|table| format!("(SELECT count(*) FROM \"{}\".{table})", self.schema))
+            .collect();
+        sqlx::query_scalar(&format!("SELECT {}", counts.join(" + ")))
+            .fetch_one(&self.pool)
+            .await
+            .expect("count rows")
+    }
+
     /// Drops the schema and everything in it.
     pub async fn drop_schema(self) {
         sqlx::query(&format!(
