@@ -1414,3 +1414,72 @@ async fn a_message_at_the_delivery_limit_is_parked_with_its_row_before_the_broke
     broker.delete(&topology).await;
     schema.drop_schema().await;
 }
+
+/// A delivery that cannot be read, in a queue of several types the application manages
+/// (`queue(…)`), is dead-lettered with the handler of the type it claims: its row and its
+/// parked copy name the handler a person looks for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_delivery_in_a_shared_queue_names_the_handler_of_its_type() {
+    use hexeract::rabbitmq::{ensure_topology, Queue, QueueKind};
+    let broker = TestBroker::new().await;
+    let queue = format!("{}.shared", broker.prefix);
+    ensure_topology(
+        &broker.connection,
+        &[],
+        &[Queue {
+            kind: QueueKind::Quorum,
+            ..Queue::classic(queue.clone())
+        }],
+        &[],
+    )
+    .await
+    .unwrap();
+    let dir = hexeract_tests::temp::TempDir::new("rabbitmq-shared-unreadable");
+    let store = hexeract::store::sqlite::SqliteStore::open(dir.path().join("dead.db"))
+        .await
+        .unwrap();
+    hexeract::store::DeliveryStore::migrate(&store)
+        .await
+        .unwrap();
+    let store = Arc::new(store);
+    let worker = worker(&broker, broker.connect("hexeract-tests-shared").await)
+        .queue(queue.clone())
+        .register_handler_with::<OrderPlaced, _>(
+            Record(Calls::default(), "shared"),
+            HandlerOptions::new().name("shared_orders"),
+        )
+        .dead_letters(store.clone())
+        .build()
+        .unwrap();
+    let running = Running::start(worker);
+    // No message_id: it cannot be told apart from its redeliveries, so it is not read.
+    broker
+        .publish_to(
+            "",
+            &queue,
+            b"{\"order_id\":7}",
+            BasicProperties::default()
+                .with_type("test.OrderPlaced".into())
+                .with_content_type("application/json".into()),
+        )
+        .await;
+    let parked = broker
+        .wait_for(&format!("{queue}.parked"), 1, Duration::from_secs(10))
+        .await;
+    let topology = running.stop().await;
+    let letters = DeadLetterStore::dead_letters(&*store, 10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].reason.as_str(), "message_id_missing");
+    assert_eq!(
+        letters[0].handler.as_deref(),
+        Some("shared_orders"),
+        "the row names the handler of the type the delivery claims"
+    );
+    assert_eq!(
+        text(header(&parked[0], headers::HANDLER)),
+        "shared_orders",
+        "so does the parked copy"
+    );
+    broker.delete(&topology).await;
+    hexeract_tests::amqp::delete_queues_with_prefix(&broker.prefix).await;
+}

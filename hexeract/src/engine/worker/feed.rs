@@ -645,7 +645,7 @@ fn joined<F: Feed>(
     match done {
         Ok(ended) => Some(ended),
         Err(error) => {
-            tracing::error!(worker = F::NAME, %error, "a call's task failed; its delivery comes back after its lease");
+            tracing::error!(worker = F::NAME, %error, "a call's task failed before its delivery was settled; it comes back (a claimed row after its lease, a RabbitMQ delivery when its channel closes, a Kafka record at its partition's next pass)");
             None
         }
     }

@@ -493,10 +493,13 @@ impl Group {
                 calls: std::sync::Mutex::default(),
                 records: std::sync::Mutex::new(Some(receiver)),
                 again: std::sync::Mutex::new(None),
+                current: std::sync::Mutex::new(None),
             };
             // One call at a time: the next record waits for the one before to settle.
+            // A pass with no room (a call in progress) is followed by the next when the call
+            // ends: the poll interval only bounds how long an idle loop sleeps.
             let pace = Pace {
-                poll_interval: Duration::from_millis(100),
+                poll_interval: Duration::from_secs(1),
                 busy_delay: Duration::ZERO,
                 batch_size: 1,
                 shutdown_grace: shared.shutdown_grace,
@@ -507,7 +510,9 @@ impl Group {
                 self.slots.clone(),
                 shared.engine.clone(),
                 pace,
-                self.probe.clone(),
+                // The group's probe is the consumer's (its checks of the brokers, the store's
+                // failures): a partition's passes do not mark it passing over those.
+                Probe::detached("kafka partition"),
             );
             let stop = state.revoked.clone();
             let handle = tasks.spawn(async move {
@@ -599,6 +604,10 @@ struct PartitionFeed {
     records: std::sync::Mutex<Option<mpsc::UnboundedReceiver<OwnedMessage>>>,
     /// A record whose retry wait is over: called again before the next.
     again: std::sync::Mutex<Option<(Held, Arc<Envelope>)>>,
+    /// The record of the call in progress, until it is settled: still here at the next pass,
+    /// its call's task failed (a panic outside the handler) and it is called again, never
+    /// passed over.
+    current: std::sync::Mutex<Option<(Held, Arc<Envelope>)>>,
 }
 
 /// [`PartitionFeed::calls`].
@@ -610,6 +619,8 @@ struct Remembered {
     own_window: bool,
     /// A call of this task was given up on and may still run.
     in_flight: bool,
+    /// `calls` was read from the store (a loop stopped before it was writes nothing).
+    read: bool,
 }
 
 impl Remembered {
@@ -797,6 +808,12 @@ impl PartitionFeed {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn lock_current(&self) -> std::sync::MutexGuard<'_, Option<(Held, Arc<Envelope>)>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn lock_again(&self) -> std::sync::MutexGuard<'_, Option<(Held, Arc<Envelope>)>> {
         self.again
             .lock()
@@ -815,9 +832,12 @@ impl Feed for PartitionFeed {
     const ANNOUNCED: bool = false;
 
     async fn start(&self) -> Result<Started, KafkaError> {
-        // Stopped or revoked before the store answered: the loop takes nothing.
+        // Stopped or revoked before the store answered: the loop takes nothing, and writes
+        // nothing over what the store remembers.
         if let Some(calls) = self.remembered_calls(&self.state.revoked).await {
-            self.lock_calls().calls = calls;
+            let mut remembered = self.lock_calls();
+            remembered.calls = calls;
+            remembered.read = true;
         }
         Ok(Started {
             wake: None,
@@ -836,9 +856,21 @@ impl Feed for PartitionFeed {
         if room == 0 {
             return Ok(Pass::of(Vec::new()));
         }
+        if let Some(unsettled) = self.lock_current().take() {
+            tracing::error!(
+                handler = %self.group.name,
+                partition = self.partition,
+                offset = unsettled.0.offset(),
+                "a call's task failed before its record was settled; calling the record again"
+            );
+            *self.lock_again() = Some(unsettled);
+        }
         loop {
             match self.next(stop).await {
-                Next::Call(arrival) => return Ok(Pass::of(vec![arrival])),
+                Next::Call(arrival) => {
+                    *self.lock_current() = Some((arrival.claim.clone(), arrival.envelope.clone()));
+                    return Ok(Pass::of(vec![arrival]));
+                }
                 Next::Passed(record) => self.done(&record),
                 Next::Stop => return Ok(Pass::of(Vec::new())),
             }
@@ -894,12 +926,21 @@ impl Feed for PartitionFeed {
         if settled {
             self.done(record);
         }
+        self.lock_current().take();
         Ok(Row::Settled)
     }
 
-    /// Nothing to give back: a record not started is left for whoever holds the partition
-    /// next (its offset is not stored).
-    async fn hand_back(&self, _arrivals: Vec<Arrival<Held>>) -> Result<(), KafkaError> {
+    /// A record not started is left for whoever holds the partition next (its offset is not
+    /// stored); the call counted for it was not made.
+    async fn hand_back(&self, arrivals: Vec<Arrival<Held>>) -> Result<(), KafkaError> {
+        for arrival in arrivals {
+            self.lock_current().take();
+            if arrival.refused.is_none() {
+                let attempt = arrival.envelope.attempt;
+                self.remember_calls(arrival.claim.offset(), attempt.saturating_sub(1))
+                    .await;
+            }
+        }
         Ok(())
     }
 
@@ -909,12 +950,13 @@ impl Feed for PartitionFeed {
     async fn close(&self, _acks: Vec<Held>) -> Result<(), KafkaError> {
         let closing = {
             let remembered = self.lock_calls();
-            (!remembered.in_flight && remembered.calls.window != PartitionCalls::CLOSED).then(
-                || PartitionCalls {
+            (remembered.read
+                && !remembered.in_flight
+                && remembered.calls.window != PartitionCalls::CLOSED)
+                .then(|| PartitionCalls {
                     window: PartitionCalls::CLOSED,
                     ..remembered.calls
-                },
-            )
+                })
         };
         if let Some(closed) = closing {
             // Not closed: the next holder calls its records one at a time.

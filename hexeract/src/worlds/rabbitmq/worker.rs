@@ -432,8 +432,10 @@ impl Source for RabbitMqSource {
         let engine = Engine::new(policy.retry, policy.max_payload_bytes, "rabbitmq");
         // A push feed: a pass waits for the broker's next deliveries, and each call that ends
         // makes room for the next (the broker's prefetch bounds them first).
+        // A pass with no room (every place taken) is followed by the next when a call ends:
+        // the poll interval only bounds how long an idle loop sleeps.
         let pace = Pace {
-            poll_interval: Duration::from_millis(100),
+            poll_interval: Duration::from_secs(1),
             busy_delay: Duration::ZERO,
             batch_size: u32::from(prefetch),
             shutdown_grace: policy.shutdown_grace,
@@ -557,15 +559,6 @@ impl Route {
                 .map_or(To::Nobody, |&slot| To::Slot(slot)),
         }
     }
-
-    /// Where a delivery whose type cannot be read goes: to its queue's handler, if the queue
-    /// has one.
-    fn unread(&self) -> To {
-        match self {
-            Route::One { .. } => To::QueueOf(0),
-            Route::ByType(_) => To::Nobody,
-        }
-    }
 }
 
 /// How a delivery ended, for its ack.
@@ -660,12 +653,22 @@ impl RabbitMqWorker {
             None => Arc::new(DirectPublisher(publisher.clone())),
         };
         // Ready once every queue's consumer is subscribed.
-        try_join_all(self.queues.iter().map(|worker| {
+        let subscribed = try_join_all(self.queues.iter().map(|worker| {
             worker
                 .feed()
                 .subscribe(publisher.clone(), ctx_publisher.clone())
         }))
-        .await?;
+        .await;
+        if let Err(error) = subscribed {
+            // The queues subscribed already give back what the broker sent them, uncharged.
+            join_all(
+                self.queues
+                    .iter()
+                    .map(|worker| worker.feed().close(Vec::new())),
+            )
+            .await;
+            return Err(error);
+        }
         shared.health.pass();
         tracing::info!(
             queues = self.queues.len(),
@@ -1012,7 +1015,9 @@ impl QueueFeed {
                     detail: unreadable.detail,
                     calls: salvaged.attempt,
                 };
-                (salvaged, self.consumer.route.unread(), Some(refused))
+                // Its dead letter names the handler of the type it claims, if any.
+                let to = self.consumer.route.to(&salvaged.message_type);
+                (salvaged, to, Some(refused))
             }
         };
         Arrival {
@@ -1360,6 +1365,8 @@ impl Feed for QueueFeed {
     type Claim = Taken;
     type Error = BusError;
     const NAME: &'static str = "RabbitMQ worker";
+    // The worker logs its own start and stop, once for every queue.
+    const ANNOUNCED: bool = false;
 
     async fn start(&self) -> Result<Started, BusError> {
         Ok(Started {
@@ -1414,6 +1421,11 @@ impl Feed for QueueFeed {
         verdict: Verdict,
         stop: &CancellationToken,
     ) -> Result<Row, BusError> {
+        if stop.is_cancelled() {
+            // Stopping with no pass under way to cancel the consumer: the broker would refill
+            // each place this call frees, only for the delivery to be handed back.
+            self.cancel().await;
+        }
         let delivery = &taken.delivery;
         let end = match verdict {
             Verdict::Ack => DeliveryEnd::Ack,
@@ -1457,6 +1469,10 @@ impl Feed for QueueFeed {
     /// Cancels the consumer if no pass did (the stop came while none was waiting), gives back
     /// what the broker had sent, acks what is settled, and closes the channel.
     async fn close(&self, _acks: Vec<Taken>) -> Result<(), BusError> {
+        if self.consuming.get().is_none() {
+            // Never subscribed.
+            return Ok(());
+        }
         let deliveries = lock(&self.deliveries).take();
         if let Some(mut deliveries) = deliveries {
             if !self.is_lost() {
