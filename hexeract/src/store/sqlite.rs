@@ -526,20 +526,28 @@ async fn insert_rows(
 ) -> Result<(), StoreError> {
     crate::store::limit::check(envelopes)?;
     for envelope in envelopes {
-        sqlx::query(sql)
-            .bind(envelope.id.hyphenated())
-            .bind(envelope.message_type.as_str())
-            .bind(&envelope.payload[..])
-            .bind(Json(&envelope.headers))
-            .bind(envelope.correlation_id.map(Uuid::hyphenated))
-            .bind(envelope.causation_id.map(Uuid::hyphenated))
-            .bind(envelope.aggregate.as_deref())
-            .bind(envelope.aggregate_key.as_deref())
-            .bind(envelope.created_at)
+        bind_message(sqlx::query(sql).bind(envelope.id.hyphenated()), envelope)
             .execute(&mut *conn)
             .await?;
     }
     Ok(())
+}
+
+/// A statement that writes a message.
+type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+
+/// `query` with `envelope`'s [`MESSAGE_COLUMNS`] bound next, in their order, as SQLite keeps them
+/// (ids as hyphenated text).
+fn bind_message<'q>(query: SqliteQuery<'q>, envelope: &'q Envelope) -> SqliteQuery<'q> {
+    query
+        .bind(envelope.message_type.as_str())
+        .bind(&envelope.payload[..])
+        .bind(Json(&envelope.headers))
+        .bind(envelope.correlation_id.map(Uuid::hyphenated))
+        .bind(envelope.causation_id.map(Uuid::hyphenated))
+        .bind(envelope.aggregate.as_deref())
+        .bind(envelope.aggregate_key.as_deref())
+        .bind(envelope.created_at)
 }
 
 /// The writes of the outbox's hot path queue here, in the order they come, before they take
@@ -1333,27 +1341,17 @@ fn dead_letter_from_row(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
 }
 
 /// The `insert_dead_letter` statement with `letter` bound.
-fn insert_dead_letter<'q>(
-    sql: &'q str,
-    letter: &'q DeadLetter,
-) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+fn insert_dead_letter<'q>(sql: &'q str, letter: &'q DeadLetter) -> SqliteQuery<'q> {
     let envelope = &letter.envelope;
-    sqlx::query(sql)
+    let query = sqlx::query(sql)
         .bind(letter.id.hyphenated())
         .bind(envelope.id.hyphenated())
         .bind(letter.handler.as_deref())
         .bind(letter.reason.as_str())
         .bind(crate::dead_letter::truncate_detail(&letter.detail))
         .bind(i64::from(letter.attempts))
-        .bind(letter.dead_lettered_at.timestamp_millis())
-        .bind(envelope.message_type.as_str())
-        .bind(&envelope.payload[..])
-        .bind(Json(&envelope.headers))
-        .bind(envelope.correlation_id.map(Uuid::hyphenated))
-        .bind(envelope.causation_id.map(Uuid::hyphenated))
-        .bind(envelope.aggregate.as_deref())
-        .bind(envelope.aggregate_key.as_deref())
-        .bind(envelope.created_at)
+        .bind(letter.dead_lettered_at.timestamp_millis());
+    bind_message(query, envelope)
 }
 
 /// Binds the values of a [`DeadLetterSql`] query's conditions, in their order (times as the INTEGER

@@ -13,7 +13,8 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{
-    claim, limit, now_millis, table, uuid, Settle, SqliteStore, BEGIN_IMMEDIATE, MESSAGE_COLUMNS,
+    bind_message, claim, limit, now_millis, table, uuid, Settle, SqliteStore, BEGIN_IMMEDIATE,
+    MESSAGE_COLUMNS,
 };
 use crate::envelope::Envelope;
 use crate::store::schedules::{
@@ -433,19 +434,8 @@ async fn insert_scheduled_with(
         Due::After(delay) => now_millis().saturating_add(millis(delay)),
     };
     for envelope in envelopes {
-        sqlx::query(sql)
-            .bind(envelope.id.hyphenated())
-            .bind(due_at)
-            .bind(envelope.message_type.as_str())
-            .bind(&envelope.payload[..])
-            .bind(Json(&envelope.headers))
-            .bind(envelope.correlation_id.map(Uuid::hyphenated))
-            .bind(envelope.causation_id.map(Uuid::hyphenated))
-            .bind(envelope.aggregate.as_deref())
-            .bind(envelope.aggregate_key.as_deref())
-            .bind(envelope.created_at)
-            .execute(&mut *conn)
-            .await?;
+        let query = sqlx::query(sql).bind(envelope.id.hyphenated()).bind(due_at);
+        bind_message(query, envelope).execute(&mut *conn).await?;
     }
     Ok(())
 }
