@@ -271,16 +271,9 @@ pub async fn insert_outbox(
     }
     crate::store::limit::check(envelopes)?;
     let columns = OutboxColumns::from(envelopes);
-    sqlx::query(&Statements::insert_outbox(schema))
-        .bind(columns.ids)
-        .bind(columns.types)
-        .bind(columns.payloads)
-        .bind(columns.headers)
-        .bind(columns.correlation_ids)
-        .bind(columns.causation_ids)
-        .bind(columns.aggregates)
-        .bind(columns.aggregate_keys)
-        .bind(columns.created_at)
+    let sql = Statements::insert_outbox(schema);
+    columns
+        .bind_messages(sqlx::query(&sql).bind(&columns.ids))
         .bind(notify_channel(schema))
         .execute(conn)
         .await?;
@@ -317,6 +310,24 @@ struct OutboxColumns {
     aggregates: Vec<Option<String>>,
     aggregate_keys: Vec<Option<String>>,
     created_at: Vec<DateTime<Utc>>,
+}
+
+impl OutboxColumns {
+    /// `query` with the [`MESSAGE_COLUMNS`] arrays bound next, in their order.
+    fn bind_messages<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.types)
+            .bind(&self.payloads)
+            .bind(&self.headers)
+            .bind(&self.correlation_ids)
+            .bind(&self.causation_ids)
+            .bind(&self.aggregates)
+            .bind(&self.aggregate_keys)
+            .bind(&self.created_at)
+    }
 }
 
 impl From<&[Envelope]> for OutboxColumns {

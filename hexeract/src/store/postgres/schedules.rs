@@ -401,20 +401,11 @@ pub(crate) async fn insert_scheduled(
         Due::After(delay) => (None, Some(millis(delay))),
     };
     let columns = super::OutboxColumns::from(envelopes);
-    sqlx::query(&sql.schedule_message)
-        .bind(columns.ids)
+    let query = sqlx::query(&sql.schedule_message)
+        .bind(&columns.ids)
         .bind(at)
-        .bind(after)
-        .bind(columns.types)
-        .bind(columns.payloads)
-        .bind(columns.headers)
-        .bind(columns.correlation_ids)
-        .bind(columns.causation_ids)
-        .bind(columns.aggregates)
-        .bind(columns.aggregate_keys)
-        .bind(columns.created_at)
-        .execute(conn)
-        .await?;
+        .bind(after);
+    columns.bind_messages(query).execute(conn).await?;
     Ok(())
 }
 
