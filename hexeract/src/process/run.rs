@@ -403,6 +403,21 @@ mod tests {
         )
     }
 
+    /// Asserts that `value`'s `Debug` output shows `knob`.
+    #[track_caller]
+    fn assert_shows(value: &impl std::fmt::Debug, knob: &str) {
+        let shown = format!("{value:?}");
+        assert!(shown.contains(knob), "{knob} not in {shown}");
+    }
+
+    /// The scheduler's builder on `store` as `run` configures it from `settings`.
+    fn scheduler_of_run(
+        store: Arc<crate::store::sqlite::SqliteStore>,
+        settings: &AppConfig,
+    ) -> SchedulerBuilder {
+        configure_scheduler(SchedulerWorker::builder_shared(store), settings)
+    }
+
     #[tokio::test]
     async fn the_scheduler_of_run_takes_its_variables() {
         let set = settings(&[
@@ -411,16 +426,15 @@ mod tests {
             ("SCHEDULER_DISPATCH_TIMEOUT_MS", "1234"),
             ("SCHEDULER_LEASE_MS", "4321"),
         ]);
-        let scheduler = configure_scheduler(SchedulerWorker::builder_shared(store().await), &set);
+        let scheduler = scheduler_of_run(store().await, &set);
         // The builder shows these four of its knobs.
-        let shown = format!("{scheduler:?}");
         for knob in [
             "poll_interval: 250ms",
             "batch_size: 7",
             "lease: Some(4.321s)",
             "dispatch_timeout: 1.234s",
         ] {
-            assert!(shown.contains(knob), "{knob} not in {shown}");
+            assert_shows(&scheduler, knob);
         }
     }
 
@@ -429,76 +443,45 @@ mod tests {
         let unset = settings(&[]);
         let store = store().await;
         assert_eq!(
-            format!(
-                "{:?}",
-                configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &unset)
-            ),
+            format!("{:?}", scheduler_of_run(store.clone(), &unset)),
             format!("{:?}", SchedulerWorker::builder_shared(store.clone())),
         );
         // The lease is derived when built: the dispatch timeout and 5 s to settle.
-        let scheduler = configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &unset)
-            .build()
-            .unwrap();
-        assert!(
-            format!("{scheduler:?}").contains("lease: 35s"),
-            "{scheduler:?}"
-        );
+        let scheduler = scheduler_of_run(store.clone(), &unset).build().unwrap();
+        assert_shows(&scheduler, "lease: 35s");
         let longer = settings(&[("SCHEDULER_DISPATCH_TIMEOUT_MS", "60000")]);
-        let scheduler =
-            configure_scheduler(SchedulerWorker::builder_shared(store.clone()), &longer)
-                .build()
-                .unwrap();
-        assert!(
-            format!("{scheduler:?}").contains("lease: 65s"),
-            "{scheduler:?}"
-        );
+        let scheduler = scheduler_of_run(store.clone(), &longer).build().unwrap();
+        assert_shows(&scheduler, "lease: 65s");
         let worker = outbox_worker_of_run(store, &unset).build().unwrap();
-        assert!(format!("{worker:?}").contains("lease: 35s"), "{worker:?}");
+        assert_shows(&worker, "lease: 35s");
     }
 
     #[tokio::test]
     async fn the_outbox_worker_polls_at_the_consumer_interval_and_the_relay_interval_is_not_its() {
         let consumer = settings(&[("CONSUMER_POLL_INTERVAL_MS", "250")]);
         let worker = outbox_worker_of_run(store().await, &consumer);
-        assert!(
-            format!("{worker:?}").contains("poll_interval: 250ms"),
-            "{worker:?}"
-        );
+        assert_shows(&worker, "poll_interval: 250ms");
         let relay = settings(&[("RELAY_POLL_INTERVAL_MS", "300")]);
         let worker = outbox_worker_of_run(store().await, &relay);
-        assert!(
-            format!("{worker:?}").contains("poll_interval: 500ms"),
-            "the process default, not the relays' interval: {worker:?}"
-        );
+        // The process default, not the relays' interval.
+        assert_shows(&worker, "poll_interval: 500ms");
     }
 
     #[tokio::test]
     async fn store_timeout_ms_reaches_the_outbox_worker_and_the_scheduler() {
         let set = settings(&[("STORE_TIMEOUT_MS", "4500")]);
         let worker = outbox_worker_of_run(store().await, &set);
-        assert!(
-            format!("{worker:?}").contains("store_timeout: 4.5s"),
-            "{worker:?}"
-        );
-        let scheduler = configure_scheduler(SchedulerWorker::builder_shared(store().await), &set);
-        assert!(
-            format!("{scheduler:?}").contains("store_timeout: 4.5s"),
-            "{scheduler:?}"
-        );
+        assert_shows(&worker, "store_timeout: 4.5s");
+        let scheduler = scheduler_of_run(store().await, &set);
+        assert_shows(&scheduler, "store_timeout: 4.5s");
         let unset = outbox_worker_of_run(store().await, &settings(&[]));
-        assert!(
-            format!("{unset:?}").contains("store_timeout: 30s"),
-            "{unset:?}"
-        );
+        assert_shows(&unset, "store_timeout: 30s");
     }
 
     #[tokio::test]
     async fn the_outbox_worker_of_run_takes_the_delivery_lease() {
         let set = settings(&[("DELIVERY_LEASE_MS", "90000")]);
         let worker = outbox_worker_of_run(store().await, &set);
-        assert!(
-            format!("{worker:?}").contains("lease: Some(90s)"),
-            "{worker:?}"
-        );
+        assert_shows(&worker, "lease: Some(90s)");
     }
 }
