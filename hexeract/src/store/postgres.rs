@@ -370,6 +370,7 @@ impl Settle {
         to_dead_letters: &str,
     ) -> Settle {
         let t = format!("{}.{table}", schema.quoted());
+        let gone = gone(&t);
         Settle {
             pool,
             ack: format!("DELETE FROM {t} WHERE id = ANY($1) AND lease_owner = $2"),
@@ -386,12 +387,7 @@ impl Settle {
                      last_error = $4
                  WHERE id = $1 AND lease_owner = $2"
             ),
-            dead_letter: format!(
-                "WITH gone AS (
-                     DELETE FROM {t} WHERE id = $1 AND lease_owner = $2 RETURNING *
-                 )
-                 {to_dead_letters}"
-            ),
+            dead_letter: format!("{gone} {to_dead_letters}"),
         }
     }
 
@@ -470,14 +466,9 @@ impl<I: ClaimId> Claims<I> for Settle {
 fn in_place(pool: PgPool, schema: &Identifier) -> Settle {
     let s = schema.quoted();
     let m = MESSAGE_COLUMNS;
-    let gone = format!(
-        "WITH gone AS (
-             DELETE FROM {s}.outbox WHERE id = $1 AND lease_owner = $2 RETURNING *
-         )"
-    );
+    let gone = gone(&format!("{s}.outbox"));
+    // An outbox row has no `available_at`: its release and retry are its own.
     Settle {
-        pool,
-        ack: format!("DELETE FROM {s}.outbox WHERE id = ANY($1) AND lease_owner = $2"),
         release: format!(
             "UPDATE {s}.outbox
              SET attempts = attempts - 1, lease_owner = NULL, leased_until = NULL
@@ -492,31 +483,44 @@ fn in_place(pool: PgPool, schema: &Identifier) -> Settle {
              FROM gone
              ON CONFLICT (message_id, handler) DO NOTHING"
         ),
-        dead_letter: format!(
-            "{gone}
-             INSERT INTO {s}.dead_letters (id, message_id, handler, reason, detail, attempts, {m})
-             SELECT $3, id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
-        ),
+        ..Settle::new(pool, schema, "outbox", &to_dead_letters(schema, "id"))
     }
 }
 
 /// The deliveries' settling: a dead letter keeps the message as it was, and no handler where
 /// none knew its type.
 fn deliveries(pool: PgPool, schema: &Identifier) -> Deliveries<Settle, Settle> {
-    let s = schema.quoted();
-    let m = MESSAGE_COLUMNS;
     Deliveries {
         rows: Settle::new(
             pool.clone(),
             schema,
             "deliveries",
-            &format!(
-                "INSERT INTO {s}.dead_letters (id, message_id, handler, reason, detail, attempts, {m})
-                 SELECT $3, message_id, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
-            ),
+            &to_dead_letters(schema, "message_id"),
         ),
         in_place: in_place(pool, schema),
     }
+}
+
+/// `WITH gone AS (…)`: the row of `table` claimed as `$1` under the token `$2`, deleted, for
+/// a statement that moves it elsewhere to read from.
+fn gone(table: &str) -> String {
+    format!(
+        "WITH gone AS (
+             DELETE FROM {table} WHERE id = $1 AND lease_owner = $2 RETURNING *
+         )"
+    )
+}
+
+/// The dead letter of a message row `gone` (whose message id is its `message_id` column),
+/// binding `$3` (the letter's id), `$4` (reason), `$5` (detail) and `$6` (calls made), with
+/// no handler where none knew its type.
+fn to_dead_letters(schema: &Identifier, message_id: &str) -> String {
+    let s = schema.quoted();
+    let m = MESSAGE_COLUMNS;
+    format!(
+        "INSERT INTO {s}.dead_letters (id, message_id, handler, reason, detail, attempts, {m})
+         SELECT $3, {message_id}, NULLIF(handler, ''), $4, $5, $6, {m} FROM gone"
+    )
 }
 
 /// The claim of up to `$3` due rows of `table` (that also meet `also`, an `AND …` of their

@@ -592,23 +592,21 @@ impl Settle {
         to_dead_letters: &str,
     ) -> Settle {
         let t = table(prefix, name);
-        let claimed = "id = ?1 AND lease_owner = ?2";
-        let listed = "id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2";
         Settle {
             pool,
             writes,
-            ack: format!("DELETE FROM {t} WHERE {listed}"),
+            ack: format!("DELETE FROM {t} WHERE {LISTED}"),
             release: format!(
                 "UPDATE {t} SET attempts = attempts - 1, lease_owner = NULL, available_at = ?3
-                 WHERE {listed}"
+                 WHERE {LISTED}"
             ),
             retry: format!(
                 "UPDATE {t} SET available_at = ?3, lease_owner = NULL, recovered = 0, last_error = ?4
-                 WHERE {claimed}"
+                 WHERE {CLAIMED}"
             ),
             retry_moves: false,
-            dead_letter_copy: format!("{to_dead_letters} FROM {t} WHERE {claimed}"),
-            delete: format!("DELETE FROM {t} WHERE {claimed}"),
+            dead_letter_copy: format!("{to_dead_letters} FROM {t} WHERE {CLAIMED}"),
+            delete: format!("DELETE FROM {t} WHERE {CLAIMED}"),
         }
     }
 
@@ -711,56 +709,62 @@ impl Settle {
 /// and a retry moves it into `deliveries`, where it waits for its due time with the
 /// deliveries of other types (so that the outbox holds only what is new or running).
 fn in_place(pool: SqlitePool, writes: Writes, prefix: &Identifier) -> Settle {
-    let (o, d, dl) = (
-        table(prefix, "outbox"),
-        table(prefix, "deliveries"),
-        table(prefix, "dead_letters"),
-    );
+    let (o, d) = (table(prefix, "outbox"), table(prefix, "deliveries"));
     let m = MESSAGE_COLUMNS;
-    let claimed = "id = ?1 AND lease_owner = ?2";
-    let listed = "id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2";
+    // An outbox row has no `available_at`: its release and retry are its own.
     Settle {
-        pool,
-        writes,
-        ack: format!("DELETE FROM {o} WHERE {listed}"),
         release: format!(
             "UPDATE {o} SET attempts = attempts - 1, lease_owner = NULL, leased_until = NULL
-             WHERE {listed}"
+             WHERE {LISTED}"
         ),
         retry: format!(
             "INSERT INTO {d} (message_id, handler, attempts, available_at, last_error, {m})
-             SELECT id, handler, attempts, ?3, ?4, {m} FROM {o} WHERE {claimed}
+             SELECT id, handler, attempts, ?3, ?4, {m} FROM {o} WHERE {CLAIMED}
              ON CONFLICT (message_id, handler) DO NOTHING"
         ),
         retry_moves: true,
-        dead_letter_copy: format!(
-            "INSERT INTO {dl}
-                 (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
-             SELECT ?3, id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m} FROM {o} WHERE {claimed}"
-        ),
-        delete: format!("DELETE FROM {o} WHERE {claimed}"),
+        ..Settle::new(
+            pool,
+            writes,
+            prefix,
+            "outbox",
+            &to_dead_letters(prefix, "id"),
+        )
     }
 }
 
 /// The deliveries' settling: a dead letter keeps the message as it was, and no handler where
 /// none knew its type.
 fn deliveries(pool: SqlitePool, writes: Writes, prefix: &Identifier) -> Deliveries<Settle, Settle> {
-    let dl = table(prefix, "dead_letters");
-    let m = MESSAGE_COLUMNS;
     Deliveries {
         rows: Settle::new(
             pool.clone(),
             writes.clone(),
             prefix,
             "deliveries",
-            &format!(
-                "INSERT INTO {dl}
-                     (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
-                 SELECT ?3, message_id, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}"
-            ),
+            &to_dead_letters(prefix, "message_id"),
         ),
         in_place: in_place(pool, writes, prefix),
     }
+}
+
+/// Where a row is the one claimed: `?1` its id, `?2` the token it is claimed under.
+const CLAIMED: &str = "id = ?1 AND lease_owner = ?2";
+
+/// Where rows are among those claimed: `?1` their ids as a JSON array, `?2` the token.
+const LISTED: &str = "id IN (SELECT value FROM json_each(?1)) AND lease_owner = ?2";
+
+/// The dead letter of a message row (whose message id is its `message_id` column), as an
+/// `INSERT … SELECT` without its `FROM`, binding `?3` (the letter's id), `?4` (reason), `?5`
+/// (detail), `?6` (when) and `?7` (calls made), with no handler where none knew its type.
+fn to_dead_letters(prefix: &Identifier, message_id: &str) -> String {
+    let dl = table(prefix, "dead_letters");
+    let m = MESSAGE_COLUMNS;
+    format!(
+        "INSERT INTO {dl}
+             (id, message_id, handler, reason, detail, attempts, dead_lettered_at, {m})
+         SELECT ?3, {message_id}, NULLIF(handler, ''), ?4, ?5, ?7, ?6, {m}"
+    )
 }
 
 /// The claim of up to `?4` rows of `table` due at `?2` (that also meet `also`, an `AND …` of
