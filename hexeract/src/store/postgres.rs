@@ -820,6 +820,16 @@ impl Statements {
     /// Version 1 of the schema.
     fn schema_v1(schema: &Identifier) -> String {
         let s = schema.quoted();
+        // The message a delivery or a dead letter keeps: its MESSAGE_COLUMNS.
+        let message = "message_type text NOT NULL,
+                 payload bytea NOT NULL,
+                 headers jsonb NOT NULL,
+                 correlation_id uuid,
+                 causation_id uuid,
+                 aggregate text,
+                 aggregate_key text,
+                 -- When the message was published: its first sight.
+                 created_at timestamptz NOT NULL";
         format!(
             "CREATE TABLE {s}.outbox (
                  id uuid PRIMARY KEY,
@@ -845,14 +855,7 @@ impl Statements {
                  -- The claim token of the worker holding it, if any.
                  lease_owner uuid,
                  last_error text,
-                 message_type text NOT NULL,
-                 payload bytea NOT NULL,
-                 headers jsonb NOT NULL,
-                 correlation_id uuid,
-                 causation_id uuid,
-                 aggregate text,
-                 aggregate_key text,
-                 created_at timestamptz NOT NULL,
+                 {message},
                  UNIQUE (message_id, handler)
              ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01,
                      autovacuum_vacuum_threshold = 1000);
@@ -866,15 +869,7 @@ impl Statements {
                  detail text NOT NULL,
                  attempts integer NOT NULL,
                  dead_lettered_at timestamptz NOT NULL DEFAULT now(),
-                 message_type text NOT NULL,
-                 payload bytea NOT NULL,
-                 headers jsonb NOT NULL,
-                 correlation_id uuid,
-                 causation_id uuid,
-                 aggregate text,
-                 aggregate_key text,
-                 -- When the message was published: its first sight.
-                 created_at timestamptz NOT NULL
+                 {message}
              );
              CREATE INDEX dead_letters_by_time ON {s}.dead_letters (dead_lettered_at, id);
 

@@ -1028,6 +1028,16 @@ impl Statements {
         let deliveries_due = table(prefix, "deliveries_due");
         let dead_letters_by_time = table(prefix, "dead_letters_by_time");
         let now = NOW_MILLIS_SQL;
+        // The message a delivery or a dead letter keeps: its MESSAGE_COLUMNS.
+        let message = "message_type TEXT NOT NULL,
+                 payload BLOB NOT NULL,
+                 headers TEXT NOT NULL,
+                 correlation_id TEXT,
+                 causation_id TEXT,
+                 aggregate TEXT,
+                 aggregate_key TEXT,
+                 -- When the message was published: its first sight.
+                 created_at TEXT NOT NULL";
         format!(
             "CREATE TABLE {o} (
                  id TEXT NOT NULL PRIMARY KEY,
@@ -1053,14 +1063,7 @@ impl Statements {
                  -- The claim token of the worker holding it, if any.
                  lease_owner TEXT,
                  last_error TEXT,
-                 message_type TEXT NOT NULL,
-                 payload BLOB NOT NULL,
-                 headers TEXT NOT NULL,
-                 correlation_id TEXT,
-                 causation_id TEXT,
-                 aggregate TEXT,
-                 aggregate_key TEXT,
-                 created_at TEXT NOT NULL,
+                 {message},
                  UNIQUE (message_id, handler)
              ) STRICT;
              CREATE INDEX {deliveries_due} ON {d} (available_at);
@@ -1073,15 +1076,7 @@ impl Statements {
                  detail TEXT NOT NULL,
                  attempts INTEGER NOT NULL,
                  dead_lettered_at INTEGER NOT NULL DEFAULT {now},
-                 message_type TEXT NOT NULL,
-                 payload BLOB NOT NULL,
-                 headers TEXT NOT NULL,
-                 correlation_id TEXT,
-                 causation_id TEXT,
-                 aggregate TEXT,
-                 aggregate_key TEXT,
-                 -- When the message was published: its first sight.
-                 created_at TEXT NOT NULL
+                 {message}
              ) STRICT;
              CREATE INDEX {dead_letters_by_time} ON {dl} (dead_lettered_at, id);
 
