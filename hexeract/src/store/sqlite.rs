@@ -627,6 +627,27 @@ impl Settle {
     }
 }
 
+impl Settle {
+    /// The `ack` of `ids` on `conn`, inside the transaction it is in, under the write lock its
+    /// caller holds.
+    async fn ack_in<I: ClaimId>(
+        &self,
+        conn: &mut SqliteConnection,
+        token: Uuid,
+        ids: &[I],
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(&self.ack)
+            .bind(Json(ids))
+            .bind(token.hyphenated())
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
 impl<I: ClaimId> Claims<I> for Settle {
     fn ack<'a>(&'a self, token: Uuid, ids: &'a [I]) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.each(&self.ack, token, ids))
@@ -1459,23 +1480,12 @@ impl DeliveryStore for SqliteStore {
             let (rows, outbox) = DeliveryId::split(ids);
             let _writing = self.writes.lock().await;
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            let mut landed = 0;
-            if !rows.is_empty() {
-                landed += sqlx::query(&self.deliveries.rows.ack)
-                    .bind(Json(&rows))
-                    .bind(acked_token.hyphenated())
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-            }
-            if !outbox.is_empty() {
-                landed += sqlx::query(&self.deliveries.in_place.ack)
-                    .bind(Json(&outbox))
-                    .bind(acked_token.hyphenated())
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-            }
+            let deliveries = &self.deliveries;
+            let mut landed = deliveries.rows.ack_in(&mut tx, acked_token, &rows).await?;
+            landed += deliveries
+                .in_place
+                .ack_in(&mut tx, acked_token, &outbox)
+                .await?;
             let claimed = self
                 .take_in(&mut tx, routes, token, limit_rows, lease)
                 .await?;
