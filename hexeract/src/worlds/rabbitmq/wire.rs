@@ -669,6 +669,29 @@ mod tests {
         delivery
     }
 
+    /// `envelope`'s properties after `attempts_made` calls, with `extra` headers beside
+    /// Hexeract's, as a broker or another producer adds them.
+    fn properties_with(
+        envelope: &Envelope,
+        attempts_made: u32,
+        extra: &[(&str, AMQPValue)],
+    ) -> BasicProperties {
+        let properties = properties(envelope, attempts_made);
+        let mut table = properties.headers().clone().unwrap();
+        for (name, value) in extra {
+            table.insert((*name).into(), value.clone());
+        }
+        properties.with_headers(table)
+    }
+
+    /// A first delivery of `data`, with an id, typed as `content_type`.
+    fn typed(content_type: &str, data: &[u8]) -> Delivery {
+        let properties = BasicProperties::default()
+            .with_message_id("m".into())
+            .with_content_type(content_type.into());
+        delivery(properties, data, false)
+    }
+
     #[test]
     fn an_envelope_survives_the_trip_through_amqp_properties() {
         let parent = Envelope::from_raw("Parent", &b"{}"[..]);
@@ -700,10 +723,11 @@ mod tests {
     #[test]
     fn redeliveries_counted_by_the_broker_add_to_the_attempts() {
         let envelope = Envelope::from_raw("OrderPlaced", &b"{}"[..]);
-        let mut props = properties(&envelope, 1);
-        let mut table = props.headers().clone().unwrap();
-        table.insert(headers::DELIVERY_COUNT.into(), AMQPValue::LongLongInt(2));
-        props = props.with_headers(table);
+        let props = properties_with(
+            &envelope,
+            1,
+            &[(headers::DELIVERY_COUNT, AMQPValue::LongLongInt(2))],
+        );
         let read = read(&delivery(props, b"{}", true), "hexeract", 1024).unwrap();
         assert_eq!(read.attempt, 4);
         // A classic queue says only that it is a redelivery.
@@ -755,24 +779,12 @@ mod tests {
             Reason::MESSAGE_ID_MISSING
         );
 
-        let xml = delivery(
-            BasicProperties::default()
-                .with_message_id("m".into())
-                .with_content_type("text/xml".into()),
-            b"<a/>",
-            false,
-        );
+        let xml = typed("text/xml", b"<a/>");
         assert_eq!(
             read(&xml, "hexeract", 1024).unwrap_err().reason,
             Reason::PAYLOAD_INVALID
         );
-        let json_utf8 = delivery(
-            BasicProperties::default()
-                .with_message_id("m".into())
-                .with_content_type("application/json; charset=utf-8".into()),
-            b"{}",
-            false,
-        );
+        let json_utf8 = typed("application/json; charset=utf-8", b"{}");
         assert!(read(&json_utf8, "hexeract", 1024).is_ok());
     }
 
@@ -791,10 +803,11 @@ mod tests {
         let budget = property_budget(frame_max);
         let envelope = Envelope::from_raw("OrderPlaced", &b"{}"[..]);
         let with_big = |len: usize| {
-            let mut table = properties(&envelope, 0).headers().clone().unwrap();
-            table.insert("x-small".into(), text("kept"));
-            table.insert("x-big".into(), text(&"b".repeat(len)));
-            properties(&envelope, 0).with_headers(table)
+            properties_with(
+                &envelope,
+                0,
+                &[("x-small", text("kept")), ("x-big", text(&"b".repeat(len)))],
+            )
         };
         // 10 bytes short of the budget: even the retry's one header does not fit beside it.
         let len = 130_000 + budget - 10 - encoded_size(&with_big(130_000));
@@ -836,11 +849,14 @@ mod tests {
     #[test]
     fn republished_messages_drop_the_brokers_bookkeeping_and_carry_the_reason() {
         let envelope = Envelope::from_raw("OrderPlaced", &b"{}"[..]);
-        let mut props = properties(&envelope, 0);
-        let mut table = props.headers().clone().unwrap();
-        table.insert(headers::DELIVERY_COUNT.into(), AMQPValue::LongLongInt(3));
-        table.insert("x-death".into(), AMQPValue::LongLongInt(1));
-        props = props.with_headers(table);
+        let props = properties_with(
+            &envelope,
+            0,
+            &[
+                (headers::DELIVERY_COUNT, AMQPValue::LongLongInt(3)),
+                ("x-death", AMQPValue::LongLongInt(1)),
+            ],
+        );
         let retried = retry_properties(&props, "OrderPlaced", 2, property_budget(131_072));
         let inner = retried.headers().as_ref().unwrap().inner();
         assert!(!inner.contains_key(headers::DELIVERY_COUNT));
