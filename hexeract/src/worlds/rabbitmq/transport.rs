@@ -229,10 +229,31 @@ mod tests {
 
     use super::*;
 
-    /// The broker these tests connect to: `TEST_AMQP_URL`, by default the local one.
-    fn amqp_url() -> String {
-        std::env::var("TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    /// A transport named `name` on the broker these tests use: `TEST_AMQP_URL`, by default
+    /// the local one.
+    async fn transport(name: &str) -> RabbitMqTransport {
+        let url = std::env::var("TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+        RabbitMqTransport::connect_named(&url, name, DEFAULT_EXCHANGE)
+            .await
+            .expect("RabbitMQ is reachable (set TEST_AMQP_URL to point at one)")
+    }
+
+    /// Publishes through `transport`'s `with_retry`, each call answered by `answer` (given the
+    /// call's number, from 0, and the publisher it is made on); returns what `with_retry`
+    /// returned and how many calls it made.
+    async fn retried(
+        transport: &RabbitMqTransport,
+        answer: impl Fn(u32, &RabbitMqPublisher) -> Result<(), BusError>,
+    ) -> (Result<(), BusError>, u32) {
+        let calls = AtomicU32::new(0);
+        let published = transport
+            .with_retry(|publisher| {
+                let answered = answer(calls.fetch_add(1, Ordering::SeqCst), &publisher);
+                async move { answered }
+            })
+            .await;
+        (published, calls.load(Ordering::SeqCst))
     }
 
     /// A publish that failed on a lost channel is retried once even when lapin recovered the
@@ -240,31 +261,20 @@ mod tests {
     /// asked the channel's state instead of reading the error).
     #[tokio::test]
     async fn a_publish_lost_to_a_channel_already_recovered_is_retried_once() {
-        let transport = RabbitMqTransport::connect_named(
-            &amqp_url(),
-            "hexeract-unit-transport-race",
-            DEFAULT_EXCHANGE,
-        )
-        .await
-        .expect("RabbitMQ is reachable (set TEST_AMQP_URL to point at one)");
-        let calls = AtomicU32::new(0);
-        let published = transport
-            .with_retry(|publisher| {
-                let call = calls.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    assert!(publisher.is_connected(), "the channel is up at every call");
-                    if call == 0 {
-                        Err(BusError::Connection(
-                            "invalid channel state: reconnecting".to_owned(),
-                        ))
-                    } else {
-                        Ok(())
-                    }
-                }
-            })
-            .await;
+        let transport = transport("hexeract-unit-transport-race").await;
+        let (published, calls) = retried(&transport, |call, publisher| {
+            assert!(publisher.is_connected(), "the channel is up at every call");
+            if call == 0 {
+                Err(BusError::Connection(
+                    "invalid channel state: reconnecting".to_owned(),
+                ))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
         assert!(published.is_ok(), "{published:?}");
-        assert_eq!(calls.load(Ordering::SeqCst), 2, "retried once");
+        assert_eq!(calls, 2, "retried once");
         assert_eq!(transport.reconnects(), 1);
         assert_eq!(transport.recovered_by_lapin(), 1);
     }
@@ -272,27 +282,16 @@ mod tests {
     /// A refusal on a channel that stays up is the broker's answer, not a blip: not retried.
     #[tokio::test]
     async fn a_refusal_on_a_working_channel_is_not_retried() {
-        let transport = RabbitMqTransport::connect_named(
-            &amqp_url(),
-            "hexeract-unit-transport-refusal",
-            DEFAULT_EXCHANGE,
-        )
-        .await
-        .expect("RabbitMQ is reachable (set TEST_AMQP_URL to point at one)");
-        let calls = AtomicU32::new(0);
-        let published = transport
-            .with_retry(|_| {
-                calls.fetch_add(1, Ordering::SeqCst);
-                async {
-                    Err(BusError::Transport {
-                        operation: "publish".to_owned(),
-                        detail: "refused".to_owned(),
-                    })
-                }
+        let transport = transport("hexeract-unit-transport-refusal").await;
+        let (published, calls) = retried(&transport, |_, _| {
+            Err(BusError::Transport {
+                operation: "publish".to_owned(),
+                detail: "refused".to_owned(),
             })
-            .await;
+        })
+        .await;
         assert!(matches!(published, Err(BusError::Transport { .. })));
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(calls, 1);
         assert_eq!(transport.reconnects(), 0);
     }
 }
