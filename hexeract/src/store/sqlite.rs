@@ -327,14 +327,10 @@ impl SqliteStore {
                 DeliveryId::Outbox(message) => serde_json::Value::from(message.to_string()),
             })
             .collect();
-        let now = now_millis();
-        let mut results = sqlx::query(&self.sql.ack_and_take_in_place)
+        let acks = sqlx::query(&self.sql.ack_and_take_in_place)
             .bind(acked_token.hyphenated())
-            .bind(Json(&acked))
-            .bind(token.hyphenated())
-            .bind(now)
-            .bind(now.saturating_add(millis(lease)))
-            .bind(limit(limit_rows))
+            .bind(Json(&acked));
+        let mut results = bind_claim(acks, token, limit_rows, lease)
             .bind(Json(handlers))
             // sqlx 0.8 runs every statement of a query on SQLite, and marks it deprecated
             // (launchbadge/sqlx#3108) with nothing that binds arguments in its place. Where it
@@ -443,12 +439,7 @@ impl SqliteStore {
         limit_rows: u32,
         lease: Duration,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let now = now_millis();
-        let rows = sqlx::query(&self.sql.claim)
-            .bind(token.hyphenated())
-            .bind(now)
-            .bind(now.saturating_add(millis(lease)))
-            .bind(limit(limit_rows))
+        let rows = bind_claim(sqlx::query(&self.sql.claim), token, limit_rows, lease)
             .fetch_all(&mut *conn)
             .await?;
         rows.iter().map(claimed_from_row).collect()
@@ -794,6 +785,21 @@ fn to_dead_letters(prefix: &Identifier, message_id: &str) -> String {
 /// runs it atomically under its write lock. `returning` names the columns it gives back.
 pub(super) fn claim(table: &str, also: &str, returning: &str) -> String {
     claim_binding(table, also, returning, ["?1", "?2", "?3", "?4"])
+}
+
+/// `query` with a [`claim`]'s token, now, lease end and limit bound next, in that order.
+fn bind_claim<'q>(
+    query: SqliteQuery<'q>,
+    token: Uuid,
+    limit_rows: u32,
+    lease: Duration,
+) -> SqliteQuery<'q> {
+    let now = now_millis();
+    query
+        .bind(token.hyphenated())
+        .bind(now)
+        .bind(now.saturating_add(millis(lease)))
+        .bind(limit(limit_rows))
 }
 
 /// [`claim`] with its token, now, lease end and limit bound from `params`, in that order.

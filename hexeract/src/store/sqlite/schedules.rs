@@ -13,8 +13,8 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{
-    bind_message, claim, limit, now_millis, table, uuid, Settle, SqliteStore, BEGIN_IMMEDIATE,
-    MESSAGE_COLUMNS,
+    bind_claim, bind_message, claim, limit, now_millis, table, uuid, Settle, SqliteStore,
+    BEGIN_IMMEDIATE, MESSAGE_COLUMNS,
 };
 use crate::envelope::Envelope;
 use crate::store::schedules::{
@@ -300,12 +300,8 @@ impl ScheduleStore for SqliteStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<ClaimedOccurrence>, StoreError>> {
         Box::pin(async move {
-            let now = now_millis();
-            let rows = sqlx::query(&self.schedule_sql.claim)
-                .bind(token.hyphenated())
-                .bind(now)
-                .bind(now.saturating_add(millis(lease)))
-                .bind(limit(limit_rows))
+            let claim = sqlx::query(&self.schedule_sql.claim);
+            let rows = bind_claim(claim, token, limit_rows, lease)
                 .bind(Json(names))
                 .fetch_all(&self.pool)
                 .await?;
