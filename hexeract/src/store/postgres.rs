@@ -82,6 +82,12 @@ impl Drop for Wake {
 }
 
 impl PgStore {
+    /// The count `sql` selects (one `bigint`).
+    async fn count(&self, sql: &str) -> Result<u64, StoreError> {
+        let count: i64 = sqlx::query_scalar(sql).fetch_one(&self.pool).await?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     /// The dead-letter queries on this store's table.
     fn dead_letter_sql(&self) -> DeadLetterSql {
         DeadLetterSql {
@@ -1213,12 +1219,7 @@ impl DeliveryStore for PgStore {
     }
 
     fn backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let owed: i64 = sqlx::query_scalar(&self.sql.backlog)
-                .fetch_one(&self.pool)
-                .await?;
-            Ok(u64::try_from(owed).unwrap_or(0))
-        })
+        Box::pin(self.count(&self.sql.backlog))
     }
 
     fn wakeups(&self) -> BoxFuture<'_, Result<Option<Arc<Notify>>, StoreError>> {

@@ -82,6 +82,12 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// The count `sql` selects (one INTEGER).
+    async fn count(&self, sql: &str) -> Result<u64, StoreError> {
+        let count: i64 = sqlx::query_scalar(sql).fetch_one(&self.pool).await?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     /// The dead-letter queries on this store's table.
     fn dead_letter_sql(&self) -> DeadLetterSql {
         DeadLetterSql {
@@ -1526,8 +1532,7 @@ impl DeliveryStore for SqliteStore {
             let sql = format!(
                 "SELECT (SELECT count(*) FROM \"{p}_outbox\") + (SELECT count(*) FROM \"{p}_deliveries\")"
             );
-            let owed: i64 = sqlx::query_scalar(&sql).fetch_one(&self.pool).await?;
-            Ok(u64::try_from(owed).unwrap_or(0))
+            self.count(&sql).await
         })
     }
 

@@ -366,12 +366,7 @@ impl ScheduleStore for PgStore {
     }
 
     fn schedule_backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let count: i64 = sqlx::query_scalar(&self.schedule_sql.backlog)
-                .fetch_one(&self.pool)
-                .await?;
-            Ok(u64::try_from(count).unwrap_or(0))
-        })
+        Box::pin(self.count(&self.schedule_sql.backlog))
     }
 }
 
