@@ -102,13 +102,7 @@ pub(crate) async fn run_on_broker(
     let poll_interval = settings.relay_poll_interval;
     let ownership_checked = std::sync::atomic::AtomicBool::new(false);
     let relay = supervise(&relay_probe, &cancel, || async {
-        let connection = connect(
-            &broker.url,
-            &format!("{}.relay", broker.prefix),
-            &relay_probe,
-            &cancel,
-        )
-        .await?;
+        let connection = connect(&broker, "relay", &relay_probe, &cancel).await?;
         // Before the first publish: a message published before its queues are bound is
         // routed nowhere, and the broker drops it.
         topology.declare(&connection).await?;
@@ -138,13 +132,7 @@ pub(crate) async fn run_on_broker(
         relay.run(cancel.clone()).await
     });
     let consumers = supervise(&worker_probe, &cancel, || async {
-        let connection = connect(
-            &broker.url,
-            &format!("{}.consumer", broker.prefix),
-            &worker_probe,
-            &cancel,
-        )
-        .await?;
+        let connection = connect(&broker, "consumer", &worker_probe, &cancel).await?;
         // Checked above; a failure here is reported and retried like a connection loss.
         let worker =
             worker(connection).map_err(|error| BusError::InvalidName(error.to_string()))?;
@@ -157,13 +145,15 @@ pub(crate) async fn run_on_broker(
     }
 }
 
-/// Connects, retrying with backoff until it succeeds or `cancel` fires.
+/// Connects to `broker` for `role` (the connection is named `<prefix>.<role>`), retrying with
+/// backoff until it succeeds or `cancel` fires.
 async fn connect(
-    url: &str,
-    name: &str,
+    broker: &BrokerSettings,
+    role: &str,
     probe: &Probe,
     cancel: &CancellationToken,
 ) -> Result<RabbitMqConnection, BusError> {
+    let name = format!("{}.{role}", broker.prefix);
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let connecting = tokio::select! {
@@ -172,13 +162,13 @@ async fn connect(
                     "stopped while connecting to RabbitMQ".to_owned(),
                 ))
             }
-            connecting = RabbitMqConnection::connect_named(url, name) => connecting,
+            connecting = RabbitMqConnection::connect_named(&broker.url, &name) => connecting,
         };
         match connecting {
             Ok(connection) => return Ok(connection),
             Err(error) => {
                 let delay = backoff.next_delay();
-                tracing::warn!(%error, connection = name, retry_in = ?delay, "cannot reach RabbitMQ");
+                tracing::warn!(%error, connection = name.as_str(), retry_in = ?delay, "cannot reach RabbitMQ");
                 probe.fail(&error);
                 tokio::select! {
                     () = cancel.cancelled() => return Err(error),
