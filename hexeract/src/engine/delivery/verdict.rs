@@ -127,6 +127,15 @@ pub(crate) fn budget_spent_detail(attempt: u32, max: u32) -> String {
     }
 }
 
+/// Why a delivery read from a broker (an AMQP delivery, a Kafka record) cannot be handed to any
+/// handler: the reason and detail of its dead letter.
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
+#[derive(Debug)]
+pub(crate) struct Unreadable {
+    pub(crate) reason: Reason,
+    pub(crate) detail: String,
+}
+
 /// Why a payload was not handed to a handler.
 #[cfg_attr(not(any(feature = "rabbitmq", feature = "kafka")), allow(dead_code))]
 pub(crate) fn payload_too_large_detail(len: usize, max: usize) -> String {

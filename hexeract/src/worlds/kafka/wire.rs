@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use uuid::Uuid;
 
+use crate::delivery::verdict::Unreadable;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 
@@ -145,13 +146,6 @@ pub(crate) fn record_headers(envelope: &Envelope, source: &str) -> OwnedHeaders 
         }
     }
     out
-}
-
-/// Why a record cannot be handed to a handler.
-#[derive(Debug)]
-pub(crate) struct Unreadable {
-    pub(crate) reason: Reason,
-    pub(crate) detail: String,
 }
 
 /// Reads a record into an envelope (attempt 0). The size is checked first, before anything is

@@ -11,6 +11,7 @@ use lapin::BasicProperties;
 use uuid::Uuid;
 
 use crate::dead_letter::{truncate, DeadLetter};
+use crate::delivery::verdict::Unreadable;
 use crate::envelope::Envelope;
 use crate::reason::Reason;
 
@@ -165,13 +166,6 @@ pub(crate) fn fits_in_a_frame(envelope: &Envelope, budget: usize) -> bool {
 
 fn text(value: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value.as_bytes()))
-}
-
-/// Why a delivery cannot be handed to any handler.
-#[derive(Debug)]
-pub(crate) struct Unreadable {
-    pub(crate) reason: Reason,
-    pub(crate) detail: String,
 }
 
 /// How many times the broker delivered this message before (`x-delivery-count`, which a quorum
