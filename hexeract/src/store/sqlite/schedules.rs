@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use sqlx::sqlite::SqlitePool;
+use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::types::Json;
 use sqlx::Row;
 use uuid::Uuid;
 
 use super::{
-    bind_claim, bind_message, claim, limit, now_millis, table, uuid, Settle, SqliteStore,
-    BEGIN_IMMEDIATE, MESSAGE_COLUMNS,
+    bind_claim, bind_message, claim, limit, now_millis, table, uuid, Settle, SqliteQuery,
+    SqliteStore, BEGIN_IMMEDIATE, MESSAGE_COLUMNS,
 };
 use crate::envelope::Envelope;
 use crate::store::schedules::{
@@ -248,24 +248,15 @@ impl ScheduleStore for SqliteStore {
         Box::pin(async move {
             let sql = &self.schedule_sql;
             let now = now_millis();
-            // Nothing due is the common case: find out without taking the write lock.
-            let due = sqlx::query(&sql.due)
-                .bind(Json(names))
-                .bind(now)
-                .bind(limit(limit_rows))
-                .fetch_all(&self.pool)
-                .await?;
-            if due.is_empty() {
+            let due = || {
+                sqlx::query(&sql.due)
+                    .bind(Json(names))
+                    .bind(now)
+                    .bind(limit(limit_rows))
+            };
+            let Some((mut tx, due)) = due_under_write_lock(&self.pool, due).await? else {
                 return Ok(0);
-            }
-            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            // Under the write lock: what another worker planned meanwhile is seen.
-            let due = sqlx::query(&sql.due)
-                .bind(Json(names))
-                .bind(now)
-                .bind(limit(limit_rows))
-                .fetch_all(&mut *tx)
-                .await?;
+            };
             let mut written = 0;
             for row in &due {
                 let name: String = row.try_get("name")?;
@@ -377,20 +368,14 @@ impl ScheduleStore for SqliteStore {
             let sql = &self.schedule_sql;
             let due_sql = ScheduleStatements::due_messages(&self.prefix);
             let now = now_millis();
-            let due: Vec<String> = sqlx::query_scalar(&due_sql)
-                .bind(now)
-                .bind(limit(limit_rows))
-                .fetch_all(&self.pool)
-                .await?;
-            if due.is_empty() {
+            let due = || sqlx::query(&due_sql).bind(now).bind(limit(limit_rows));
+            let Some((mut tx, due)) = due_under_write_lock(&self.pool, due).await? else {
                 return Ok(0);
-            }
-            let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
-            let due: Vec<String> = sqlx::query_scalar(&due_sql)
-                .bind(now)
-                .bind(limit(limit_rows))
-                .fetch_all(&mut *tx)
-                .await?;
+            };
+            let due: Vec<String> = due
+                .iter()
+                .map(|row| row.try_get(0))
+                .collect::<Result<_, _>>()?;
             sqlx::query(&sql.release_copy)
                 .bind(Json(&due))
                 .execute(&mut *tx)
@@ -411,6 +396,21 @@ impl ScheduleStore for SqliteStore {
     fn schedule_backlog(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(self.count(&self.schedule_sql.backlog))
     }
+}
+
+/// The rows `due` selects, looked for first on `pool` and, when there are any, again in a write
+/// transaction begun for them, where what another worker did meanwhile is seen: nothing due is
+/// the common case, found out without taking the write lock. `None` when nothing is due.
+async fn due_under_write_lock<'q>(
+    pool: &SqlitePool,
+    due: impl Fn() -> SqliteQuery<'q>,
+) -> Result<Option<(sqlx::Transaction<'static, sqlx::Sqlite>, Vec<SqliteRow>)>, StoreError> {
+    if due().fetch_all(pool).await?.is_empty() {
+        return Ok(None);
+    }
+    let mut tx = crate::store::begin(pool, Some(BEGIN_IMMEDIATE)).await?;
+    let rows = due().fetch_all(&mut *tx).await?;
+    Ok(Some((tx, rows)))
 }
 
 async fn insert_scheduled_with(
