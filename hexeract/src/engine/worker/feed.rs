@@ -450,6 +450,10 @@ impl<F: Feed> Worker<F> {
         let mut runs: u64 = 0;
         let next_pass = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(next_pass);
+        // One wait for the stop across the loop: a new one each turn would register and
+        // unregister a waiter on the token, a lock each way.
+        let stopped = cancel.cancelled();
+        tokio::pin!(stopped);
         let mut pass_now = true;
         let mut wakeable = false;
         let mut stopping = false;
@@ -483,7 +487,7 @@ impl<F: Feed> Worker<F> {
             }
             tokio::select! {
                 biased;
-                () = cancel.cancelled(), if !stopping => stopping = true,
+                () = &mut stopped, if !stopping => stopping = true,
                 Some(done) = running.join_next(), if !running.is_empty() => {
                     let mut ended = vec![done];
                     // Every run that is done by now is acked with it, in one pass.

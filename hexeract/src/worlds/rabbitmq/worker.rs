@@ -1029,7 +1029,36 @@ impl QueueFeed {
         }
     }
 
-    /// Waits for the first delivery, then takes those that are there already, up to `room`;
+    /// Takes the deliveries the consumer holds already, up to `room`, without waiting; the
+    /// stream's end or failure, if that is what it holds.
+    fn take_ready(
+        &self,
+        deliveries: &mut lapin::Consumer,
+        room: usize,
+        taken: &mut Vec<Delivery>,
+    ) -> Option<BusError> {
+        while taken.len() < room {
+            match deliveries.next().now_or_never() {
+                Some(Some(Ok(delivery))) => taken.push(delivery),
+                None => return None,
+                Some(Some(Err(error))) => return Some(self.ended(Some(error))),
+                Some(None) => return Some(self.ended(None)),
+            }
+        }
+        None
+    }
+
+    /// The consumer's stream failed (`error`) or ended: it does only when the channel or the
+    /// connection is gone.
+    fn ended(&self, error: Option<lapin::Error>) -> BusError {
+        let queue = &self.consumer.queue;
+        BusError::Connection(match error {
+            Some(error) => format!("the consumer of {queue:?} failed: {error}"),
+            None => format!("the consumer of {queue:?} ended (connection or channel closed)"),
+        })
+    }
+
+    /// Takes the deliveries there are, up to `room`, waiting for the first when there are none;
     /// meanwhile sends the acks of deliveries settled, a millisecond after the first (a steady
     /// stream is acked once per half window by the settles themselves). On `stop`, cancels
     /// the consumer and takes what the broker had sent already, to be given back.
@@ -1039,50 +1068,47 @@ impl QueueFeed {
         room: usize,
         stop: &CancellationToken,
     ) -> Received {
-        let mut taken = Vec::new();
-        let flush = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(flush);
-        let mut armed = false;
+        let mut taken = Vec::with_capacity(room.min(8));
+        // Under load the consumer holds deliveries already, and most passes end here: no
+        // timer armed, no waiter registered.
+        if !stop.is_cancelled() {
+            let lost = self.take_ready(deliveries, room, &mut taken);
+            match lost {
+                Some(lost) => return Received::Lost(taken, lost),
+                None if !taken.is_empty() => return Received::Taken(taken),
+                None => {}
+            }
+        }
+        let mut flush = None;
         // Settled before this pass began: their notice may have gone to an earlier pass.
         let mut check = true;
         loop {
-            if !armed && std::mem::take(&mut check) && lock(&self.tracker).settled() > 0 {
-                flush
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + Duration::from_millis(1));
-                armed = true;
+            if flush.is_none() && std::mem::take(&mut check) && lock(&self.tracker).settled() > 0 {
+                flush = Some(Box::pin(tokio::time::sleep(Duration::from_millis(1))));
             }
             tokio::select! {
                 biased;
                 () = stop.cancelled() => {
-                    self.cancel_consumer(deliveries, &mut taken).await;
+                    // Boxed: a pass's future need not carry the cancel's (rare) state.
+                    Box::pin(self.cancel_consumer(deliveries, &mut taken)).await;
                     return Received::Stopped(taken);
                 }
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
                         taken.push(delivery);
-                        while taken.len() < room {
-                            match deliveries.next().now_or_never() {
-                                Some(Some(Ok(delivery))) => taken.push(delivery),
-                                // The end, or an error: the next pass sees it.
-                                _ => break,
-                            }
-                        }
-                        return Received::Taken(taken);
+                        return match self.take_ready(deliveries, room, &mut taken) {
+                            None => Received::Taken(taken),
+                            Some(lost) => Received::Lost(taken, lost),
+                        };
                     }
-                    // The stream fails only when the channel or connection is gone.
-                    Some(Err(error)) => return Received::Lost(taken, BusError::Connection(format!(
-                        "the consumer of {:?} failed: {error}", self.consumer.queue))),
-                    None => return Received::Lost(taken, BusError::Connection(format!(
-                        "the consumer of {:?} ended (connection or channel closed)",
-                        self.consumer.queue
-                    ))),
+                    Some(Err(error)) => return Received::Lost(taken, self.ended(Some(error))),
+                    None => return Received::Lost(taken, self.ended(None)),
                 },
-                () = &mut flush, if armed => {
+                () = async { flush.as_mut().expect("armed").await }, if flush.is_some() => {
                     self.flush(&mut lock(&self.tracker), true);
-                    armed = false;
+                    flush = None;
                 }
-                () = self.settled.notified(), if !armed => check = true,
+                () = self.settled.notified(), if flush.is_none() => check = true,
             }
         }
     }
@@ -1421,16 +1447,18 @@ impl Feed for QueueFeed {
         verdict: Verdict,
         stop: &CancellationToken,
     ) -> Result<Row, BusError> {
+        // Every call's future holds its settle's: the republishes of the rarer verdicts are
+        // boxed, so that a call that acks neither carries nor allocates them.
         if stop.is_cancelled() {
             // Stopping with no pass under way to cancel the consumer: the broker would refill
             // each place this call frees, only for the delivery to be handed back.
-            self.cancel().await;
+            Box::pin(self.cancel()).await;
         }
         let delivery = &taken.delivery;
         let end = match verdict {
             Verdict::Ack => DeliveryEnd::Ack,
             Verdict::Retry { delay, detail, .. } => {
-                self.retry(delivery, &envelope, delay, &detail, stop).await
+                Box::pin(self.retry(delivery, &envelope, delay, &detail, stop)).await
             }
             Verdict::DeadLetter {
                 reason,
@@ -1445,12 +1473,12 @@ impl Feed for QueueFeed {
                     attempts: calls,
                 };
                 let envelope = Arc::unwrap_or_clone(envelope);
-                self.park(delivery, envelope, &info, stop).await
+                Box::pin(self.park(delivery, envelope, &info, stop)).await
             }
             // The broker delivers it again, counting the delivery.
             Verdict::Abandoned => DeliveryEnd::Requeue,
             // No call (or a call the stop made fail): back with the count it came with.
-            Verdict::Release => self.hand_back_one(delivery, &envelope.payload).await,
+            Verdict::Release => Box::pin(self.hand_back_one(delivery, &envelope.payload)).await,
         };
         self.record(taken, end, false);
         Ok(Row::Settled)
