@@ -386,3 +386,32 @@ async fn a_publish_lost_on_its_way_gives_the_channel_up() {
         .unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Closing a connection whose broker stopped answering (a blackhole: the socket open, nothing
+/// forwarded) ends at the close's deadline with an error that says so, instead of waiting for
+/// a `close-ok` that never comes: a program's shutdown, or a tool's last step, does not hang
+/// on it. (A benchmark run once waited for good on such a close.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_connection_whose_broker_stopped_answering_ends_at_its_deadline() {
+    let broker = TestBroker::new().await;
+    // A long heartbeat: the close's own deadline, not a missed heartbeat, is what ends it.
+    let (proxy, through_proxy) = proxy_to_rabbitmq(60).await;
+    let connection =
+        hexeract::rabbitmq::RabbitMqConnection::connect_named(&through_proxy, &broker.prefix)
+            .await
+            .expect("connect through the proxy");
+    proxy.blackhole(true);
+    // Far above the close's 5 s deadline, far below the heartbeat's two minutes: a guard, so
+    // that a close without a deadline fails here instead of hanging the suite.
+    let closed = tokio::time::timeout(Duration::from_secs(30), connection.close())
+        .await
+        .expect("the close returns: it has a deadline of its own");
+    assert!(
+        matches!(
+            &closed,
+            Err(hexeract::rabbitmq::BusError::Transport { operation, detail })
+                if operation == "connection.close" && detail.contains("did not confirm the close")
+        ),
+        "{closed:?}"
+    );
+}

@@ -43,6 +43,9 @@ pub struct RabbitMqConnection {
 /// How long opening a connection (TCP, TLS and the AMQP handshake) may take.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How long [`RabbitMqConnection::close`] waits for the broker's `close-ok`.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
+
 impl RabbitMqConnection {
     /// Connects once, naming the connection after the executable (`orders-service` for
     /// `target/release/orders-service`), so that the broker's list of connections tells which
@@ -230,12 +233,23 @@ impl RabbitMqConnection {
         RabbitMqConnection::open(&self.url, &format!("{}.{suffix}", self.name), false).await
     }
 
-    /// Closes the connection (200, "closed by the application").
+    /// Closes the connection (200, "closed by the application"), waiting at most 5 s for the
+    /// broker to confirm. A connection whose socket is gone, or
+    /// whose broker stopped answering, never confirms: past the deadline the close is given up
+    /// on with an error (the socket is let go all the same), so that a program's shutdown does
+    /// not wait for it.
     pub async fn close(&self) -> Result<(), BusError> {
-        self.inner
-            .close(200, "closed by the application".into())
-            .await
-            .map_err(|error| BusError::transport("connection.close", error))
+        let closing = self.inner.close(200, "closed by the application".into());
+        match tokio::time::timeout(CLOSE_DEADLINE, closing).await {
+            Ok(closed) => closed.map_err(|error| BusError::transport("connection.close", error)),
+            Err(_) => Err(BusError::Transport {
+                operation: "connection.close".to_owned(),
+                detail: format!(
+                    "the broker did not confirm the close within {CLOSE_DEADLINE:?} (the \
+                     connection is lost or the broker stopped answering)"
+                ),
+            }),
+        }
     }
 }
 
