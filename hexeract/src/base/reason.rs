@@ -51,8 +51,13 @@ impl Reason {
     /// type): a row written by something other than Hexeract. Dead-lettered alone, with what
     /// could be read of it, so that the messages behind it go on.
     pub const MESSAGE_UNREADABLE: Reason = Reason::from_static("message_unreadable");
+    /// The handler takes state (`State<T>`) the test [`Harness`](crate::testing::Harness) was
+    /// not given: at once, no call made. A worker's (or a scheduler's) build refuses such a
+    /// handler (or job) instead, so no worker records it, and it is not among [`ALL`](Reason::ALL)
+    /// (whose reasons each have a metric series from the start).
+    pub const STATE_MISSING: Reason = Reason::from_static("state_missing");
 
-    /// Every reason the framework itself records.
+    /// Every reason the framework itself records in a worker.
     pub const ALL: [Reason; 11] = [
         Reason::PAYLOAD_INVALID,
         Reason::PAYLOAD_TOO_LARGE,

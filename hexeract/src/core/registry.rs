@@ -640,7 +640,7 @@ impl ErasedHandler for Unprovided {
     fn handle<'a>(&'a self, _: &'a Envelope, _: &'a Context) -> BoxFuture<'a, HandlerOutcome> {
         Box::pin(async {
             HandlerOutcome::dead_letter(
-                "state_missing",
+                crate::reason::Reason::STATE_MISSING,
                 "the handler takes state (`State<T>`) it was not given: give the value with \
                  `.state(value)` to its worker (or to the test harness)",
             )

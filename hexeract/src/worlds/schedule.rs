@@ -206,7 +206,7 @@ impl ErasedJob for Unprovided {
     fn run<'a>(&'a self, _: &'a Context) -> BoxFuture<'a, HandlerOutcome> {
         Box::pin(async {
             HandlerOutcome::dead_letter(
-                "state_missing",
+                crate::reason::Reason::STATE_MISSING,
                 "the job takes state its scheduler was not given",
             )
         })
