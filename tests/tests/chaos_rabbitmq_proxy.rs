@@ -82,6 +82,24 @@ async fn proxy_to_rabbitmq(heartbeat: u32) -> (FaultProxy, String) {
     (proxy, through_proxy.to_string())
 }
 
+/// A test broker, a fault proxy to RabbitMQ, and a connection through it named for the broker's
+/// prefix, with a heartbeat of `heartbeat` seconds.
+async fn connected_through_a_proxy(
+    heartbeat: u32,
+) -> (
+    TestBroker,
+    FaultProxy,
+    hexeract::rabbitmq::RabbitMqConnection,
+) {
+    let broker = TestBroker::new().await;
+    let (proxy, through_proxy) = proxy_to_rabbitmq(heartbeat).await;
+    let connection =
+        hexeract::rabbitmq::RabbitMqConnection::connect_named(&through_proxy, &broker.prefix)
+            .await
+            .expect("connect through the proxy");
+    (broker, proxy, connection)
+}
+
 enum Fault {
     Reset,
     Blackhole,
@@ -393,13 +411,8 @@ async fn a_publish_lost_on_its_way_gives_the_channel_up() {
 /// on it. (A benchmark run once waited for good on such a close.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_a_connection_whose_broker_stopped_answering_ends_at_its_deadline() {
-    let broker = TestBroker::new().await;
     // A long heartbeat: the close's own deadline, not a missed heartbeat, is what ends it.
-    let (proxy, through_proxy) = proxy_to_rabbitmq(60).await;
-    let connection =
-        hexeract::rabbitmq::RabbitMqConnection::connect_named(&through_proxy, &broker.prefix)
-            .await
-            .expect("connect through the proxy");
+    let (_broker, proxy, connection) = connected_through_a_proxy(60).await;
     proxy.blackhole(true);
     // Far above the close's 5 s deadline, far below the heartbeat's two minutes: a guard, so
     // that a close without a deadline fails here instead of hanging the suite.
