@@ -13,6 +13,8 @@
 mod api;
 mod db;
 mod shop;
+#[cfg(test)]
+mod tests;
 
 use std::process::ExitCode;
 use std::time::Duration;

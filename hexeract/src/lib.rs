@@ -159,6 +159,9 @@ pub struct SchedulerGuide;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/scheduled.md")]
 pub struct ScheduledReference;
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../docs/testing.md")]
+pub struct TestingGuide;
 
 pub use app::run;
 pub use app::App;

@@ -34,7 +34,7 @@ use crate::retry::RetryPolicy;
 
 pub use crate::policy::Policy;
 pub(crate) use crate::policy::IN_MEMORY_CONCURRENCY;
-pub(crate) use invoke::{call_handler, spawn_grace_timer, stop_by_deadline, Slot};
+pub(crate) use invoke::{call_handler, call_job, spawn_grace_timer, stop_by_deadline, Slot};
 use record::{Delivered, Transport};
 #[cfg(any(feature = "rabbitmq", feature = "kafka"))]
 pub(crate) use verdict::payload_too_large_detail;

@@ -359,6 +359,31 @@ impl fmt::Debug for ScheduledJob {
     }
 }
 
+/// The message a job's run shows its context: `id`, the schedule's name and the fire time in
+/// the payload, the fire time as `ctx.scheduled_for()`, and the attempt.
+pub(crate) fn job_envelope(
+    id: Uuid,
+    schedule: &str,
+    fire_at: DateTime<Utc>,
+    attempt: u32,
+) -> Envelope {
+    let fire_time = fire_at.to_rfc3339();
+    // Names are plain text; serde_json escapes whatever they hold.
+    let payload = format!(
+        "{{\"schedule\":{},\"fire_at\":\"{fire_time}\"}}",
+        serde_json::Value::from(schedule)
+    );
+    let mut envelope =
+        Envelope::from_raw(crate::store::SCHEDULE_MESSAGE_TYPE, payload.into_bytes());
+    envelope.id = id;
+    envelope.attempt = attempt;
+    envelope.created_at = fire_at;
+    envelope
+        .headers
+        .insert(crate::envelope::FIRE_TIME_HEADER.to_owned(), fire_time);
+    envelope
+}
+
 /// Every `#[scheduled]` job of the program, or an error naming each that is invalid or
 /// whose name is taken twice.
 pub fn jobs_from_inventory() -> Result<Vec<ScheduledJob>, crate::worker::BuildError> {

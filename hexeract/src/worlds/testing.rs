@@ -33,15 +33,27 @@ use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use chrono::{DateTime, Utc};
+
 use crate::context::Context;
-use crate::delivery::{call_handler, Call};
+use crate::delivery::{call_handler, call_job, Call};
 use crate::envelope::{EncodeError, Envelope};
 use crate::message::Message;
 use crate::middleware::Middlewares;
 use crate::outcome::HandlerOutcome;
 use crate::publish::{Publish, PublishError};
+use crate::reason::Reason;
 use crate::registry::{Registry, RegistryError};
+use crate::schedule::ScheduledJob;
 use crate::state::States;
+
+mod faults;
+#[cfg(feature = "postgres")]
+mod postgres;
+
+pub use faults::{Ending, Fault, FaultCheck, FaultReport, FaultRun};
+#[cfg(feature = "postgres")]
+pub use postgres::TestDatabase;
 
 /// Delivers messages to registered handlers in-process and reports each handler's outcome.
 /// What handlers publish through their context is captured, not delivered.
@@ -54,8 +66,12 @@ pub struct Harness {
     states: States,
     middleware: Middlewares,
     published: Arc<Recorder>,
+    /// Jobs registered in code ([`job`](Harness::job)), looked up before the program's
+    /// `#[scheduled]` jobs.
+    jobs: Vec<ScheduledJob>,
     attempt: u32,
     timeout: Duration,
+    max_deliveries: u32,
 }
 
 impl Harness {
@@ -72,8 +88,12 @@ impl Harness {
             states: States::new(),
             middleware: Middlewares::default(),
             published: Arc::new(Recorder::default()),
+            jobs: Vec::new(),
             attempt: 1,
             timeout: Duration::from_secs(30),
+            max_deliveries: crate::policy::Policy::library()
+                .retry
+                .max_deliveries_value(),
         }
         .rebuild()
     }
@@ -111,6 +131,119 @@ impl Harness {
     pub fn timeout(mut self, timeout: Duration) -> Harness {
         self.timeout = timeout;
         self
+    }
+
+    /// Calls per delivery in a [fault check](Harness::fault_check) (default 5, as
+    /// `MAX_DELIVERIES`): a call that asks for a retry is called again at once, up to this
+    /// many calls, then the delivery counts as dead-lettered (`max_deliveries_exceeded`).
+    pub fn max_deliveries(mut self, max_deliveries: u32) -> Harness {
+        self.max_deliveries = max_deliveries.max(1);
+        self
+    }
+
+    /// Adds a job registered in code, for [`run_job`](Harness::run_job). The program's
+    /// `#[scheduled]` jobs are there without it.
+    pub fn job(mut self, job: ScheduledJob) -> Harness {
+        self.jobs.retain(|other| other.name() != job.name());
+        self.jobs.push(job);
+        self
+    }
+
+    /// Runs the scheduled job named `name` once, as its scheduler runs a fire time due now:
+    /// with the harness's state and middleware, under the job's timeout (or the harness's),
+    /// with a panic caught. The job's context reads the fire time in
+    /// [`scheduled_for`](Context::scheduled_for) and the harness's
+    /// [`attempt`](Harness::attempt); what it publishes is captured.
+    ///
+    /// ```
+    /// use hexeract::testing::Harness;
+    /// use hexeract::{scheduled, Context, HandlerOutcome, State};
+    ///
+    /// #[derive(Clone)]
+    /// struct Limit(u32);
+    ///
+    /// #[scheduled(every = "1h", name = "doc.hourly_check")]
+    /// async fn hourly_check(ctx: &Context, State(limit): State<Limit>) -> HandlerOutcome {
+    ///     assert!(ctx.scheduled_for().is_some());
+    ///     if limit.0 > 0 { HandlerOutcome::Ack } else { HandlerOutcome::reject("no limit") }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let harness = Harness::new()?.state(Limit(3));
+    /// assert_eq!(harness.run_job("doc.hourly_check").await?, HandlerOutcome::Ack);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn run_job(&self, name: &str) -> Result<HandlerOutcome, JobError> {
+        self.run_job_at(name, Utc::now()).await
+    }
+
+    /// [`run_job`](Harness::run_job) for the fire time `fire_at`.
+    pub async fn run_job_at(
+        &self,
+        name: &str,
+        fire_at: DateTime<Utc>,
+    ) -> Result<HandlerOutcome, JobError> {
+        let job = self.find_job(name)?;
+        let mut missing = Vec::new();
+        let Some(job) = job.provide(&self.states, &mut missing) else {
+            let types: Vec<&str> = missing.iter().map(|m| m.type_name).collect();
+            return Ok(HandlerOutcome::dead_letter(
+                Reason::STATE_MISSING,
+                format_args!(
+                    "the job takes {}, which the harness was not given: add `.state(value)` \
+                     to the harness",
+                    types.join(" and ")
+                ),
+            ));
+        };
+        let envelope =
+            crate::schedule::job_envelope(Uuid::now_v7(), job.name(), fire_at, self.attempt);
+        let ctx = self.context(envelope, job.name()).for_scheduled_run();
+        let timeout = job.own_timeout().unwrap_or(self.timeout);
+        let never = CancellationToken::new();
+        let chain = self.middleware.chain_for(job.name());
+        match call_job(job.runner(), chain, ctx, timeout, &never).await {
+            Call::Finished(outcome) => Ok(outcome),
+            Call::Interrupted | Call::NotStarted => {
+                unreachable!("the harness never interrupts a call")
+            }
+        }
+    }
+
+    fn find_job(&self, name: &str) -> Result<ScheduledJob, JobError> {
+        if let Some(job) = self.jobs.iter().find(|job| job.name() == name) {
+            return Ok(job.clone());
+        }
+        let program = crate::schedule::jobs_from_inventory()
+            .map_err(|error| JobError::Invalid(error.to_string()))?;
+        if let Some(job) = program.iter().find(|job| job.name() == name) {
+            return Ok(job.clone());
+        }
+        let mut known: Vec<String> = self
+            .jobs
+            .iter()
+            .chain(&program)
+            .map(|job| job.name().to_owned())
+            .collect();
+        known.sort();
+        Err(JobError::Unknown {
+            name: name.to_owned(),
+            known,
+        })
+    }
+
+    /// Checks that the handlers of `message`'s type are idempotent under the faults of
+    /// at-least-once delivery: see [`FaultCheck`].
+    pub fn fault_check<M: Message>(&self, message: &M) -> Result<FaultCheck<'_>, EncodeError> {
+        Ok(FaultCheck::new(self, Envelope::new(message)?))
+    }
+
+    /// [`fault_check`](Harness::fault_check) of an envelope as it is (with headers a
+    /// middleware reads, for instance).
+    pub fn fault_check_envelope(&self, envelope: Envelope) -> FaultCheck<'_> {
+        FaultCheck::new(self, envelope)
     }
 
     /// Encodes `message` and delivers it to every handler of its type.
@@ -153,6 +286,11 @@ impl Harness {
     /// Everything handlers published through their context, in order.
     pub fn published(&self) -> Vec<Envelope> {
         self.published.envelopes.lock().expect("poisoned").clone()
+    }
+
+    /// Forgets what handlers published so far.
+    pub fn clear_published(&self) {
+        self.published.envelopes.lock().expect("poisoned").clear();
     }
 
     fn context(&self, envelope: Envelope, handler: &str) -> Context {
@@ -202,6 +340,23 @@ impl Deliveries {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+}
+
+/// Why [`Harness::run_job`] ran nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// No job has this name.
+    #[error("no scheduled job is named {name:?}; the jobs are: {}", if known.is_empty() { "none".to_owned() } else { known.join(", ") })]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The names of the jobs there are.
+        known: Vec<String>,
+    },
+    /// The program's `#[scheduled]` jobs do not build (a name taken twice, a bad schedule).
+    #[error("the program's scheduled jobs are invalid: {0}")]
+    Invalid(String),
 }
 
 #[derive(Debug, Default)]

@@ -348,6 +348,28 @@ pub(crate) async fn call_handler(
     .await
 }
 
+/// Runs a scheduled job once, outside any world (the test harness): its middleware `chain`
+/// around the job, through [`call_boxed`], as the scheduler's slot does.
+pub(crate) async fn call_job(
+    run: Arc<dyn ErasedJob>,
+    chain: Chain,
+    ctx: Context,
+    timeout: Duration,
+    interrupt: &CancellationToken,
+) -> Call {
+    let call_cancelled = ctx.cancellation().clone();
+    let call: BoxFuture<'static, HandlerOutcome> =
+        Box::pin(async move { Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await });
+    call_boxed(
+        call,
+        move || call_cancelled.cancel(),
+        timeout,
+        interrupt,
+        None,
+    )
+    .await
+}
+
 /// Runs one call to its end.
 ///
 /// The call is polled once where it stands: a handler that does not wait (most do their work

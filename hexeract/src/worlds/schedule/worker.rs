@@ -14,7 +14,6 @@ use uuid::Uuid;
 
 use crate::delivery::{Engine, Policy, Slot};
 use crate::envelope::Envelope;
-use crate::envelope::FIRE_TIME_HEADER;
 use crate::health::Probe;
 use crate::knobs::KnobChecks;
 use crate::middleware::Middlewares;
@@ -24,7 +23,6 @@ use crate::schedule::{jobs_from_inventory, ScheduledJob, Spec};
 use crate::state::States;
 use crate::store::{
     ClaimedOccurrence, Leased, LeasedFeed, Plan, ScheduleDefinition, ScheduleStore, StoreError,
-    SCHEDULE_MESSAGE_TYPE,
 };
 use crate::worker::feed::{Arrival, Pace, Pass, Refill, Started, To, Worker};
 use crate::worker::{claim_lease, BuildError, ClaimSource, Source, WorkerBuilder};
@@ -509,18 +507,10 @@ impl Pacing {
 
 /// The message a job's context shows: the occurrence's id, the schedule and fire time.
 fn envelope_of(occurrence: &ClaimedOccurrence) -> Envelope {
-    let fire_at = occurrence.fire_at.to_rfc3339();
-    // Names are plain text; serde_json escapes whatever they hold.
-    let payload = format!(
-        "{{\"schedule\":{},\"fire_at\":\"{fire_at}\"}}",
-        serde_json::Value::from(occurrence.schedule.as_str())
-    );
-    let mut envelope = Envelope::from_raw(SCHEDULE_MESSAGE_TYPE, payload.into_bytes());
-    envelope.id = occurrence.id;
-    envelope.attempt = occurrence.attempts;
-    envelope.created_at = occurrence.fire_at;
-    envelope
-        .headers
-        .insert(FIRE_TIME_HEADER.to_owned(), fire_at);
-    envelope
+    super::job_envelope(
+        occurrence.id,
+        &occurrence.schedule,
+        occurrence.fire_at,
+        occurrence.attempts,
+    )
 }
