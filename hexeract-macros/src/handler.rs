@@ -15,7 +15,9 @@ use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type, TypePath};
 use crate::args::{missing_key_span, Args, Schema};
 use crate::ctxt::Ctxt;
 use crate::duration::timeout_arg;
-use crate::fn_checks::{check_plain_async_fn, FnRules};
+use crate::fn_checks::{
+    check_context_position, check_plain_async_fn, take_second_attribute, Attribute, FnRules,
+};
 use crate::message::check_wire_name;
 use crate::types::{self, Unowned};
 
@@ -51,7 +53,7 @@ struct HandlerFn<'a> {
 }
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    let function: ItemFn = match syn::parse2(item.clone()) {
+    let mut function: ItemFn = match syn::parse2(item.clone()) {
         Ok(function) => function,
         Err(_) => {
             let error = syn::Error::new(
@@ -64,6 +66,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut cx = Ctxt::default();
+    take_second_attribute(&mut function, Attribute::Handler, &mut cx);
     let args = parse_args(args, &function.sig.ident, &mut cx);
     let handler_fn = validate_fn(&function, &mut cx);
     match (args, handler_fn, cx.into_compile_errors()) {
@@ -186,6 +189,9 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>>
             format!("missing the `&Context` parameter: {usage}"),
         ),
         _ => {}
+    }
+    if check_context_position(sig, &typed, 1, cx) {
+        return None;
     }
     let state_tys = state_parameters(typed.iter().skip(2).map(|arg| &**arg), cx);
 

@@ -14,7 +14,9 @@ use syn::{FnArg, Ident, ItemFn, LitStr, ReturnType, Type, TypePath};
 use crate::args::{missing_key_span, Args, Schema};
 use crate::ctxt::Ctxt;
 use crate::duration::{parse_millis, timeout_arg};
-use crate::fn_checks::{check_plain_async_fn, FnRules};
+use crate::fn_checks::{
+    check_context_position, check_plain_async_fn, take_second_attribute, Attribute, FnRules,
+};
 use crate::handler::{check_name, invalid_name_char};
 use crate::types::{self, Unowned};
 
@@ -62,7 +64,7 @@ struct JobFn<'a> {
 }
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    let function: ItemFn = match syn::parse2(item.clone()) {
+    let mut function: ItemFn = match syn::parse2(item.clone()) {
         Ok(function) => function,
         Err(_) => {
             let error = syn::Error::new(
@@ -74,6 +76,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut cx = Ctxt::default();
+    take_second_attribute(&mut function, Attribute::Scheduled, &mut cx);
     let args = parse_args(args, &function.sig.ident, &mut cx);
     let job_fn = validate_fn(&function, &mut cx);
     match (args, job_fn, cx.into_compile_errors()) {
@@ -279,6 +282,9 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<JobFn<'a>> {
             sig.paren_token.span.join(),
             format!("missing the `&Context` parameter: {USAGE}"),
         );
+    }
+    if check_context_position(sig, &typed, 0, cx) {
+        return None;
     }
     let state_tys = crate::handler::state_parameters(typed.iter().skip(1).map(|arg| &**arg), cx);
 
