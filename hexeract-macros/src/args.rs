@@ -140,6 +140,32 @@ impl Args {
         }
     }
 
+    /// The `crate = "…"` key: the path by which the user's code reaches the runtime crate (a
+    /// dependency renamed in Cargo.toml, a re-export), as serde's `#[serde(crate = "…")]`;
+    /// `::hexeract` without it, or when it is not a path (reported).
+    pub(crate) fn crate_path(&self, cx: &mut Ctxt) -> TokenStream {
+        let default = quote::quote!(::hexeract);
+        let Some(lit) = self.string("crate", "\"::hexeract\"", cx) else {
+            return default;
+        };
+        match lit.parse_with(syn::Path::parse_mod_style) {
+            Ok(path) => path.into_token_stream(),
+            Err(_) => {
+                cx.error_spanned_by(
+                    &lit,
+                    format!(
+                        "`crate` takes the path by which your code reaches hexeract, e.g. \
+                         `crate = \"::hexeract\"` for a dependency renamed in Cargo.toml \
+                         (`hexeract = {{ package = \"hexeract-runtime\", … }}`) or \
+                         `crate = \"my_app::hexeract\"` for a re-export; {:?} is not a path",
+                        lit.value()
+                    ),
+                );
+                default
+            }
+        }
+    }
+
     /// The integer value of `key`, reporting a value of another kind. A negative literal is
     /// returned as such, for the caller to say which range it accepts.
     pub(crate) fn integer(&self, key: &str, example: &str, cx: &mut Ctxt) -> Option<Integer> {
@@ -260,6 +286,26 @@ fn edit_distance(a: &str, b: &str) -> usize {
         previous = current;
     }
     previous[b.len()]
+}
+
+/// `tokens` with every span set to `span`: a path given in `crate = "…"` (spanned at the
+/// string) or the default `::hexeract`, to be part of code that is spanned at the user's tokens.
+pub(crate) fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
+    tokens
+        .clone()
+        .into_iter()
+        .map(|mut token| {
+            if let proc_macro2::TokenTree::Group(group) = &token {
+                let mut respanned =
+                    proc_macro2::Group::new(group.delimiter(), respan(&group.stream(), span));
+                respanned.set_span(span);
+                token = proc_macro2::TokenTree::Group(respanned);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
 }
 
 /// Where to point when a required key is missing: the attribute's arguments, or the attribute

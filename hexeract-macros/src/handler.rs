@@ -12,10 +12,12 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type, TypePath};
 
-use crate::args::{missing_key_span, Args, Schema};
+use crate::args::{missing_key_span, respan, Args, Schema};
 use crate::ctxt::Ctxt;
 use crate::duration::timeout_arg;
-use crate::fn_checks::{check_plain_async_fn, FnRules};
+use crate::fn_checks::{
+    check_context_position, check_plain_async_fn, take_second_attribute, Attribute, FnRules,
+};
 use crate::message::check_wire_name;
 use crate::types::{self, Unowned};
 
@@ -26,6 +28,7 @@ const SCHEMA: Schema = Schema {
         ("name", "\"billing.reserve_stock\""),
         ("timeout", "\"30s\""),
         ("concurrency", "4"),
+        ("crate", "\"::hexeract\""),
     ],
 };
 
@@ -38,6 +41,8 @@ struct HandlerArgs {
     name: Option<LitStr>,
     timeout_millis: Option<u64>,
     concurrency: Option<u32>,
+    /// `::hexeract`, or the path given in `crate = "…"`.
+    krate: TokenStream,
 }
 
 /// The parts of the function the expansion needs.
@@ -51,7 +56,7 @@ struct HandlerFn<'a> {
 }
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    let function: ItemFn = match syn::parse2(item.clone()) {
+    let mut function: ItemFn = match syn::parse2(item.clone()) {
         Ok(function) => function,
         Err(_) => {
             let error = syn::Error::new(
@@ -64,6 +69,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut cx = Ctxt::default();
+    take_second_attribute(&mut function, Attribute::Handler, &mut cx);
     let args = parse_args(args, &function.sig.ident, &mut cx);
     let handler_fn = validate_fn(&function, &mut cx);
     match (args, handler_fn, cx.into_compile_errors()) {
@@ -132,11 +138,14 @@ fn parse_args(tokens: TokenStream, fn_ident: &Ident, cx: &mut Ctxt) -> Option<Ha
         }
     });
 
+    let krate = args.crate_path(cx);
+
     Some(HandlerArgs {
         message: message?,
         name,
         timeout_millis,
         concurrency,
+        krate,
     })
 }
 
@@ -186,6 +195,9 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<HandlerFn<'a>>
             format!("missing the `&Context` parameter: {usage}"),
         ),
         _ => {}
+    }
+    if check_context_position(sig, &typed, 1, cx) {
+        return None;
     }
     let state_tys = state_parameters(typed.iter().skip(2).map(|arg| &**arg), cx);
 
@@ -341,6 +353,12 @@ pub(crate) fn state_parameters<'a>(
     (!placeholder).then_some(types)
 }
 
+/// `text` as a format string of `#[diagnostic::on_unimplemented]`, where braces are
+/// placeholders.
+fn on_unimplemented_text(text: &str) -> String {
+    text.replace('{', "{{").replace('}', "}}")
+}
+
 fn is_context_by_value(path: &TypePath) -> bool {
     path.qself.is_none()
         && path
@@ -394,7 +412,8 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
         output_ty,
     } = handler;
     let declared = &args.message;
-    let private = quote!(::hexeract::__private);
+    let krate = &args.krate;
+    let private = quote!(#krate::__private);
     let adapter = format_ident!("__HexeractHandler_{}", ident);
 
     let name = match &args.name {
@@ -419,41 +438,66 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
     // Every local and parameter the expansion introduces resolves at `mixed_site`, so that
     // neither a `const message` or `struct ctx` in the user's scope nor the hygiene of a
     // `macro_rules!` the handler is declared in can capture it.
-    let typed = Ident::new("__hexeract_typed", Span::mixed_site());
-    let text = Ident::new("__hexeract_text", Span::mixed_site());
     let message = Ident::new("__hexeract_message", Span::mixed_site());
     let ctx = Ident::new("__hexeract_ctx", Span::mixed_site());
 
     // Spanned at the user's tokens, so a failed check points at what they wrote. Paths are
-    // written out inside `quote_spanned!` so that they carry the user's span too.
-    let mismatch_head = format!(
-        "handler `{ident}` declares message {:?} but its argument type `{}` has MESSAGE_TYPE ",
-        declared.value(),
-        types::display(message_ty),
-    );
-    let mismatch_tail =
-        "; make them agree: change the argument type, or `message = ...` in `#[handler]`";
-    let constructor = quote_spanned! {message_ty.span()=>
-        {
-            let #typed = ::hexeract::__private::typed::<#message_ty, #adapter>();
-            if !::hexeract::__private::str_eq(#typed.message_type, #declared) {
-                let #text = ::hexeract::__private::ConstMessage::new()
-                    .push(#mismatch_head)
-                    .push_quoted(#typed.message_type)
-                    .push(#mismatch_tail);
-                ::core::panic!("{}", #text.as_str());
-            }
-            #typed.constructor
-        }
+    // written out inside `quote_spanned!` (respanned) so that they carry the user's span too.
+    let private_at_message = respan(&private, message_ty.span());
+    let typed = quote_spanned! {message_ty.span()=>
+        #private_at_message::typed::<#message_ty, #adapter>()
+    };
+    // The declared name and the argument type's `MESSAGE_TYPE` are compared in const
+    // evaluation (the declared string is a wire name, not a type), and the result is a type,
+    // `SameMessageType<false>` when they differ: a trait bound on it fails with a headline of
+    // this handler's own. (A `panic!` in const evaluation would be headed "evaluation panicked".)
+    let declared_text = declared.value();
+    let argument = types::display(message_ty);
+    let headline = on_unimplemented_text(&format!(
+        "handler `{ident}` declares message {declared_text:?}, but its argument type \
+         `{argument}` is another message"
+    ));
+    let label = on_unimplemented_text(&format!(
+        "its `#[message(type = …)]` is not {declared_text:?}"
+    ));
+    let note = on_unimplemented_text(&format!(
+        "make them agree: take the type that has `#[message(type = {declared_text:?})]` as the \
+         argument, or set `message = …` in `#[handler]` to what `{argument}` has in its \
+         `#[message(type = …)]`"
+    ));
+    let same_message_type = quote_spanned! {message_ty.span()=>
+        declared_message_type::<
+            #private_at_message::SameMessageType<{
+                #private_at_message::str_eq(TYPED.message_type, #declared)
+            }>,
+        >()
+    };
+    let message_check = quote! {
+        const TYPED: #private::Typed = #typed;
+
+        #[diagnostic::on_unimplemented(message = #headline, label = #label, note = #note)]
+        trait DeclaredMessageType {}
+
+        #[diagnostic::do_not_recommend]
+        impl DeclaredMessageType for #private::SameMessageType<true> {}
+
+        const fn declared_message_type<T: DeclaredMessageType>() {}
+
+        const MESSAGE_TYPE_MATCHES: #private::MakeHandler = {
+            #same_message_type;
+            TYPED.constructor
+        };
     };
     let context_span = match types::peel(context_ty) {
         Type::Reference(reference) => reference.elem.span(),
         other => other.span(),
     };
-    let call_context = quote_spanned! {context_span=> ::hexeract::__private::context_arg(#ctx) };
+    let private_at_context = respan(&private, context_span);
+    let call_context = quote_spanned! {context_span=> #private_at_context::context_arg(#ctx) };
     let outcome_result =
         quote_spanned! {output_ty.span()=> #private::outcome_result::<#output_ty> };
-    let (adapter_definition, call_args) = crate::state::adapter(&adapter, state_tys);
+    let (adapter_definition, call_args) =
+        crate::state::adapter(&adapter, state_tys, &private, "state");
     let call = quote_spanned! {ident.span()=> #ident(#message, #call_context #(, #call_args)*) };
     let location = quote_spanned! {ident.span()=>
         file: ::core::file!(),
@@ -461,10 +505,14 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
         column: ::core::column!(),
     };
 
+    // Named, not `const _`: the one item that is valid in an `impl` block as well, so that
+    // `#[handler]` on an associated function is one error, the call that cannot find it,
+    // rather than a second about an unnamed `const` the user never wrote.
+    let registration = format_ident!("__HEXERACT_HANDLER_{}", ident);
     quote! {
         #[doc(hidden)]
-        #[allow(non_camel_case_types, unreachable_pub, deprecated)]
-        const _: () = {
+        #[allow(non_camel_case_types, non_upper_case_globals, unreachable_pub, deprecated)]
+        const #registration: () = {
             #adapter_definition
 
             impl #private::Handler<#message_ty> for #adapter {
@@ -481,7 +529,7 @@ fn generate(args: &HandlerArgs, handler: &HandlerFn<'_>) -> TokenStream {
                 }
             }
 
-            const MESSAGE_TYPE_MATCHES: #private::MakeHandler = #constructor;
+            #message_check
 
             #private::inventory::submit! {
                 #private::HandlerRegistration {

@@ -9,7 +9,11 @@ use crate::ctxt::Ctxt;
 
 const SCHEMA: Schema = Schema {
     attribute: "#[message]",
-    keys: &[("type", "\"OrderPlaced\""), ("aggregate", "\"order\"")],
+    keys: &[
+        ("type", "\"OrderPlaced\""),
+        ("aggregate", "\"order\""),
+        ("crate", "\"::hexeract\""),
+    ],
 };
 
 /// What the type-level `#[message(…)]` says.
@@ -30,7 +34,9 @@ pub(crate) fn expand(input: TokenStream) -> TokenStream {
         Err(error) => return error.to_compile_error(),
     };
     let mut cx = Ctxt::default();
-    let declared = parse_declared(&input, &mut cx);
+    // `::hexeract`, or the path given in `crate = "…"`.
+    let mut krate = quote!(::hexeract);
+    let declared = parse_declared(&input, &mut krate, &mut cx);
     let key = parse_key(&input, declared.as_ref(), &mut cx);
     if let Some(errors) = cx.into_compile_errors() {
         // The trait is still implemented (with a placeholder name) so that every use of the type
@@ -39,13 +45,14 @@ pub(crate) fn expand(input: TokenStream) -> TokenStream {
             wire_name: syn::LitStr::new("<invalid #[message(type)]>", Span::call_site()),
             aggregate: None,
         };
-        let implementation = implement(&input, &placeholder, None);
+        let implementation = implement(&input, &placeholder, None, &krate);
         return quote! { #errors #implementation };
     }
     implement(
         &input,
         &declared.expect("no errors means a name was found"),
         key.as_ref(),
+        &krate,
     )
 }
 
@@ -162,7 +169,8 @@ pub(crate) fn check_aggregate(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_declared(input: &DeriveInput, cx: &mut Ctxt) -> Option<Declared> {
+/// The type-level `#[message(…)]`; its `crate = "…"`, when given, goes to `krate`.
+fn parse_declared(input: &DeriveInput, krate: &mut TokenStream, cx: &mut Ctxt) -> Option<Declared> {
     let attrs: Vec<_> = input
         .attrs
         .iter()
@@ -197,6 +205,7 @@ fn parse_declared(input: &DeriveInput, cx: &mut Ctxt) -> Option<Declared> {
         return None;
     }
     let args = Args::parse(tokens, &SCHEMA, cx);
+    *krate = args.crate_path(cx);
     let wire_name = args.string("type", &format!("\"{ident}\""), cx);
     if args.is_missing("type") {
         cx.error_spanned_by(first, format!("`#[message]` is missing `type`: {usage}"));
@@ -241,12 +250,34 @@ pub(crate) fn check_wire_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn implement(input: &DeriveInput, declared: &Declared, key: Option<&KeyField>) -> TokenStream {
+fn implement(
+    input: &DeriveInput,
+    declared: &Declared,
+    key: Option<&KeyField>,
+    krate: &TokenStream,
+) -> TokenStream {
     let wire_name = &declared.wire_name;
     let ident = &input.ident;
-    let private = quote!(::hexeract::__private);
+    let private = quote!(#krate::__private);
     let mut generics = input.generics.clone();
-    if !generics.params.is_empty() {
+    // A type without serde's derives, or that cannot cross threads, is reported once, by a
+    // check with a headline of ours:
+    // the impl holds under a bound the compiler takes on trust (`for<'a>` keeps a bound on a
+    // concrete type from being checked where it is written), so that it adds serde's errors
+    // of its own, and every use of the type as a message says "not a Hexeract message".
+    let mut serde_check = TokenStream::new();
+    if generics.params.is_empty() {
+        generics
+            .make_where_clause()
+            .predicates
+            .push(syn::parse_quote! {
+                for<'__hexeract> #ident: #private::MessageSerde + #private::MessageThreadSafe
+            });
+        serde_check = quote::quote_spanned! {ident.span()=>
+            const _: () = #private::message_serde::<#ident>();
+            const _: () = #private::message_thread_safe::<#ident>();
+        };
+    } else {
         // A generic message is a message for every instantiation that can travel: say so, rather
         // than asking the user to repeat serde's bounds on the impl.
         let (_, ty_generics, _) = input.generics.split_for_impl();
@@ -284,6 +315,8 @@ fn implement(input: &DeriveInput, declared: &Declared, key: Option<&KeyField>) -
             const MESSAGE_TYPE: &'static str = #wire_name;
             #aggregate
         }
+
+        #serde_check
     }
 }
 

@@ -6,15 +6,17 @@
 //! generated code spanned at the user's tokens, so those errors point at what the user wrote.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, LitStr, ReturnType, Type, TypePath};
 
-use crate::args::{missing_key_span, Args, Schema};
+use crate::args::{missing_key_span, respan, Args, Schema};
 use crate::ctxt::Ctxt;
 use crate::duration::{parse_millis, timeout_arg};
-use crate::fn_checks::{check_plain_async_fn, FnRules};
+use crate::fn_checks::{
+    check_context_position, check_plain_async_fn, take_second_attribute, Attribute, FnRules,
+};
 use crate::handler::{check_name, invalid_name_char};
 use crate::types::{self, Unowned};
 
@@ -27,6 +29,7 @@ const SCHEMA: Schema = Schema {
         ("tz", "\"Europe/Berlin\""),
         ("catch_up", "\"none\""),
         ("timeout", "\"30s\""),
+        ("crate", "\"::hexeract\""),
     ],
 };
 
@@ -50,6 +53,8 @@ struct ScheduleArgs {
     tz: String,
     catch_up_none: bool,
     timeout_millis: Option<u64>,
+    /// `::hexeract`, or the path given in `crate = "…"`.
+    krate: TokenStream,
 }
 
 /// The parts of the function the expansion needs.
@@ -62,7 +67,7 @@ struct JobFn<'a> {
 }
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    let function: ItemFn = match syn::parse2(item.clone()) {
+    let mut function: ItemFn = match syn::parse2(item.clone()) {
         Ok(function) => function,
         Err(_) => {
             let error = syn::Error::new(
@@ -74,6 +79,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut cx = Ctxt::default();
+    take_second_attribute(&mut function, Attribute::Scheduled, &mut cx);
     let args = parse_args(args, &function.sig.ident, &mut cx);
     let job_fn = validate_fn(&function, &mut cx);
     match (args, job_fn, cx.into_compile_errors()) {
@@ -180,6 +186,7 @@ fn parse_args(tokens: TokenStream, fn_ident: &Ident, cx: &mut Ctxt) -> Option<Sc
     }
 
     let timeout_millis = timeout_arg(&args, cx);
+    let krate = args.crate_path(cx);
 
     Some(ScheduleArgs {
         when: when?,
@@ -187,6 +194,7 @@ fn parse_args(tokens: TokenStream, fn_ident: &Ident, cx: &mut Ctxt) -> Option<Sc
         tz,
         catch_up_none,
         timeout_millis,
+        krate,
     })
 }
 
@@ -280,6 +288,9 @@ fn validate_fn<'a>(function: &'a ItemFn, cx: &mut Ctxt) -> Option<JobFn<'a>> {
             format!("missing the `&Context` parameter: {USAGE}"),
         );
     }
+    if check_context_position(sig, &typed, 0, cx) {
+        return None;
+    }
     let state_tys = crate::handler::state_parameters(typed.iter().skip(1).map(|arg| &**arg), cx);
 
     let context_ty = typed.first().map(|arg| &*arg.ty);
@@ -352,7 +363,8 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
         state_tys,
         output_ty,
     } = job;
-    let private = quote!(::hexeract::__private);
+    let krate = &args.krate;
+    let private = quote!(#krate::__private);
 
     let name = match &args.name {
         Some(name) => quote!(#name),
@@ -389,15 +401,17 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
         Span::mixed_site().located_at(output_ty.span()),
     );
 
-    // The parameter is converted through a trait of the expansion's own, so that a parameter
-    // of another type is one error, spanned at it, that names a scheduled job's signature.
+    // The parameter is converted through a trait of its own (`JobContext`), so that a
+    // parameter of another type is one error, spanned at it, that names a scheduled job's
+    // signature.
     let context_span = match types::peel(context_ty) {
         Type::Reference(reference) => reference.elem.span(),
         other => other.span(),
     };
-    let call_context = quote_spanned! {context_span=> JobContext::from_context(#ctx) };
+    let private_at_context = respan(&private, context_span);
+    let call_context = quote_spanned! {context_span=> #private_at_context::job_context(#ctx) };
     let job = Ident::new("__HexeractJob", Span::call_site());
-    let (job_definition, call_args) = crate::state::adapter(&job, state_tys);
+    let (job_definition, call_args) = crate::state::adapter(&job, state_tys, &private, "job_state");
     let call = quote_spanned! {ident.span()=> #ident(#call_context #(, #call_args)*) };
     let location = quote_spanned! {ident.span()=>
         file: ::core::file!(),
@@ -405,25 +419,14 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
         column: ::core::column!(),
     };
 
+    // Named, not `const _`: the one item that is valid in an `impl` block as well, so that
+    // `#[scheduled]` on an associated function is one error, the call that cannot find it,
+    // rather than a second about an unnamed `const` the user never wrote.
+    let registration = format_ident!("__HEXERACT_JOB_{}", ident);
     quote! {
         #[doc(hidden)]
-        #[allow(non_camel_case_types, unreachable_pub, deprecated)]
-        const _: () = {
-            #[diagnostic::on_unimplemented(
-                message = "the parameter of a scheduled job must be `&hexeract::Context`, not `{Self}`",
-                label = "expected `&Context`",
-                note = "a scheduled job is `async fn name(ctx: &hexeract::Context) -> Result<(), E>`"
-            )]
-            trait JobContext<'a> {
-                fn from_context(#ctx: &'a #private::Context) -> Self;
-            }
-
-            impl<'a> JobContext<'a> for &'a #private::Context {
-                fn from_context(#ctx: &'a #private::Context) -> Self {
-                    #ctx
-                }
-            }
-
+        #[allow(non_camel_case_types, non_upper_case_globals, unreachable_pub, deprecated)]
+        const #registration: () = {
             /// The job's future runs on the scheduler's threads.
             fn future_must_be_send<F: ::core::future::Future + ::core::marker::Send>(future: F) -> F {
                 future
@@ -438,7 +441,7 @@ fn generate(args: &ScheduleArgs, job: &JobFn<'_>) -> TokenStream {
                 ) -> #private::BoxFuture<'a, #private::HandlerOutcome> {
                     ::std::boxed::Box::pin(async move {
                         let #outcome = future_must_be_send(#call).await;
-                        #private::IntoOutcome::into_outcome(#outcome)
+                        #private::job_outcome(#outcome)
                     })
                 }
             }

@@ -10,7 +10,19 @@ use syn::{Ident, Index, Type};
 /// taken once from the worker's state, a missing one named as written), and the arguments of
 /// one call, from its fields. Spanned at each type, so that a parameter that is not state is
 /// reported where it is written.
-pub(crate) fn adapter(name: &Ident, state_tys: &[&Type]) -> (TokenStream, Vec<TokenStream>) {
+///
+/// Each field is a `Taken<T>`, `Clone + Send + Sync` whatever `T` is: a type that cannot be
+/// state is reported once, where it is taken, not again by every bound the adapter has.
+///
+/// `private` is the path of the runtime's `__private` module, `take` the function of it that
+/// takes one value (`state`, or `job_state` whose error speaks of jobs); a parameter written
+/// `State<T>` is taken by `state_of::<T>`, whose error is about `T`.
+pub(crate) fn adapter(
+    name: &Ident,
+    state_tys: &[&Type],
+    private: &TokenStream,
+    take_fn: &str,
+) -> (TokenStream, Vec<TokenStream>) {
     let states = Ident::new("__hexeract_states", Span::mixed_site());
     let missing = Ident::new("__hexeract_missing", Span::mixed_site());
     let mut take = TokenStream::new();
@@ -21,21 +33,28 @@ pub(crate) fn adapter(name: &Ident, state_tys: &[&Type]) -> (TokenStream, Vec<To
         let index = Index::from(position);
         // The type as written, for the error that names a missing one.
         let written = crate::types::display(ty);
-        take.extend(quote_spanned! {ty.span()=>
-            let #value = ::hexeract::__private::state::<#ty>(#states, #missing, #written);
-        });
+        let private_at_ty = crate::args::respan(private, ty.span());
+        let taken = match state_value(ty) {
+            Some(value_ty) => quote_spanned! {ty.span()=>
+                #private_at_ty::state_of::<#value_ty>(#states, #missing, #written)
+            },
+            None => {
+                let take_fn = Ident::new(take_fn, ty.span());
+                quote_spanned! {ty.span()=>
+                    #private_at_ty::#take_fn::<#ty>(#states, #missing, #written)
+                }
+            }
+        };
+        take.extend(quote_spanned! {ty.span()=> let #value = #taken; });
         fields.push(quote_spanned! {ty.span()=> #value? });
-        // `Clone` alone: a type that is not state is reported once, by the build above.
-        call_args.push(quote_spanned! {ty.span()=>
-            ::core::clone::Clone::clone(&self.#index)
-        });
+        call_args.push(quote_spanned! {ty.span()=> self.#index.get() });
     }
     let definition = quote! {
-        struct #name(#(#state_tys),*);
+        struct #name(#(#private::Taken<#state_tys>),*);
 
-        impl ::hexeract::__private::Build for #name {
+        impl #private::Build for #name {
             fn build(
-                #states: &::hexeract::__private::States,
+                #states: &#private::States,
                 #missing: &mut ::std::vec::Vec<&'static str>,
             ) -> ::core::option::Option<Self> {
                 #take
@@ -44,4 +63,23 @@ pub(crate) fn adapter(name: &Ident, state_tys: &[&Type]) -> (TokenStream, Vec<To
         }
     };
     (definition, call_args)
+}
+
+/// `T` of a parameter written `State<T>`.
+fn state_value(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = crate::types::peel(ty) else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    match &last.arguments {
+        syn::PathArguments::AngleBracketed(args)
+            if path.qself.is_none() && last.ident == "State" && args.args.len() == 1 =>
+        {
+            match &args.args[0] {
+                syn::GenericArgument::Type(inner) => Some(inner),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
 }

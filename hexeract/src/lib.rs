@@ -221,8 +221,10 @@ pub use hexeract_macros::handler;
 ///
 /// Keys: `cron = "sec min hour day month weekday"` or `every = "30s"` (exactly one), `name`
 /// (default `module::path::fn`), `tz` (an IANA zone, default `UTC`; cron only), `catch_up =
-/// "once" | "none"` (default `once`) and `timeout = "45s"`. A cron expression, duration or time
-/// zone that is not valid is a compile error pointing at the string.
+/// "once" | "none"` (default `once`), `timeout = "45s"` and `crate = "::hx"` (the path of this
+/// crate, when the dependency is renamed; see [`handler`](macro@handler#crate)). A cron
+/// expression, duration or time zone that is not valid is a compile error pointing at the
+/// string.
 pub use hexeract_macros::scheduled;
 
 /// Derives [`Message`](trait@Message) with the wire name from `#[message(type = "…")]`.
@@ -236,4 +238,9 @@ pub use hexeract_macros::scheduled;
 ///
 /// assert_eq!(InvoiceIssued::MESSAGE_TYPE, "billing.InvoiceIssued");
 /// ```
+///
+/// Keys of `#[message(…)]`: `type` (required), `aggregate` (with a `#[message(key)]` field, see
+/// [`AggregateKey`]) and `crate = "::hx"`, the path of this crate when the dependency is
+/// renamed in Cargo.toml or reached through a re-export (see
+/// [`handler`](macro@handler#crate)).
 pub use hexeract_macros::Message;

@@ -42,6 +42,11 @@ use crate::reason::Reason;
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not handle `{M}`: it is not a `Handler<{M}>`",
+    label = "not a `Handler<{M}>`",
+    note = "register a handler for the message type it handles (`register_handler` infers it from the one `impl Handler<M>`), or implement `hexeract::Handler<{M}>` for it"
+)]
 pub trait Handler<M>: Send + Sync + 'static {
     /// What an `Err` of a call is: any `Display` error (retried), or [`HandlerOutcome`].
     type Error: HandlerError;

@@ -50,12 +50,57 @@ pub fn state<T: FromStates>(
     states: &States,
     missing: &mut Vec<&'static str>,
     written: &'static str,
-) -> Option<T> {
-    let taken = crate::state::take(states, &mut Vec::new());
-    if taken.is_none() {
-        missing.push(written);
+) -> Option<Taken<T>> {
+    match crate::state::take::<T>(states, &mut Vec::new()) {
+        Some(value) => Some(Taken(Arc::new(move || value.clone()))),
+        None => {
+            missing.push(written);
+            None
+        }
     }
-    taken
+}
+
+/// A state parameter written `State<T>`: [`state`], with the bound on `T`, so that a `T` that
+/// cannot be state is reported as such.
+pub fn state_of<T: StateValue>(
+    states: &States,
+    missing: &mut Vec<&'static str>,
+    written: &'static str,
+) -> Option<Taken<crate::State<T>>> {
+    state::<crate::State<T>>(states, missing, written)
+}
+
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be state: it must be `Clone + Send + Sync + 'static`",
+    label = "state is cloned for each call, and calls run on any thread",
+    note = "derive `Clone`, and hold what is not thread-safe behind a type that is: `Arc` for `Rc`, `Mutex` or `RwLock` for `RefCell` or `Cell`"
+)]
+pub trait StateValue: Clone + Send + Sync + 'static {}
+
+#[diagnostic::do_not_recommend]
+impl<T: Clone + Send + Sync + 'static> StateValue for T {}
+
+/// A state value an adapter holds: a clone of it for each call. `Clone + Send + Sync` whatever
+/// `T` is, so that a type that is not state is reported once, by [`state`].
+pub struct Taken<T>(Arc<dyn Fn() -> T + Send + Sync>);
+
+impl<T> Taken<T> {
+    /// A clone of the value.
+    pub fn get(&self) -> T {
+        (self.0)()
+    }
+}
+
+impl<T> Clone for Taken<T> {
+    fn clone(&self) -> Self {
+        Taken(Arc::clone(&self.0))
+    }
+}
+
+impl<T> std::fmt::Debug for Taken<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(std::any::type_name::<T>())
+    }
 }
 
 /// The constructor of a job adapter, for its registration.
@@ -91,6 +136,90 @@ impl<'a> ContextArg<'a> for &'a Context {
     }
 }
 
+/// What `#[derive(Message)]` needs of serde, checked once with a headline that says what to
+/// derive.
+pub const fn message_serde<T: MessageSerde>() {}
+
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a message: it does not implement serde's `Serialize` and `Deserialize`",
+    label = "needs `#[derive(serde::Serialize, serde::Deserialize)]`",
+    note = "a message travels as JSON: derive serde's traits next to `Message`, `#[derive(serde::Serialize, serde::Deserialize, hexeract::Message)]`"
+)]
+pub trait MessageSerde: serde::Serialize + serde::de::DeserializeOwned {}
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned> MessageSerde for T {}
+
+/// What `#[derive(Message)]` needs of threads, checked once with a headline of its own.
+pub const fn message_thread_safe<T: MessageThreadSafe>() {}
+
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a message: it must be `Send + Sync + 'static`",
+    label = "messages are handled and published on any thread",
+    note = "hold shared data as `Arc`, not `Rc`, behind `Mutex` or `RwLock`, not `RefCell` or `Cell`; and own it (`String`, not `&str`)"
+)]
+pub trait MessageThreadSafe: Send + Sync + 'static {}
+
+#[diagnostic::do_not_recommend]
+impl<T: Send + Sync + 'static> MessageThreadSafe for T {}
+
+/// Converts the scheduler's `&Context` into a scheduled job's parameter; only `&Context`
+/// qualifies, which turns a wrong parameter type into one error that speaks of jobs.
+pub fn job_context<'a, T: JobContext<'a>>(ctx: &'a Context) -> T {
+    T::from_context(ctx)
+}
+
+#[diagnostic::on_unimplemented(
+    message = "the parameter of a scheduled job must be `&hexeract::Context`, not `{Self}`",
+    label = "expected `&Context`",
+    note = "a scheduled job is `async fn name(ctx: &hexeract::Context) -> Result<(), E>`, with any state after the context: `async fn name(ctx: &Context, db: State<PgPool>)`"
+)]
+pub trait JobContext<'a> {
+    fn from_context(ctx: &'a Context) -> Self;
+}
+
+#[diagnostic::do_not_recommend]
+impl<'a> JobContext<'a> for &'a Context {
+    fn from_context(ctx: &'a Context) -> Self {
+        ctx
+    }
+}
+
+/// One state parameter of a scheduled job: [`state`], with an error that speaks of jobs.
+pub fn job_state<T: JobState>(
+    states: &States,
+    missing: &mut Vec<&'static str>,
+    written: &'static str,
+) -> Option<Taken<T>> {
+    state::<T>(states, missing, written)
+}
+
+#[diagnostic::on_unimplemented(
+    message = "the parameters after a scheduled job's `&Context` are state, `State<T>`, not `{Self}`",
+    label = "expected `State<…>`",
+    note = "take it as `name: State<T>` (or `State(name): State<T>`) and give the value to the scheduler with `.state(value)`, e.g. `async fn expire_carts(ctx: &Context, db: State<PgPool>)` and `App::new(config).state(pool)`"
+)]
+pub trait JobState: FromStates {}
+
+#[diagnostic::do_not_recommend]
+impl<T: FromStates> JobState for T {}
+
+/// A scheduled job's return value as its outcome; named at the job's return type, so that an
+/// unsupported one is reported there, as a job's.
+pub fn job_outcome<O: JobOutcome>(output: O) -> HandlerOutcome {
+    output.into_outcome()
+}
+
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a scheduled job's return type",
+    label = "unsupported return type",
+    note = "a scheduled job returns `Result<(), E>` where E implements Display (std::error::Error types, anyhow::Error, Box<dyn Error>, String; `Err` retries the run), or `hexeract::HandlerOutcome`"
+)]
+pub trait JobOutcome: IntoOutcome {}
+
+#[diagnostic::do_not_recommend]
+impl<O: IntoOutcome> JobOutcome for O {}
+
 /// String equality in const evaluation (`==` on `str` is not const).
 pub const fn str_eq(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
@@ -107,56 +236,11 @@ pub const fn str_eq(a: &str, b: &str) -> bool {
     true
 }
 
-/// A message assembled in const evaluation, for compile errors that quote values the macro
-/// cannot see (another type's `MESSAGE_TYPE`).
+/// Whether a handler's declared message and its argument type's `MESSAGE_TYPE` are the same,
+/// as a type: the handler's expansion requires a trait of its own, implemented for `true` only,
+/// whose message names both.
 #[derive(Debug)]
-pub struct ConstMessage {
-    bytes: [u8; 1024],
-    len: usize,
-}
-
-impl ConstMessage {
-    pub const fn new() -> ConstMessage {
-        ConstMessage {
-            bytes: [0; 1024],
-            len: 0,
-        }
-    }
-
-    /// Appends `text`; what does not fit is cut (at a character boundary, by `as_str`).
-    pub const fn push(mut self, text: &str) -> ConstMessage {
-        let text = text.as_bytes();
-        let mut i = 0;
-        while i < text.len() && self.len < self.bytes.len() - 4 {
-            self.bytes[self.len] = text[i];
-            self.len += 1;
-            i += 1;
-        }
-        self
-    }
-
-    /// Appends `text` in double quotes.
-    pub const fn push_quoted(self, text: &str) -> ConstMessage {
-        self.push("\"").push(text).push("\"")
-    }
-
-    pub const fn as_str(&self) -> &str {
-        let (used, _) = self.bytes.split_at(self.len);
-        match core::str::from_utf8(used) {
-            Ok(text) => text,
-            Err(error) => match core::str::from_utf8(used.split_at(error.valid_up_to()).0) {
-                Ok(text) => text,
-                Err(_) => "",
-            },
-        }
-    }
-}
-
-impl Default for ConstMessage {
-    fn default() -> Self {
-        ConstMessage::new()
-    }
-}
+pub struct SameMessageType<const SAME: bool>;
 
 /// A `#[handler]` fn's return value as the typed [`Handler`](crate::Handler)'s result: an ack
 /// is `Ok(())`, any other outcome the `Err` that carries it. Named at the fn's return type, so
