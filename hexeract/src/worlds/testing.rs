@@ -202,14 +202,8 @@ impl Harness {
             crate::schedule::job_envelope(Uuid::now_v7(), job.name(), fire_at, self.attempt);
         let ctx = self.context(envelope, job.name()).for_scheduled_run();
         let timeout = job.own_timeout().unwrap_or(self.timeout);
-        let never = CancellationToken::new();
         let chain = self.middleware.chain_for(job.name());
-        match call_job(job.runner(), chain, ctx, timeout, &never).await {
-            Call::Finished(outcome) => Ok(outcome),
-            Call::Interrupted | Call::NotStarted => {
-                unreachable!("the harness never interrupts a call")
-            }
-        }
+        Ok(finished(call_job(job.runner(), chain, ctx, timeout).await))
     }
 
     fn find_job(&self, name: &str) -> Result<ScheduledJob, JobError> {
@@ -260,13 +254,7 @@ impl Harness {
             let info = registered.info();
             let ctx = self.context(envelope.clone(), &info.name);
             let timeout = info.timeout.unwrap_or(self.timeout);
-            let never = CancellationToken::new();
-            let outcome = match call_handler(registered.clone(), ctx, timeout, &never).await {
-                Call::Finished(outcome) => outcome,
-                Call::Interrupted | Call::NotStarted => {
-                    unreachable!("the harness never interrupts a call")
-                }
-            };
+            let outcome = finished(call_handler(registered.clone(), ctx, timeout).await);
             deliveries.push(Delivered {
                 handler: info.name.to_string(),
                 outcome,
@@ -339,6 +327,16 @@ impl Deliveries {
     /// `true` when no handler knows the message type.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+/// The outcome of a call the harness made: nothing interrupts those.
+fn finished(call: Call) -> HandlerOutcome {
+    match call {
+        Call::Finished(outcome) => outcome,
+        Call::Interrupted | Call::NotStarted => {
+            unreachable!("the harness never interrupts a call")
+        }
     }
 }
 

@@ -333,38 +333,41 @@ pub(crate) async fn call_handler(
     handler: Arc<RegisteredHandler>,
     ctx: Context,
     timeout: Duration,
-    interrupt: &CancellationToken,
 ) -> Call {
-    let call_cancelled = ctx.cancellation().clone();
-    let call: BoxFuture<'static, HandlerOutcome> =
-        Box::pin(async move { handler.call(&ctx).await });
-    call_boxed(
-        call,
-        move || call_cancelled.cancel(),
-        timeout,
-        interrupt,
-        None,
-    )
+    call_alone(ctx, timeout, move |ctx| {
+        Box::pin(async move { handler.call(&ctx).await })
+    })
     .await
 }
 
 /// Runs a scheduled job once, outside any world (the test harness): its middleware `chain`
-/// around the job, through [`call_boxed`], as the scheduler's slot does.
+/// around the job, as the scheduler's slot does.
 pub(crate) async fn call_job(
     run: Arc<dyn ErasedJob>,
     chain: Chain,
     ctx: Context,
     timeout: Duration,
-    interrupt: &CancellationToken,
+) -> Call {
+    call_alone(ctx, timeout, move |ctx| {
+        Box::pin(async move { Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await })
+    })
+    .await
+}
+
+/// [`call_boxed`] for a call nothing interrupts: timed out, it is given up on through its
+/// context's cancellation.
+async fn call_alone(
+    ctx: Context,
+    timeout: Duration,
+    call: impl FnOnce(Context) -> BoxFuture<'static, HandlerOutcome>,
 ) -> Call {
     let call_cancelled = ctx.cancellation().clone();
-    let call: BoxFuture<'static, HandlerOutcome> =
-        Box::pin(async move { Next::new(&chain, Endpoint::Job(&*run)).run(&ctx).await });
+    let never = CancellationToken::new();
     call_boxed(
-        call,
+        call(ctx),
         move || call_cancelled.cancel(),
         timeout,
-        interrupt,
+        &never,
         None,
     )
     .await

@@ -5,13 +5,11 @@
 use std::fmt;
 use std::future::Future;
 
-use futures_util::future::{self, LocalBoxFuture};
-use tokio_util::sync::CancellationToken;
-
 use super::Harness;
-use crate::delivery::{call_handler, Call};
+use crate::delivery::call_handler;
 use crate::envelope::Envelope;
 use crate::outcome::HandlerOutcome;
+use futures_util::future::{self, LocalBoxFuture};
 
 /// One way at-least-once delivery hands a handler the same message again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -385,20 +383,13 @@ async fn to_the_end(
     for registered in handlers {
         let info = registered.info();
         let timeout = info.timeout.unwrap_or(harness.timeout);
-        let never = CancellationToken::new();
         let mut calls = 0;
         let outcome = loop {
             let mut envelope = envelope.clone();
             envelope.attempt = attempt + calls;
             calls += 1;
             let ctx = harness.context(envelope, &info.name);
-            let outcome = match call_handler(registered.clone(), ctx, timeout, &never).await {
-                Call::Finished(outcome) => outcome,
-                Call::Interrupted | Call::NotStarted => {
-                    unreachable!("the harness never interrupts a call")
-                }
-            };
-            match outcome {
+            match super::finished(call_handler(registered.clone(), ctx, timeout).await) {
                 HandlerOutcome::Retry { reason, detail, .. } if calls >= harness.max_deliveries => {
                     break HandlerOutcome::DeadLetter { reason, detail };
                 }
