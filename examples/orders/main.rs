@@ -129,7 +129,7 @@ async fn connect(settings: &Settings) -> Result<sqlx::PgPool, Box<dyn std::error
         .await
         .map_err(|error| format!("cannot connect to DATABASE_URL: {error}"))?;
     db::migrate(&pool).await?;
-    hexeract::store::default_store().await?;
+    hexeract::migrate().await?;
     Ok(pool)
 }
 

@@ -185,7 +185,7 @@ pub use retry::RetryPolicy;
 pub use runtime::{HandlerStats, MemorySource, MemoryWorker, MemoryWorkerBuilder};
 pub use schedule::{schedule_after, schedule_at};
 pub use state::{FromStates, State, States};
-pub use store::process::publish;
+pub use store::process::{migrate, publish};
 pub use tokio_util::sync::CancellationToken;
 /// The application builder's name before it was [`App`]: the seed's
 /// `Worker::new(config).try_run(cancel)` keeps compiling.

@@ -45,7 +45,7 @@ pub use schedules::{
 pub(crate) mod process;
 #[allow(deprecated)]
 pub use process::default_schedule_store;
-pub use process::{default_store, wait_until_drained};
+pub use process::{default_store, migrate, wait_until_drained};
 mod claims;
 pub use claims::Claims;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -459,6 +459,46 @@ pub enum StoreError {
         /// What is wrong.
         problem: String,
     },
+    /// The application wrote in its own transaction (an `enqueue`, an inbox mark) before
+    /// Hexeract's tables were created in the database.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[error(
+        "Hexeract's tables are not in {namespace:?} yet ({source}): create them before the \
+         application writes to them, with `hexeract::migrate().await` (or `App::migrate`) at \
+         startup, or the `migrate` command of `hexeract::cli` as a deploy step"
+    )]
+    NotMigrated {
+        /// The schema (PostgreSQL) or table prefix (SQLite) written to.
+        namespace: String,
+        /// The database's error.
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl StoreError {
+    /// This error, or [`StoreError::NotMigrated`] when it is the database saying that a table
+    /// of `namespace` does not exist.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn unless_not_migrated(self, namespace: &Identifier) -> StoreError {
+        match self {
+            StoreError::Database(source) if is_missing_table(&source) => StoreError::NotMigrated {
+                namespace: namespace.as_str().to_owned(),
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
+/// PostgreSQL's `undefined_table` or `invalid_schema_name`, or SQLite's "no such table".
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn is_missing_table(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(database) = error else {
+        return false;
+    };
+    matches!(database.code().as_deref(), Some("42P01" | "3F000"))
+        || database.message().starts_with("no such table")
 }
 
 /// A schema name, checked to be a plain SQL identifier and always used quoted: names are never

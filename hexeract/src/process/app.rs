@@ -125,6 +125,33 @@ impl App {
         &self.config
     }
 
+    /// Creates Hexeract's tables in the database these settings name (or brings them to this
+    /// version's schema), and makes that database the process's store, which
+    /// [`try_run`](App::try_run) then uses: [`hexeract::migrate`](crate::migrate) for
+    /// settings given in code. Call it before the application serves when it enqueues in its
+    /// own transactions.
+    ///
+    /// ```no_run
+    /// use hexeract::{App, AppConfig, CancellationToken};
+    ///
+    /// # async fn serve() {}
+    /// #[tokio::main]
+    /// async fn main() -> Result<(), hexeract::Error> {
+    ///     let app = App::new(AppConfig::from_env()?);
+    ///     app.migrate().await?;
+    ///     let cancel = CancellationToken::new();
+    ///     let worker = tokio::spawn(app.try_run(cancel.clone()));
+    ///     serve().await; // checkouts enqueue in their transactions from here on
+    ///     cancel.cancel();
+    ///     worker.await.expect("the worker's task")
+    /// }
+    /// ```
+    pub async fn migrate(&self) -> Result<(), Error> {
+        crate::store::process::store_for(&self.config.database)
+            .await
+            .map(drop)
+    }
+
     /// Runs every handler and scheduled job until `cancel` fires (or SIGTERM / Ctrl-C
     /// arrives), as [`hexeract::run`](crate::run) describes; returns once the handlers running
     /// have finished (up to the shutdown grace). An invalid setting, a missing state, two

@@ -40,6 +40,29 @@ pub async fn default_store() -> Result<Arc<dyn Store>, Error> {
     Ok(store.clone())
 }
 
+/// Creates Hexeract's tables in the process's database (the one [`default_store`] opens), or
+/// brings them to this version's schema; nothing when they are there. Call it at startup,
+/// before the application serves, when it writes to the outbox in its own transactions
+/// ([`outbox::enqueue`](crate::outbox::enqueue),
+/// [`mark_processed`](crate::outbox::inbox::mark_processed)): the workers create the tables
+/// too, but only once they start, and a write before that fails with
+/// [`StoreError::NotMigrated`]. An [`App`](crate::App) with settings in code has
+/// [`App::migrate`](crate::App::migrate); a deploy step can run the `migrate` command of
+/// [`hexeract::cli`](crate::cli) instead.
+///
+/// ```no_run
+/// # async fn serve() {}
+/// #[tokio::main]
+/// async fn main() -> Result<(), hexeract::Error> {
+///     hexeract::migrate().await?; // the outbox exists before the first checkout enqueues
+///     serve().await;
+///     Ok(())
+/// }
+/// ```
+pub async fn migrate() -> Result<(), Error> {
+    default_store().await.map(drop)
+}
+
 /// The process's store and the database it is in, once opened.
 static DEFAULT_STORE: tokio::sync::OnceCell<(Database, Arc<dyn Store>)> =
     tokio::sync::OnceCell::const_new();

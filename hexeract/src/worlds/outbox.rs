@@ -88,9 +88,11 @@ macro_rules! outbox_transaction {
                 namespace: &'a Identifier,
                 envelopes: &'a [Envelope],
             ) -> BoxFuture<'a, Result<(), StoreError>> {
-                Box::pin(crate::store::$store::insert_outbox(
-                    self, namespace, envelopes,
-                ))
+                Box::pin(async move {
+                    crate::store::$store::insert_outbox(self, namespace, envelopes)
+                        .await
+                        .map_err(|error| error.unless_not_migrated(namespace))
+                })
             }
 
             fn insert_inbox<'a>(
@@ -99,9 +101,11 @@ macro_rules! outbox_transaction {
                 handler: &'a str,
                 message_id: uuid::Uuid,
             ) -> BoxFuture<'a, Result<bool, StoreError>> {
-                Box::pin(crate::store::$store::insert_inbox(
-                    self, namespace, handler, message_id,
-                ))
+                Box::pin(async move {
+                    crate::store::$store::insert_inbox(self, namespace, handler, message_id)
+                        .await
+                        .map_err(|error| error.unless_not_migrated(namespace))
+                })
             }
 
             fn insert_scheduled<'a>(
@@ -110,9 +114,11 @@ macro_rules! outbox_transaction {
                 envelopes: &'a [Envelope],
                 due: Due,
             ) -> BoxFuture<'a, Result<(), StoreError>> {
-                Box::pin(crate::store::$store::insert_scheduled_in(
-                    self, namespace, envelopes, due,
-                ))
+                Box::pin(async move {
+                    crate::store::$store::insert_scheduled_in(self, namespace, envelopes, due)
+                        .await
+                        .map_err(|error| error.unless_not_migrated(namespace))
+                })
             }
         }
     };
