@@ -61,6 +61,9 @@ pub struct App {
     config: AppConfig,
     handlers: HandlerSet,
     endpoints: Endpoints,
+    /// The application's pool, when it gave one ([`App::pool`]).
+    #[cfg(feature = "postgres")]
+    pool: Option<sqlx::PgPool>,
 }
 
 impl App {
@@ -76,7 +79,46 @@ impl App {
             config,
             handlers: HandlerSet::program(),
             endpoints: Endpoints::new(),
+            #[cfg(feature = "postgres")]
+            pool: None,
         }
+    }
+
+    /// Keeps Hexeract's tables (schema `hexeract`) on the application's own PostgreSQL pool,
+    /// instead of a pool of 10 connections the worker opens on `DATABASE_URL`: one pool per
+    /// process, and the application's connection settings (TLS, timeouts) for both. The
+    /// database is `pool`'s; `DATABASE_URL`, when it is set, must name the same one (it is
+    /// not connected to).
+    ///
+    /// Size the pool for both: the worker holds a connection per claim, settle and poll
+    /// (about `CONSUMER_CONCURRENCY` / 8 + 3 at a time under load), beside what the
+    /// application's requests take; a pool the application exhausts delays deliveries, and the
+    /// worker's statements give up after `STORE_TIMEOUT_MS`.
+    ///
+    /// ```no_run
+    /// use hexeract::{App, AppConfig, CancellationToken};
+    ///
+    /// #[tokio::main]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let pool = sqlx::postgres::PgPoolOptions::new()
+    ///         .max_connections(20)
+    ///         .connect(&std::env::var("DATABASE_URL")?)
+    ///         .await?;
+    ///     let app = App::new(AppConfig::from_env()?).pool(pool.clone()).state(pool);
+    ///     app.migrate().await?;
+    ///     app.try_run(CancellationToken::new()).await?;
+    ///     Ok(())
+    /// }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn pool(mut self, pool: sqlx::PgPool) -> App {
+        if !matches!(self.config.database, crate::config::Database::Postgres(_)) {
+            self.config.database = crate::config::Database::Postgres(
+                sqlx::ConnectOptions::to_url_lossy(&*pool.connect_options()).to_string(),
+            );
+        }
+        self.pool = Some(pool);
+        self
     }
 
     /// This worker's `/health`, `/health/ready` and `/metrics` as an [`axum::Router`], to nest
@@ -147,9 +189,16 @@ impl App {
     /// }
     /// ```
     pub async fn migrate(&self) -> Result<(), Error> {
-        crate::store::process::store_for(&self.config.database)
-            .await
-            .map(drop)
+        self.store_opener().open().await.map(drop)
+    }
+
+    /// What opens the process's store on this app's database: on its pool when it gave one.
+    pub(crate) fn store_opener(&self) -> StoreOpener {
+        StoreOpener {
+            database: self.config.database.clone(),
+            #[cfg(feature = "postgres")]
+            pool: self.pool.clone(),
+        }
     }
 
     /// Runs every handler and scheduled job until `cancel` fires (or SIGTERM / Ctrl-C
@@ -158,7 +207,10 @@ impl App {
     /// handlers with the same name or an unreachable database are an error before anything
     /// starts.
     pub async fn try_run(self, cancel: CancellationToken) -> Result<(), Error> {
+        let store = self.store_opener();
         let (config, application) = self.prepare()?;
+        // Opened here (on the app's pool, when it gave one), `start` finds it open.
+        store.open().await?;
         crate::run::start(config, application, cancel).await
     }
 
@@ -197,6 +249,24 @@ impl App {
                 endpoints: self.endpoints,
             },
         ))
+    }
+}
+
+/// Opens the process's store on an app's database, on the app's pool when it gave one.
+pub(crate) struct StoreOpener {
+    database: crate::config::Database,
+    #[cfg(feature = "postgres")]
+    pool: Option<sqlx::PgPool>,
+}
+
+impl StoreOpener {
+    /// The process's store, opened and migrated the first time.
+    pub(crate) async fn open(&self) -> Result<std::sync::Arc<dyn crate::store::Store>, Error> {
+        #[cfg(feature = "postgres")]
+        if let Some(pool) = &self.pool {
+            return crate::store::process::store_on_pool(&self.database, pool.clone()).await;
+        }
+        crate::store::process::store_for(&self.database).await
     }
 }
 

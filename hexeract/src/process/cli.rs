@@ -186,6 +186,7 @@ pub async fn execute_with(
     };
     // Those that know the program's handlers need them built (with their state); the others
     // need the settings and the store alone.
+    let store = worker.store_opener();
     let (config, registry) = match command {
         Command::Handlers | Command::Replay(..) | Command::UpgradeQueues => {
             let (config, application) = worker.prepare()?;
@@ -197,7 +198,7 @@ pub async fn execute_with(
         }
     };
     let program = Program {
-        store: crate::store::process::store_for(&config.database).await?,
+        store: store.open().await?,
         config,
     };
     let registry = || {

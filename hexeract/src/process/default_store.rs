@@ -73,9 +73,37 @@ static DEFAULT_STORE: tokio::sync::OnceCell<(Database, Arc<dyn Store>)> =
 /// publish came first, with the environment naming another database), this is an error naming
 /// both, rather than messages written where nothing reads them.
 pub(crate) async fn store_for(database: &Database) -> Result<Arc<dyn Store>, Error> {
+    store_opened_by(database, open(database)).await
+}
+
+/// [`store_for`] with the tables on `pool` (the application's own) instead of a pool the store
+/// opens: `database` is the database `pool` is on.
+#[cfg(feature = "postgres")]
+pub(crate) async fn store_on_pool(
+    database: &Database,
+    pool: sqlx::PgPool,
+) -> Result<Arc<dyn Store>, Error> {
+    store_opened_by(database, async move {
+        let store: Arc<dyn Store> = Arc::new(super::postgres::PgStore::new(
+            pool,
+            super::postgres::DEFAULT_SCHEMA,
+        )?);
+        store.migrate().await?;
+        tracing::info!(store = ?database, "outbox store ready, on the application's pool");
+        Ok(store)
+    })
+    .await
+}
+
+/// The process's store, opened by `opening` unless it is open already; an error when it is
+/// open on another database than `database`.
+async fn store_opened_by(
+    database: &Database,
+    opening: impl std::future::Future<Output = Result<Arc<dyn Store>, Error>>,
+) -> Result<Arc<dyn Store>, Error> {
     let (opened, store) = DEFAULT_STORE
         .get_or_try_init(|| async {
-            let store = open(database).await?;
+            let store = opening.await?;
             Ok::<_, Error>((database.clone(), store))
         })
         .await?;
