@@ -47,10 +47,13 @@ pub(crate) mod process;
 pub use process::default_schedule_store;
 pub use process::{default_store, migrate, wait_until_drained};
 mod claims;
+/// The brokers' workers put their dead-letter inserts under the store's deadline with it.
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
+pub(crate) use claims::within;
 pub use claims::Claims;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use claims::Deliveries;
-pub(crate) use claims::{by_token, warn_unless_all_acked, within, Leased, LeasedFeed};
+pub(crate) use claims::{by_token, warn_unless_all_acked, Leased, LeasedFeed};
 mod dead_letters;
 pub use dead_letters::{DeadLetterFilter, DeadLetterStore, Page};
 mod queues;
@@ -395,7 +398,8 @@ pub(crate) async fn wake_signal(store: &dyn DeliveryStore) -> Arc<Notify> {
 }
 
 /// What a poll loop does after a pass that found nothing: waits for `interval`, a wake-up or
-/// the cancellation, whichever comes first.
+/// the cancellation, whichever comes first (the brokers' relays).
+#[cfg(any(feature = "rabbitmq", feature = "kafka"))]
 pub(crate) async fn idle(
     cancel: &tokio_util::sync::CancellationToken,
     wake: &Notify,

@@ -177,6 +177,7 @@ pub(crate) enum To {
     Nobody,
     /// No handler of the worker takes its type, and it arrived where this handler's messages
     /// do (a handler's own queue): its dead letter names that handler.
+    #[cfg_attr(not(feature = "rabbitmq"), allow(dead_code))]
     QueueOf(usize),
 }
 
