@@ -83,6 +83,7 @@ impl HandlerInfo {
 /// Settings for a handler registered in code with
 /// [`MemoryWorkerBuilder::register_handler_with`](crate::MemoryWorkerBuilder::register_handler_with).
 #[derive(Clone, Default)]
+#[must_use = "options do nothing until given to `register_handler_with`"]
 pub struct HandlerOptions {
     name: Option<Cow<'static, str>>,
     timeout: Option<Duration>,

@@ -112,7 +112,7 @@ pub(crate) mod sealed {
 ///
 /// Every setter takes the builder and gives it back; the call made last wins where two set
 /// the same knob ([`policy`](WorkerBuilder::policy) sets them all).
-#[must_use]
+#[must_use = "a builder does nothing until `.build()`"]
 pub struct WorkerBuilder<S> {
     /// The handlers (none, on the scheduler: its jobs are its source's), their state and
     /// middleware.

@@ -58,6 +58,7 @@ pub use postgres::TestDatabase;
 /// Delivers messages to registered handlers in-process and reports each handler's outcome.
 /// What handlers publish through their context is captured, not delivered.
 #[derive(Debug, Clone)]
+#[must_use = "a harness does nothing until a message is delivered with `.deliver(&message)`"]
 pub struct Harness {
     /// The handlers as given, before state and middleware.
     base: Registry,
