@@ -173,10 +173,11 @@ impl<S: Source> WorkerBuilder<S> {
         self
     }
 
-    /// Gives the handlers (or jobs) a value they take as [`State<T>`](crate::State) (one per
-    /// type; a second value of a type replaces the first).
+    /// Gives the handlers (or jobs) a value they take as [`State<T>`](crate::State), one per
+    /// type: a second value of a type stops [`build`](WorkerBuilder::build)
+    /// ([`RegistryError::StateGivenTwice`]).
     pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> WorkerBuilder<S> {
-        self.handlers.states.insert(value);
+        self.handlers.give_state(value);
         self
     }
 
