@@ -196,6 +196,25 @@ async fn an_envelope_with_headers_is_enqueued_in_the_default_namespace() {
 }
 
 #[tokio::test]
+async fn the_sqlx_hexeract_re_exports_is_the_one_its_stores_use() {
+    let db = TestDb::new().await;
+    // The store's pool is a pool of `hexeract::sqlx`: one type, one version.
+    let pool: &hexeract::sqlx::SqlitePool = db.store.pool();
+    let mut tx: hexeract::sqlx::Transaction<'_, hexeract::sqlx::Sqlite> =
+        pool.begin().await.unwrap();
+    hexeract::sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: 8 })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.count("outbox").await, 1);
+    db.finish().await;
+}
+
+#[tokio::test]
 async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
     let db = TestDb::new().await;
     let store = db.store();
