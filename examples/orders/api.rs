@@ -252,8 +252,7 @@ async fn checkout(
     let envelope = hexeract::Envelope::new(&placed)
         .map_err(|error| ApiError::Internal(error.to_string()))?
         .with_header(SHOP_HEADER, shop.0);
-    let message_id = envelope.id;
-    hexeract::outbox::enqueue_envelopes(&mut tx, "hexeract", &[envelope]).await?;
+    let message_id = hexeract::outbox::enqueue_envelope(&mut tx, envelope).await?;
     tx.commit().await?;
     tracing::info!(order = %order_id, message_id = %message_id, total_cents, "order placed");
     Ok((

@@ -151,7 +151,7 @@ async fn reserve_stock(
     if let Some(shop) = ctx.header(SHOP_HEADER) {
         follow_up = follow_up.with_header(SHOP_HEADER, shop);
     }
-    hexeract::outbox::enqueue_envelopes(&mut tx, "hexeract", &[follow_up]).await?;
+    hexeract::outbox::enqueue_envelope(&mut tx, follow_up).await?;
     tx.commit().await?;
     tracing::info!(order = %order.order_id, attempt = ctx.attempt(), "stock reserved");
     Ok(())

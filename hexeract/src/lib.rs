@@ -184,6 +184,26 @@ pub use registry::{
 pub use retry::RetryPolicy;
 pub use runtime::{HandlerStats, MemorySource, MemoryWorker, MemoryWorkerBuilder};
 pub use schedule::{schedule_after, schedule_at};
+/// The sqlx Hexeract is built with: an application that writes its own queries, or
+/// [`outbox::enqueue`]s in its own transactions, can use it from here and is then on the same
+/// version (one `sqlx::Transaction` type), without a dependency of its own.
+///
+/// ```no_run
+/// # #[cfg(feature = "sqlite")]
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use hexeract::sqlx::SqlitePool;
+///
+/// let pool = SqlitePool::connect("sqlite:hexeract.db").await?;
+/// let mut tx = pool.begin().await?;
+/// hexeract::sqlx::query("UPDATE carts SET checked_out = 1 WHERE id = 7")
+///     .execute(&mut *tx)
+///     .await?;
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use sqlx;
 pub use state::{FromStates, State, States};
 pub use store::process::{migrate, publish};
 pub use tokio_util::sync::CancellationToken;

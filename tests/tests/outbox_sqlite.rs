@@ -171,6 +171,50 @@ async fn enqueue_joins_the_callers_transaction() {
 }
 
 #[tokio::test]
+async fn an_envelope_with_headers_is_enqueued_in_the_default_namespace() {
+    let db = TestDb::new().await;
+    let pool = db.store().pool().clone();
+    let envelope = Envelope::new(&OrderPlaced { order_id: 7 })
+        .unwrap()
+        .with_header("tenant", "acme");
+    let sent = envelope.id;
+
+    let mut tx = pool.begin().await.unwrap();
+    let id = hexeract::outbox::enqueue_envelope(&mut tx, envelope)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    assert_eq!(id, sent);
+    let headers: String = sqlx::query_scalar("SELECT headers FROM hexeract_outbox WHERE id = ?")
+        .bind(id.hyphenated().to_string())
+        .fetch_one(&pool)
+        .await
+        .expect("the row is in the outbox of `hexeract`");
+    assert!(headers.contains(r#""tenant":"acme""#), "{headers}");
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn the_sqlx_hexeract_re_exports_is_the_one_its_stores_use() {
+    let db = TestDb::new().await;
+    // The store's pool is a pool of `hexeract::sqlx`: one type, one version.
+    let pool: &hexeract::sqlx::SqlitePool = db.store.pool();
+    let mut tx: hexeract::sqlx::Transaction<'_, hexeract::sqlx::Sqlite> =
+        pool.begin().await.unwrap();
+    hexeract::sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    hexeract::outbox::enqueue(&mut tx, &OrderPlaced { order_id: 8 })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.count("outbox").await, 1);
+    db.finish().await;
+}
+
+#[tokio::test]
 async fn expansion_makes_one_delivery_per_handler_and_one_for_unknown_types() {
     let db = TestDb::new().await;
     let store = db.store();

@@ -513,7 +513,7 @@ async fn hand_back_at_shutdown(
     calls.wait_for(1, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let parking = running.topology.parking_queue_for(name);
-    running.stop().await;
+    let _ = running.stop().await;
     assert_eq!(
         calls.all().len(),
         1,

@@ -166,6 +166,45 @@ async fn missing_state_of_handlers_and_jobs_is_one_error_before_anything_starts(
 }
 
 #[tokio::test]
+async fn state_given_twice_is_an_error_before_anything_starts() {
+    let file = File::new();
+    let error = App::new(file.config())
+        .state(Journal::default())
+        .state(Warehouse("eu-west"))
+        .state(Warehouse("us-east"))
+        .try_run(CancellationToken::new())
+        .await
+        .expect_err("a second warehouse would replace the first");
+    let Error::Registry(RegistryError::StateGivenTwice(types)) = &error else {
+        panic!("not the state-given-twice error: {error}");
+    };
+    assert_eq!(types, &["worker_app::Warehouse"]);
+    assert_eq!(
+        error.to_string(),
+        "state `worker_app::Warehouse` was given twice (`.state(…)`): a second value of a type \
+         would replace the first; give each type once, and wrap values that share a type in \
+         types of their own"
+    );
+    assert!(!file.0.exists(), "the store was created before the check");
+
+    // The worker builders refuse it at `build()` the same way.
+    let built = hexeract::MemoryWorker::builder()
+        .store(hexeract::InMemoryStore::new())
+        .state(Warehouse("eu-west"))
+        .state(Journal::default())
+        .state(Warehouse("us-east"))
+        .build();
+    assert!(
+        matches!(
+            built,
+            Err(hexeract::BuildError::Registry(RegistryError::StateGivenTwice(ref types)))
+                if types == &["worker_app::Warehouse"]
+        ),
+        "{built:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_worker_built_in_code_runs_handlers_with_their_state_and_middleware() {
     let file = File::new();
     let journal = Journal::default();

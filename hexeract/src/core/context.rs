@@ -194,7 +194,7 @@ impl Context {
     /// correlation id, this message's id as causation id, the trace one hop further with this
     /// call's [`span_id`](Context::span_id) as parent id), for a handler that writes it in a
     /// transaction of its own with
-    /// [`outbox::enqueue_envelopes`](crate::outbox::enqueue_envelopes).
+    /// [`outbox::enqueue_envelope`](crate::outbox::enqueue_envelope).
     ///
     /// ```
     /// # use hexeract::{Context, Message};

@@ -22,6 +22,7 @@ use crate::reason::Reason;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "an outcome does nothing unless the handler returns it"]
 pub enum HandlerOutcome {
     /// Done: the message is settled for this handler.
     Ack,

@@ -20,10 +20,15 @@ pub enum PublishError {
     /// The message could not be serialized.
     #[error(transparent)]
     Encode(#[from] EncodeError),
-    /// The store could not take the message.
+    /// The store could not take the message. Its error is the
+    /// [`source`](std::error::Error::source): a [`StoreError`](crate::store::StoreError) from
+    /// Hexeract's stores, or, from [`publish`](crate::publish) and
+    /// [`schedule_after`](crate::schedule_after), the [`Error`](crate::Error) of opening the
+    /// process's store.
     #[error("the outbox could not take the message: {0}")]
-    Store(String),
-    /// The broker did not confirm the message.
+    Store(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The broker did not confirm the message. Its error is the
+    /// [`source`](std::error::Error::source): `hexeract::rabbitmq::BusError` on RabbitMQ.
     #[error("the broker did not take the message: {0}")]
-    Transport(String),
+    Transport(#[source] Box<dyn std::error::Error + Send + Sync>),
 }

@@ -83,6 +83,7 @@ impl HandlerInfo {
 /// Settings for a handler registered in code with
 /// [`MemoryWorkerBuilder::register_handler_with`](crate::MemoryWorkerBuilder::register_handler_with).
 #[derive(Clone, Default)]
+#[must_use = "options do nothing until given to `register_handler_with`"]
 pub struct HandlerOptions {
     name: Option<Cow<'static, str>>,
     timeout: Option<Duration>,
@@ -143,6 +144,8 @@ pub(crate) struct HandlerSet {
     added: Vec<Registration>,
     /// What handlers take as `State<T>`.
     pub(crate) states: States,
+    /// The types `.state(value)` was given a second value of, reported when the worker builds.
+    given_twice: Vec<&'static str>,
     /// What runs around them.
     pub(crate) middleware: Middlewares,
 }
@@ -154,6 +157,7 @@ impl HandlerSet {
             base: Some(Registry::new()),
             added: Vec::new(),
             states: States::new(),
+            given_twice: Vec::new(),
             middleware: Middlewares::default(),
         }
     }
@@ -164,7 +168,27 @@ impl HandlerSet {
             base: None,
             added: Vec::new(),
             states: States::new(),
+            given_twice: Vec::new(),
             middleware: Middlewares::default(),
+        }
+    }
+
+    /// Adds the state a builder's `.state(value)` gave; a second value of one type is
+    /// remembered, to stop the build ([`check_states`](HandlerSet::check_states)), rather than
+    /// replacing the first unseen.
+    pub(crate) fn give_state<T: Clone + Send + Sync + 'static>(&mut self, value: T) {
+        let type_name = std::any::type_name::<T>();
+        if self.states.insert(value).is_some() && !self.given_twice.contains(&type_name) {
+            self.given_twice.push(type_name);
+        }
+    }
+
+    /// `Err` naming every type `.state(value)` was given twice.
+    pub(crate) fn check_states(&self) -> Result<(), RegistryError> {
+        if self.given_twice.is_empty() {
+            Ok(())
+        } else {
+            Err(RegistryError::StateGivenTwice(self.given_twice.clone()))
         }
     }
 
@@ -187,11 +211,12 @@ impl HandlerSet {
 
     /// The registry: the base with the handlers added, those `keep` refuses left out, each
     /// built with its state and given its middleware. Every duplicate name, and every missing
-    /// state, is reported at once.
+    /// state, is reported at once; state given twice stops it first.
     pub(crate) fn build(
         self,
         keep: Option<&dyn Fn(&HandlerInfo) -> bool>,
     ) -> Result<Registry, RegistryError> {
+        self.check_states()?;
         let mut registry = match self.base {
             Some(registry) => registry,
             None => Registry::from_inventory()?,
@@ -546,6 +571,14 @@ pub enum RegistryError {
     /// Handlers take state (`State<T>`) that their worker was not given; nothing was started.
     #[error("{}", MissingState::describe(.0))]
     MissingState(Vec<MissingState>),
+    /// `.state(value)` was given two values of one type: the second would replace the first,
+    /// and the handlers would get only one of them. Each such type is named once.
+    #[error(
+        "state {} was given twice (`.state(…)`): a second value of a type would replace the \
+         first; give each type once, and wrap values that share a type in types of their own",
+        .0.iter().map(|name| format!("`{name}`")).collect::<Vec<_>>().join(", ")
+    )]
+    StateGivenTwice(Vec<&'static str>),
     /// Middleware was added for handlers that the worker does not have.
     #[error(
         "middleware was added for handlers this worker does not have: {}; its handlers are: {}",
@@ -718,10 +751,11 @@ pub(crate) use handler_registration;
 /// The state and middleware methods of a worker builder, over its `handlers: HandlerSet`.
 macro_rules! state_and_middleware {
     ($builder:ident) => {
-        /// Gives the handlers a value they take as [`State<T>`]($crate::State) (one per type;
-        /// a second value of a type replaces the first).
+        /// Gives the handlers a value they take as [`State<T>`]($crate::State), one per type: a
+        /// second value of a type stops the worker before it starts
+        /// ([`RegistryError::StateGivenTwice`]($crate::RegistryError::StateGivenTwice)).
         pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> $builder {
-            self.handlers.states.insert(value);
+            self.handlers.give_state(value);
             self
         }
 

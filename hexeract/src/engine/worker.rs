@@ -112,7 +112,7 @@ pub(crate) mod sealed {
 ///
 /// Every setter takes the builder and gives it back; the call made last wins where two set
 /// the same knob ([`policy`](WorkerBuilder::policy) sets them all).
-#[must_use]
+#[must_use = "a builder does nothing until `.build()`"]
 pub struct WorkerBuilder<S> {
     /// The handlers (none, on the scheduler: its jobs are its source's), their state and
     /// middleware.
@@ -173,10 +173,11 @@ impl<S: Source> WorkerBuilder<S> {
         self
     }
 
-    /// Gives the handlers (or jobs) a value they take as [`State<T>`](crate::State) (one per
-    /// type; a second value of a type replaces the first).
+    /// Gives the handlers (or jobs) a value they take as [`State<T>`](crate::State), one per
+    /// type: a second value of a type stops [`build`](WorkerBuilder::build)
+    /// ([`RegistryError::StateGivenTwice`]).
     pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> WorkerBuilder<S> {
-        self.handlers.states.insert(value);
+        self.handlers.give_state(value);
         self
     }
 

@@ -57,6 +57,7 @@ use crate::schedule::jobs_from_inventory;
 /// [`register_handler`](App::register_handler); scheduled jobs are every `#[scheduled]` job.
 /// `try_run` checks everything before it starts anything: the settings, the handlers' names,
 /// and the state each handler and job takes (one error lists every handler and type missing).
+#[must_use = "an app does nothing until `.try_run(cancel).await`"]
 pub struct App {
     config: AppConfig,
     handlers: HandlerSet,

@@ -204,10 +204,10 @@ pub async fn publish<M: Message>(message: &M) -> Result<Uuid, PublishError> {
     let id = envelope.id;
     let store = default_store()
         .await
-        .map_err(|error| PublishError::Store(error.to_string()))?;
+        .map_err(|error| PublishError::Store(error.into()))?;
     store
         .publish(vec![envelope])
         .await
-        .map_err(|error| PublishError::Store(error.to_string()))?;
+        .map_err(|error| PublishError::Store(error.into()))?;
     Ok(id)
 }

@@ -55,6 +55,7 @@ pub const DEFAULT_REPLICATION_FACTOR: i32 = 3;
 /// let local = KafkaConfig::new("localhost:9092", "shop").replication_factor(1);
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[must_use = "a configuration does nothing until given to a worker or relay"]
 pub struct KafkaConfig {
     brokers: String,
     prefix: String,

@@ -129,16 +129,14 @@ outbox_transaction!("sqlite", sqlx::Sqlite, sqlite);
 
 /// Writes `message` to the outbox inside the caller's transaction (PostgreSQL or SQLite).
 /// Nothing is visible to workers until the transaction commits; a rollback leaves nothing
-/// behind. Returns the message id.
+/// behind. Returns the message id. With headers of your own: [`enqueue_envelope`].
 pub async fn enqueue<T: OutboxTransaction, M: Message>(
     tx: &mut T,
     message: &M,
 ) -> Result<uuid::Uuid, EnqueueError> {
     let mut envelope = Envelope::new(message)?;
     crate::trace::produce(&mut envelope);
-    let id = envelope.id;
-    enqueue_envelopes(tx, T::DEFAULT_NAMESPACE, &[envelope]).await?;
-    Ok(id)
+    enqueue_envelope(tx, envelope).await
 }
 
 /// Keeps `message` inside the caller's transaction (PostgreSQL or SQLite) until `at`, then the
@@ -211,9 +209,40 @@ pub async fn schedule_envelopes<T: OutboxTransaction>(
     Ok(())
 }
 
-/// Writes envelopes (a batch, or messages with headers of your own) to the outbox of
-/// `namespace` (PostgreSQL schema or SQLite table prefix) inside the caller's transaction (on
-/// PostgreSQL in one statement).
+/// Writes `envelope` to the outbox inside the caller's transaction (PostgreSQL or SQLite), in
+/// the namespace [`enqueue`] writes to (`hexeract`): [`enqueue`] for a message with headers of
+/// your own, or for a handler's follow-up made with
+/// [`ctx.follow_up(&message)`](crate::Context::follow_up). Returns the message id.
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use hexeract::{Envelope, Message};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Message)]
+/// #[message(type = "OrderPlaced")]
+/// struct OrderPlaced { order_id: i64 }
+///
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("INSERT INTO orders (id) VALUES ($1)").bind(7_i64).execute(&mut *tx).await?;
+/// let envelope = Envelope::new(&OrderPlaced { order_id: 7 })?.with_header("tenant", "acme");
+/// let id = hexeract::outbox::enqueue_envelope(&mut tx, envelope).await?;
+/// tx.commit().await?; // the order and its event, with its header, or neither
+/// # let _ = id;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn enqueue_envelope<T: OutboxTransaction>(
+    tx: &mut T,
+    envelope: Envelope,
+) -> Result<uuid::Uuid, EnqueueError> {
+    let id = envelope.id;
+    enqueue_envelopes(tx, T::DEFAULT_NAMESPACE, std::slice::from_ref(&envelope)).await?;
+    Ok(id)
+}
+
+/// Writes envelopes (a batch) to the outbox of `namespace` (PostgreSQL schema or SQLite table
+/// prefix) inside the caller's transaction (on PostgreSQL in one statement). One envelope in
+/// the default namespace: [`enqueue_envelope`].
 pub async fn enqueue_envelopes<T: OutboxTransaction>(
     tx: &mut T,
     namespace: &str,

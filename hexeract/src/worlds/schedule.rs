@@ -471,11 +471,11 @@ async fn schedule_envelope(envelope: Envelope, due: Due) -> Result<Uuid, Publish
     let id = envelope.id;
     let store = crate::store::default_store()
         .await
-        .map_err(|error| PublishError::Store(error.to_string()))?;
+        .map_err(|error| PublishError::Store(error.into()))?;
     store
         .schedule_messages(vec![envelope], due)
         .await
-        .map_err(|error| PublishError::Store(error.to_string()))?;
+        .map_err(|error| PublishError::Store(error.into()))?;
     Ok(id)
 }
 

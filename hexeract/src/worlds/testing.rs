@@ -58,6 +58,7 @@ pub use postgres::TestDatabase;
 /// Delivers messages to registered handlers in-process and reports each handler's outcome.
 /// What handlers publish through their context is captured, not delivered.
 #[derive(Debug, Clone)]
+#[must_use = "a harness does nothing until a message is delivered with `.deliver(&message)`"]
 pub struct Harness {
     /// The handlers as given, before state and middleware.
     base: Registry,
@@ -100,7 +101,8 @@ impl Harness {
 
     /// Gives the handlers a value they take as [`State<T>`](crate::State), as a worker's
     /// `.state(value)` does. A handler whose state the harness was not given dead-letters with
-    /// `state_missing`, saying so.
+    /// `state_missing`, saying so. Unlike a worker's, a second value of a type replaces the
+    /// first, so that a test can override what a shared setup gave.
     pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Harness {
         self.states.insert(value);
         self.rebuild()

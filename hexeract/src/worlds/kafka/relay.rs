@@ -49,6 +49,7 @@ const ACKNOWLEDGEMENT_WAIT: Duration = Duration::from_secs(30);
 /// # Ok(())
 /// # }
 /// ```
+#[must_use = "a relay does nothing until `.run(cancel).await`"]
 pub struct KafkaRelay {
     store: Arc<dyn RelayStore>,
     producer: FutureProducer<Logged>,

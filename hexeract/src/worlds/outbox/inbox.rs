@@ -49,7 +49,7 @@
 //! - Only what the transaction writes is done once. A call to another system (an email, a
 //!   payment API) made before the commit runs again if the process dies between the call
 //!   and the commit: pass it `ctx.message_id()` as its idempotency key. Messages the handler
-//!   sends belong in the transaction too: [`enqueue_envelopes`](super::enqueue_envelopes)
+//!   sends belong in the transaction too: [`enqueue_envelope`](super::enqueue_envelope)
 //!   with [`ctx.follow_up(&message)`](crate::Context::follow_up) keeps the conversation.
 //! - On PostgreSQL, a second delivery running at the same time waits at `mark_processed`
 //!   until the first transaction ends: it then returns `false` if the first committed, `true`

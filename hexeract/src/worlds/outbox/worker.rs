@@ -310,9 +310,38 @@ impl Publish for StorePublisher {
             self.store
                 .publish(vec![envelope])
                 .await
-                .map_err(|error| PublishError::Store(error.to_string()))?;
+                .map_err(|error| PublishError::Store(error.into()))?;
             self.wake.notify_one();
             Ok(id)
         })
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_refusal_is_the_publish_errors_source() {
+        let store = crate::store::sqlite::SqliteStore::in_memory()
+            .await
+            .unwrap();
+        store.pool().close().await;
+        let publisher = StorePublisher::new(Arc::new(store), Arc::new(Notify::new()));
+        let envelope = crate::Envelope::from_raw("test.Note", &b"{}"[..]);
+
+        let error = publisher.publish_envelope(envelope).await.unwrap_err();
+
+        assert!(matches!(error, PublishError::Store(_)), "{error:?}");
+        let source = error.source().expect("the store's error is the source");
+        let store_error = source
+            .downcast_ref::<StoreError>()
+            .expect("the source is the store's error");
+        assert_eq!(
+            error.to_string(),
+            format!("the outbox could not take the message: {store_error}")
+        );
     }
 }

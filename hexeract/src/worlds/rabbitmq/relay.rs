@@ -39,6 +39,7 @@ use crate::store::{self, RelaySink, RelayStore, Unpublishable};
 /// # Ok(())
 /// # }
 /// ```
+#[must_use = "a relay does nothing until `.run(cancel).await`"]
 pub struct RabbitMqRelay {
     store: Arc<dyn RelayStore>,
     publisher: RabbitMqPublisher,

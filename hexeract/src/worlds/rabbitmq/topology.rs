@@ -279,6 +279,7 @@ pub(crate) struct HandlerQueue {
 /// # Ok::<(), hexeract::RegistryError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a topology only describes queues: nothing is declared until `ensure_topology`"]
 pub struct Topology {
     pub(crate) exchange: String,
     prefix: String,

@@ -208,7 +208,7 @@ impl Publish for RabbitMqTransport {
             let id = envelope.id;
             self.publish(&envelope)
                 .await
-                .map_err(|error| PublishError::Transport(error.to_string()))?;
+                .map_err(|error| PublishError::Transport(error.into()))?;
             Ok(id)
         })
     }

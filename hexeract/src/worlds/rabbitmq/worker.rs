@@ -1593,7 +1593,7 @@ impl Publish for DirectPublisher {
             self.0
                 .publish(&envelope)
                 .await
-                .map_err(|error| PublishError::Transport(error.to_string()))?;
+                .map_err(|error| PublishError::Transport(error.into()))?;
             Ok(id)
         })
     }

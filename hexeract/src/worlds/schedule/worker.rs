@@ -100,6 +100,7 @@ impl Source for ScheduleSource {
             .at_least_one("batch_size", policy.batch_size.into())
             .at_least_one("max_deliveries", policy.retry.max_deliveries_value().into())
             .finish()?;
+        handlers.check_states()?;
         let mut jobs = source.jobs;
         if source.from_inventory {
             jobs.extend(jobs_from_inventory()?);
