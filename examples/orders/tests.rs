@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hexeract::store::postgres::PgStore;
 use hexeract::store::DeliveryStore;
-use hexeract::testing::{Harness, TestDatabase};
+use hexeract::testing::{FaultReport, Harness, TestDatabase};
 use hexeract::{Envelope, HandlerOutcome, Message};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -117,6 +117,25 @@ async fn read(pool: &PgPool, order_id: Uuid) -> Shop {
     }
 }
 
+/// The fault mode on `envelope`, each run starting from the order `order_id` as the checkout
+/// left it, and reading the shop afterwards.
+async fn fault_check(pool: &PgPool, order_id: Uuid, envelope: Envelope) -> FaultReport<Shop> {
+    harness(pool)
+        .fault_check_envelope(envelope)
+        .reset(|| reset(pool, order_id))
+        .probe(|| read(pool, order_id))
+        .run()
+        .await
+}
+
+fn stock_reserved(order_id: Uuid) -> StockReserved {
+    StockReserved {
+        order_id,
+        email: "ada@example.com".to_owned(),
+        total_cents: 4900,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn reserving_stock_is_idempotent_under_every_fault() {
     let database = shop_database().await;
@@ -137,12 +156,7 @@ async fn reserving_stock_is_idempotent_under_every_fault() {
             },
         ],
     };
-    let report = harness(pool)
-        .fault_check_envelope(for_this_shop(&order))
-        .reset(|| reset(pool, order_id))
-        .probe(|| read(pool, order_id))
-        .run()
-        .await;
+    let report = fault_check(pool, order_id, for_this_shop(&order)).await;
     assert_eq!(
         report.clean.probe,
         Shop {
@@ -165,17 +179,7 @@ async fn sending_the_confirmation_is_idempotent_under_every_fault() {
     let database = shop_database().await;
     let pool = database.pool();
     let order_id = Uuid::now_v7();
-    let reserved = StockReserved {
-        order_id,
-        email: "ada@example.com".to_owned(),
-        total_cents: 4900,
-    };
-    let report = harness(pool)
-        .fault_check_envelope(for_this_shop(&reserved))
-        .reset(|| reset(pool, order_id))
-        .probe(|| read(pool, order_id))
-        .run()
-        .await;
+    let report = fault_check(pool, order_id, for_this_shop(&stock_reserved(order_id))).await;
     assert_eq!(report.clean.probe.status, "confirmed");
     assert_eq!(report.clean.probe.mail, 1);
     report.assert_idempotent();
@@ -187,20 +191,10 @@ async fn a_message_of_another_shop_is_dead_lettered_every_time_and_changes_nothi
     let database = shop_database().await;
     let pool = database.pool();
     let order_id = Uuid::now_v7();
-    let reserved = StockReserved {
-        order_id,
-        email: "ada@example.com".to_owned(),
-        total_cents: 4900,
-    };
-    let envelope = Envelope::new(&reserved)
+    let envelope = Envelope::new(&stock_reserved(order_id))
         .expect("encode")
         .with_header(SHOP_HEADER, "another-shop");
-    let report = harness(pool)
-        .fault_check_envelope(envelope)
-        .reset(|| reset(pool, order_id))
-        .probe(|| read(pool, order_id))
-        .run()
-        .await;
+    let report = fault_check(pool, order_id, envelope).await;
     assert!(matches!(
         &report.clean.endings[0].outcome,
         HandlerOutcome::DeadLetter { reason, .. } if reason == "wrong_shop"

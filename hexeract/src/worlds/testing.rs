@@ -43,7 +43,7 @@ use crate::middleware::Middlewares;
 use crate::outcome::HandlerOutcome;
 use crate::publish::{Publish, PublishError};
 use crate::reason::Reason;
-use crate::registry::{Registry, RegistryError};
+use crate::registry::{RegisteredHandler, Registry, RegistryError};
 use crate::schedule::ScheduledJob;
 use crate::state::States;
 
@@ -253,16 +253,24 @@ impl Harness {
         envelope.attempt = self.attempt;
         let mut deliveries = Vec::new();
         for registered in self.registry.handlers_for(&envelope.message_type) {
-            let info = registered.info();
-            let ctx = self.context(envelope.clone(), &info.name);
-            let timeout = info.timeout.unwrap_or(self.timeout);
-            let outcome = finished(call_handler(registered.clone(), ctx, timeout).await);
             deliveries.push(Delivered {
-                handler: info.name.to_string(),
-                outcome,
+                handler: registered.info().name.to_string(),
+                outcome: self.call(registered, envelope.clone()).await,
             });
         }
         Deliveries(deliveries)
+    }
+
+    /// One call of `registered` with `envelope`, under its timeout (or the harness's).
+    async fn call(
+        &self,
+        registered: &Arc<RegisteredHandler>,
+        envelope: Envelope,
+    ) -> HandlerOutcome {
+        let info = registered.info();
+        let ctx = self.context(envelope, &info.name);
+        let timeout = info.timeout.unwrap_or(self.timeout);
+        finished(call_handler(registered.clone(), ctx, timeout).await)
     }
 
     /// A context like the one the runtime would give a handler for `message`, for calling a

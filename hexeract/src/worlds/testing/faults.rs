@@ -6,7 +6,6 @@ use std::fmt;
 use std::future::Future;
 
 use super::Harness;
-use crate::delivery::call_handler;
 use crate::envelope::Envelope;
 use crate::outcome::HandlerOutcome;
 use futures_util::future::{self, LocalBoxFuture};
@@ -381,15 +380,12 @@ async fn to_the_end(
     let handlers = harness.registry.handlers_for(&envelope.message_type);
     let mut endings = Vec::with_capacity(handlers.len());
     for registered in handlers {
-        let info = registered.info();
-        let timeout = info.timeout.unwrap_or(harness.timeout);
         let mut calls = 0;
         let outcome = loop {
             let mut envelope = envelope.clone();
             envelope.attempt = attempt + calls;
             calls += 1;
-            let ctx = harness.context(envelope, &info.name);
-            match super::finished(call_handler(registered.clone(), ctx, timeout).await) {
+            match harness.call(registered, envelope).await {
                 HandlerOutcome::Retry { reason, detail, .. } if calls >= harness.max_deliveries => {
                     break HandlerOutcome::DeadLetter { reason, detail };
                 }
@@ -398,7 +394,7 @@ async fn to_the_end(
             }
         };
         endings.push(Ending {
-            handler: info.name.to_string(),
+            handler: registered.info().name.to_string(),
             delivery,
             calls,
             outcome,
