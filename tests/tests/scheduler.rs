@@ -326,9 +326,7 @@ async fn a_run_past_its_lease_is_taken_over_and_the_old_worker_cannot_settle(
     assert_eq!(runs[0].0, claimed[0].id, "the same occurrence");
     assert_eq!(
         tables.last_errors().await,
-        [Some(
-            "max_deliveries_exceeded: the second run failed".to_owned()
-        )],
+        [Some("handler_failed: the second run failed".to_owned())],
         "the outcome recorded is the second worker's"
     );
     assert!(store.dead_letters(10).await.unwrap().is_empty());

@@ -186,9 +186,7 @@ async fn a_scheduler_paused_past_its_lease_is_taken_over_and_cannot_settle_when_
     .unwrap();
     assert_eq!(
         last_errors,
-        [Some(
-            "max_deliveries_exceeded: the second run failed".to_owned()
-        )],
+        [Some("handler_failed: the second run failed".to_owned())],
         "the outcome on record is B's"
     );
 

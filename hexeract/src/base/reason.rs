@@ -81,6 +81,19 @@ impl Reason {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// What a retry that would end with this reason says went wrong, in its log line, its
+    /// metric label and the `last_error` it leaves: a failed call (`Err` or
+    /// [`HandlerOutcome::retry`](crate::HandlerOutcome::retry), which dead-letters as
+    /// `max_deliveries_exceeded` once the calls run out) is `handler_failed`; any other reason
+    /// (`handler_timeout`, `unknown_message_type`, …) is itself.
+    pub(crate) fn retry_cause(&self) -> &str {
+        if *self == Reason::MAX_DELIVERIES_EXCEEDED {
+            "handler_failed"
+        } else {
+            self.as_str()
+        }
+    }
 }
 
 impl fmt::Display for Reason {

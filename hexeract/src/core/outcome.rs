@@ -17,6 +17,9 @@ use crate::reason::Reason;
 /// let rejected = HandlerOutcome::dead_letter("sku_unknown", "SKU 42 is not in the catalogue");
 /// assert!(matches!(rejected, HandlerOutcome::DeadLetter { ref reason, .. } if reason == "sku_unknown"));
 ///
+/// // Called again after a backoff. Its log line and the `last_error` it leaves read
+/// // "handler_failed: stock service unavailable"; should the calls run out, the dead letter's
+/// // reason is `max_deliveries_exceeded`.
 /// let retry = HandlerOutcome::retry("stock service unavailable");
 /// assert!(matches!(retry, HandlerOutcome::Retry { ref reason, .. } if *reason == Reason::MAX_DELIVERIES_EXCEEDED));
 /// ```
@@ -29,7 +32,10 @@ pub enum HandlerOutcome {
     /// Failed, may pass: call the handler again after a backoff, until `MAX_DELIVERIES` calls
     /// were made; then dead-letter with `reason`.
     Retry {
-        /// The dead-letter reason if this was the last attempt.
+        /// The reason the dead letter gives if the calls run out: `max_deliveries_exceeded` for
+        /// a failed call. It is not what the retry itself reports: a retry's log line, metric
+        /// label and `last_error` say `handler_failed` for such a call, or name this reason when
+        /// it is another (`handler_timeout`, `unknown_message_type`).
         reason: Reason,
         /// What went wrong, for logs and the dead-letter record.
         detail: String,

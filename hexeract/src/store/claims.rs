@@ -156,7 +156,7 @@ impl<Id: Copy + Send + Sync> World for Leased<'_, Id> {
                 reason,
                 detail,
             } => {
-                let last_error = format!("{reason}: {detail}");
+                let last_error = format!("{}: {detail}", reason.retry_cause());
                 within("retry", after, claims.retry(token, id, delay, &last_error)).await?
             }
             Verdict::DeadLetter {

@@ -74,7 +74,7 @@ pub(crate) fn record(
                 handler,
                 attempt,
                 transport,
-                %reason,
+                reason = reason.retry_cause(),
                 detail = detail.as_str(),
                 retry_in = ?delay,
                 "handler failed; will retry"
