@@ -172,12 +172,13 @@ impl TestBroker {
         Some(declared)
     }
 
-    /// Deletes every queue and exchange of `topology`.
+    /// Deletes every queue and exchange of `topology`, and its migration journal.
     pub async fn delete(&self, topology: &Topology) {
         let channel = self.connection.lapin().create_channel().await.unwrap();
-        for queue in topology.queues() {
+        let queues = topology.queues().into_iter().map(|queue| queue.name);
+        for queue in queues.chain([topology.migration_journal()]) {
             let _ = channel
-                .queue_delete(queue.name.as_str().into(), QueueDeleteOptions::default())
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
         }
         for exchange in topology.exchanges() {

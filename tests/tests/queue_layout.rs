@@ -205,6 +205,63 @@ async fn queues_of_the_old_layout_move_to_the_new_one_with_every_message() {
     broker.delete(&topology).await;
 }
 
+/// Broker errors lapin logged, as `target: fields`.
+#[derive(Clone, Default)]
+struct LapinErrors(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LapinErrors {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let metadata = event.metadata();
+        if *metadata.level() == tracing::Level::ERROR && metadata.target().starts_with("lapin") {
+            struct Fields(String);
+            impl tracing::field::Visit for Fields {
+                fn record_debug(
+                    &mut self,
+                    field: &tracing::field::Field,
+                    value: &dyn std::fmt::Debug,
+                ) {
+                    self.0.push_str(&format!(" {}={value:?}", field.name()));
+                }
+            }
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}:{}", metadata.target(), fields.0));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_start_with_nothing_to_migrate_makes_the_broker_close_no_channel() {
+    // Each passive declare of a missing queue is answered by closing its channel, and lapin
+    // logs every such close as an error: a start that looked for a holding queue beside each of
+    // its queues logged one per queue (here 4: the handler's, its parking queue, two tiers).
+    use tracing_subscriber::layer::SubscriberExt;
+    let errors = LapinErrors::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(errors.clone()))
+        .unwrap();
+    let broker = TestBroker::new().await;
+    let topology = topology(&broker, &[Duration::from_secs(1), Duration::from_secs(2)]);
+
+    topology.declare(&broker.connection).await.unwrap(); // the first start declares
+    topology.declare(&broker.connection).await.unwrap(); // a restart finds them
+
+    let parking = topology.parking_queue_for("shop::reserve");
+    assert_eq!(
+        broker.consumers(&parking).await,
+        Some(0),
+        "the topology was declared"
+    );
+    assert_eq!(
+        *errors.0.lock().unwrap(),
+        Vec::<String>::new(),
+        "lapin logged these errors while the topology was declared"
+    );
+    broker.delete(&topology).await;
+}
+
 #[tokio::test]
 async fn a_migration_a_crash_interrupted_is_finished_at_the_next_declare() {
     let broker = TestBroker::new().await;
@@ -229,6 +286,25 @@ async fn a_migration_a_crash_interrupted_is_finished_at_the_next_declare() {
             .publish_to("", &holding, b"{}", properties(&format!("held-{n}"), true))
             .await;
     }
+    // And the migration's record in the topology's journal, written before the holding queue
+    // was declared.
+    let journal = topology.migration_journal();
+    let channel = broker.connection.lapin().create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            journal.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = channel.close(200, "done".into()).await;
+    broker
+        .publish_to("", &journal, parking.as_bytes(), BasicProperties::default())
+        .await;
 
     topology.declare(&broker.connection).await.unwrap();
 
@@ -239,6 +315,35 @@ async fn a_migration_a_crash_interrupted_is_finished_at_the_next_declare() {
     );
     let parked = broker.drain(&parking).await;
     assert_eq!(parked.len(), 20);
+    assert_eq!(
+        broker.ready(&journal).await,
+        0,
+        "the record is cleared once the move ends"
+    );
+    broker.delete(&topology).await;
+}
+
+#[tokio::test]
+async fn a_record_a_finished_migration_left_is_cleared_at_the_next_declare() {
+    // A crash after the holding queue was deleted, before the record was: nothing to move, and
+    // a record left in the journal would make every start look for holding queues.
+    let broker = TestBroker::new().await;
+    let topology = topology(&broker, &[Duration::from_secs(120)]);
+    topology.declare(&broker.connection).await.unwrap();
+    let journal = topology.migration_journal();
+    let queue = topology.queue_for("shop::reserve");
+    broker
+        .publish_to("", &journal, queue.as_bytes(), BasicProperties::default())
+        .await;
+    broker
+        .publish_to("", &journal, queue.as_bytes(), BasicProperties::default())
+        .await;
+    assert_eq!(broker.ready(&journal).await, 2);
+
+    topology.declare(&broker.connection).await.unwrap();
+
+    assert_eq!(broker.ready(&journal).await, 0, "both records are cleared");
+    assert_eq!(broker.consumers(&holding_queue(&queue)).await, None);
     broker.delete(&topology).await;
 }
 

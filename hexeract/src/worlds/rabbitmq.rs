@@ -41,7 +41,7 @@ pub use connection::{redact_url, RabbitMqConnection};
 /// The kind of an [`Exchange`] (`Topic`, `Fanout`, `Direct`, `Headers`), re-exported from lapin
 /// so that an application declares its topology with `hexeract` alone.
 pub use lapin::ExchangeKind;
-pub use migration::{holding_queue, migrate_queue, QueueMigration};
+pub use migration::{holding_queue, migrate_queue, QueueMigration, MIGRATION_JOURNAL};
 pub use publisher::RabbitMqPublisher;
 pub use relay::RabbitMqRelay;
 

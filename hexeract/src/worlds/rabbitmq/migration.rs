@@ -21,6 +21,13 @@
 //! confirmed copy whose original was not acked yet), never lost; each keeps its body,
 //! properties, headers and routing key.
 //!
+//! A migration is recorded in the journal ([`MIGRATION_JOURNAL`], a classic queue holding one
+//! message per migration under way, its body the queue's name) before its holding queue is
+//! declared, and cleared once that is deleted. A start reads the journal's length with one
+//! declare and looks for holding queues only when it is not empty: a look is a passive
+//! declare, and a missing queue answers it by closing the channel, which lapin logs as an
+//! error, once per queue at every start.
+//!
 //! What a migration cannot stop: a message that enters the queue by the default exchange (a
 //! retry coming back from a wait tier) in the instant between its last look at the empty queue
 //! and the queue's deletion is deleted with it. The broker's count of them is reported
@@ -46,6 +53,15 @@ const BATCH: usize = 128;
 /// How long a migration waits for another one of the same queue (elsewhere) to finish.
 const LOCK_WAIT: Duration = Duration::from_secs(600);
 
+/// The queue in which [`migrate_queue`] records the migrations under way, one message each whose
+/// body is the name of the queue being moved: written (with a confirm) before the holding queue
+/// is declared, removed once it is deleted. A crash leaves its record, so the next run looks
+/// for the holding queue and finishes the move; with the journal empty, the common case, it
+/// looks for none. A classic durable queue, declared by the first migration check.
+/// [`Topology::declare`](crate::rabbitmq::Topology::declare) keeps its own journal,
+/// `<prefix>@migrations` (this one under the default prefix): `@` is in no handler's queue name.
+pub const MIGRATION_JOURNAL: &str = "hexeract@migrations";
+
 /// What one queue's migration did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueMigration {
@@ -70,6 +86,14 @@ pub(crate) struct MigrationOptions {
     /// the message exchange has its routing key as type": applied while moving, since the
     /// moved copy no longer comes from that exchange.
     pub(crate) message_exchange: Option<String>,
+    /// The journal the migration is recorded in; [`MIGRATION_JOURNAL`] when `None`.
+    pub(crate) journal: Option<String>,
+}
+
+impl MigrationOptions {
+    fn journal(&self) -> &str {
+        self.journal.as_deref().unwrap_or(MIGRATION_JOURNAL)
+    }
 }
 
 /// The holding queue (and fanout exchange) of `queue`'s migration: `<queue>.migrating`.
@@ -114,8 +138,9 @@ pub async fn migrate_queue(
     migrated
 }
 
-/// [`migrate_queue`] on `connection`, which should be a connection of its own: a missing
-/// holding queue, the common case, is found by a passive declare that closes its channel.
+/// [`migrate_queue`] on `connection`, which should be a connection of its own: while the
+/// journal holds a record, a missing holding queue is found by a passive declare that closes
+/// its channel.
 pub(crate) async fn migrate_queue_with(
     connection: &RabbitMqConnection,
     queue: &Queue,
@@ -124,10 +149,20 @@ pub(crate) async fn migrate_queue_with(
 ) -> Result<Option<QueueMigration>, BusError> {
     let holding = holding_queue(&queue.name);
     short(&lock_name(&queue.name))?;
-    // The common case, at every start: no migration under way, the queue as declared.
-    if inspect_queue(connection, &holding).await?.is_none() {
+    // The common case, at every start: no migration recorded, the queue as declared. With a
+    // record (of this queue or another), a holding queue of this one means a move to finish.
+    let journal = options.journal();
+    let recorded = journal::records(connection, journal).await? > 0;
+    if !recorded || inspect_queue(connection, &holding).await?.is_none() {
         match declare(connection, queue).await {
-            Ok(()) => return Ok(None),
+            Ok(()) => {
+                if recorded {
+                    // A migration of this queue that finished but crashed before clearing
+                    // its record leaves the record; nothing is left to move.
+                    journal::clear(connection, journal, &queue.name).await?;
+                }
+                return Ok(None);
+            }
             Err(BusError::Mismatch { .. }) => {}
             Err(error) => return Err(error),
         }
@@ -167,8 +202,10 @@ impl Migration<'_> {
             Err(error) => return Err(error),
         };
         if in_new_layout && !holding_exists {
+            journal::clear(self.connection, self.options.journal(), name).await?;
             return Ok(None);
         }
+        journal::record(self.connection, self.options.journal(), name).await?;
         let mut report = QueueMigration {
             queue: name.clone(),
             holding: self.holding.clone(),
@@ -243,6 +280,7 @@ impl Migration<'_> {
             .await
             .map_err(|error| BusError::transport("deleting a migration's exchange", error))?;
         let _ = channel.close(200, "migrated".into()).await;
+        journal::clear(self.connection, self.options.journal(), name).await?;
         tracing::info!(
             queue = %name,
             moved_out = report.moved_out,
@@ -392,6 +430,114 @@ impl Migration<'_> {
     }
 }
 
+/// The records of a migration journal ([`MIGRATION_JOURNAL`]).
+mod journal {
+    use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    use lapin::BasicProperties;
+
+    use crate::rabbitmq::publisher::RabbitMqPublisher;
+    use crate::rabbitmq::topology::short;
+    use crate::rabbitmq::{BusError, RabbitMqConnection};
+
+    /// How many migrations `journal` records, declaring it if it is not there yet: a declare
+    /// that creates what is missing, so it never closes its channel. Records another process
+    /// holds unacked while it clears its own are not counted.
+    pub(super) async fn records(
+        connection: &RabbitMqConnection,
+        journal: &str,
+    ) -> Result<u32, BusError> {
+        let channel = connection.channel().await?;
+        let declared = channel
+            .queue_declare(
+                short(journal)?,
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|error| {
+                BusError::transport(
+                    format!("declaring the migration journal {journal:?}"),
+                    error,
+                )
+            })?;
+        let _ = channel.close(200, "read".into()).await;
+        Ok(declared.message_count())
+    }
+
+    /// Records that `queue` is being moved, confirmed before this returns.
+    pub(super) async fn record(
+        connection: &RabbitMqConnection,
+        journal: &str,
+        queue: &str,
+    ) -> Result<(), BusError> {
+        records(connection, journal).await?;
+        let publisher = RabbitMqPublisher::new(connection).await?;
+        let recorded = publisher
+            .publish_raw(
+                "",
+                journal,
+                queue.as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+                true,
+            )
+            .await;
+        publisher.close().await;
+        recorded
+    }
+
+    /// Removes every record of `queue`; the others go back to the journal when the channel
+    /// closes.
+    pub(super) async fn clear(
+        connection: &RabbitMqConnection,
+        journal: &str,
+        queue: &str,
+    ) -> Result<(), BusError> {
+        let channel = connection.channel().await?;
+        while let Some(message) = take(&channel, journal).await? {
+            if message.delivery.data == queue.as_bytes() {
+                channel
+                    .basic_ack(message.delivery.delivery_tag, BasicAckOptions::default())
+                    .await
+                    .map_err(|error| BusError::transport("clearing a migration's record", error))?;
+            }
+        }
+        let _ = channel.close(200, "cleared".into()).await;
+        Ok(())
+    }
+
+    /// The queues `journal` holds records of, each once; the records stay.
+    pub(super) async fn names(
+        connection: &RabbitMqConnection,
+        journal: &str,
+    ) -> Result<Vec<String>, BusError> {
+        let channel = connection.channel().await?;
+        let mut names = Vec::new();
+        while let Some(message) = take(&channel, journal).await? {
+            let name = String::from_utf8_lossy(&message.delivery.data).into_owned();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        let _ = channel.close(200, "read".into()).await;
+        Ok(names)
+    }
+
+    /// The next record not yet taken on `channel`, unacked.
+    async fn take(
+        channel: &lapin::Channel,
+        journal: &str,
+    ) -> Result<Option<lapin::message::BasicGetMessage>, BusError> {
+        channel
+            .basic_get(short(journal)?, BasicGetOptions { no_ack: false })
+            .await
+            .map_err(|error| BusError::transport("reading the migration journal", error))
+    }
+}
+
 async fn declare(connection: &RabbitMqConnection, queue: &Queue) -> Result<(), BusError> {
     ensure_topology(connection, &[], std::slice::from_ref(queue), &[]).await
 }
@@ -508,9 +654,29 @@ impl Topology {
                 .collect();
             let options = MigrationOptions {
                 message_exchange: Some(self.exchange.clone()),
+                journal: Some(self.migration_journal()),
             };
             if let Some(report) = migrate_queue_with(connection, &queue, &own, &options).await? {
                 moved.push(report);
+            }
+        }
+        let journal = self.migration_journal();
+        if journal::records(connection, &journal).await? > 0 {
+            let queues = self.queues();
+            let others: Vec<String> = journal::names(connection, &journal)
+                .await?
+                .into_iter()
+                .filter(|name| !queues.iter().any(|queue| queue.name == *name))
+                .collect();
+            if !others.is_empty() {
+                tracing::warn!(
+                    %journal,
+                    queues = ?others,
+                    "the migration journal records moves of queues this program does not \
+                     declare (interrupted, and the queue no longer used?): their messages may \
+                     wait in `<queue>.migrating`; move them, then remove the records, or each \
+                     start looks for holding queues again"
+                );
             }
         }
         Ok(moved)

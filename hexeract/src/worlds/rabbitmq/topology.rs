@@ -364,6 +364,13 @@ impl Topology {
         parking_queue(&self.queue_for(handler))
     }
 
+    /// The queue in which this topology's queue migrations are recorded: `<prefix>@migrations`
+    /// ([`MIGRATION_JOURNAL`](crate::rabbitmq::MIGRATION_JOURNAL) under the default prefix; `@`
+    /// is in no handler's queue name).
+    pub fn migration_journal(&self) -> String {
+        format!("{}@migrations", self.prefix)
+    }
+
     /// The wait tiers' delays, shortest first.
     pub fn tiers(&self) -> &[Duration] {
         &self.wait_tiers
