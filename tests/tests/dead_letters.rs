@@ -241,10 +241,23 @@ fn nightly_export(ctx: &Context) -> BoxFuture<'_, HandlerOutcome> {
     })
 }
 
-/// A dead-lettered run comes back through `replay_occurrence` while the scheduler runs: it
-/// runs once more, attempts from 1, with the id and fire time of the run that failed, and the
-/// dead letter is gone. Dead letters of messages, and ids of none, are left alone.
-async fn a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store: Arc<dyn Store>) {
+/// How a test sends a dead-lettered run back.
+#[derive(Clone, Copy)]
+enum Replay {
+    /// `ScheduleStore::replay_occurrence`, which knows it is a run.
+    Occurrence,
+    /// `DeadLetterStore::replay_dead_letter`, the one call for any dead letter.
+    DeadLetter,
+}
+
+/// A dead-lettered run comes back through `replay_occurrence` (or `replay_dead_letter`, which
+/// sends a run to the scheduler too) while the scheduler runs: it runs once more, attempts
+/// from 1, with the id and fire time of the run that failed, and the dead letter is gone. Dead
+/// letters of messages, and ids of none, are left alone.
+async fn a_dead_lettered_run_replayed_runs_again_with_its_fire_time(
+    store: Arc<dyn Store>,
+    through: Replay,
+) {
     let message = dead_messages(store.clone(), 1).await.remove(0);
     // Daily: its own next fire time does not come during the test; one is due now.
     let job = ScheduledJob::new(
@@ -298,7 +311,11 @@ async fn a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store: Arc<d
     assert_eq!(store.dead_letters(100).await.unwrap().len(), 2);
 
     FIXED.store(true, Ordering::SeqCst);
-    assert!(store.replay_occurrence(run.id).await.unwrap());
+    let replayed = match through {
+        Replay::Occurrence => store.replay_occurrence(run.id).await,
+        Replay::DeadLetter => store.replay_dead_letter(run.id).await,
+    };
+    assert!(replayed.unwrap());
     let left: Vec<Uuid> = store
         .dead_letters(100)
         .await
@@ -338,14 +355,28 @@ async fn a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store: Arc<d
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_dead_lettered_run_replayed_runs_again_with_its_fire_time() {
     let (schema, store) = pg_store().await;
-    a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store).await;
+    a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store, Replay::Occurrence).await;
+    schema.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_dead_lettered_run_replayed_as_any_dead_letter_runs_again_as_its_job() {
+    let (schema, store) = pg_store().await;
+    a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store, Replay::DeadLetter).await;
     schema.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_dead_lettered_run_replayed_runs_again_with_its_fire_time() {
     let (dir, store) = sqlite_store().await;
-    a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store).await;
+    a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store, Replay::Occurrence).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_dead_lettered_run_replayed_as_any_dead_letter_runs_again_as_its_job() {
+    let (dir, store) = sqlite_store().await;
+    a_dead_lettered_run_replayed_runs_again_with_its_fire_time(store, Replay::DeadLetter).await;
     let _ = std::fs::remove_dir_all(dir);
 }
 

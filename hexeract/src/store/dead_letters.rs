@@ -57,7 +57,9 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     }
 
     /// Sends a dead letter back to its handler with attempts reset (to every handler of its
-    /// type when it had none). `false` when there is no dead letter with this id.
+    /// type when it had none); a scheduled job's failed run goes back to the scheduler and runs
+    /// again as that job ([`ScheduleStore::replay_occurrence`](crate::store::ScheduleStore::replay_occurrence)).
+    /// `false` when there is no dead letter with this id.
     fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>>;
 
     /// Writes `envelope` (a dead letter's message, changed for its way back: attempts reset,

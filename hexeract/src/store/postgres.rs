@@ -1342,6 +1342,10 @@ impl DeadLetterStore for PgStore {
 
     fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
+            // A job's run goes back to the scheduler, not to a handler of its name.
+            if crate::store::ScheduleStore::replay_occurrence(self, id).await? {
+                return Ok(true);
+            }
             let replayed: i64 = sqlx::query_scalar(&self.sql.replay)
                 .bind(id)
                 .fetch_one(&self.pool)

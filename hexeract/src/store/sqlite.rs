@@ -1648,6 +1648,10 @@ impl DeadLetterStore for SqliteStore {
 
     fn replay_dead_letter(&self, id: Uuid) -> BoxFuture<'_, Result<bool, StoreError>> {
         Box::pin(async move {
+            // A job's run goes back to the scheduler, not to a handler of its name.
+            if crate::store::ScheduleStore::replay_occurrence(self, id).await? {
+                return Ok(true);
+            }
             let mut tx = crate::store::begin(&self.pool, Some(BEGIN_IMMEDIATE)).await?;
             sqlx::query(&self.sql.replay_to_handler)
                 .bind(id.hyphenated())
