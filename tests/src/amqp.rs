@@ -141,6 +141,23 @@ impl TestBroker {
         }
     }
 
+    /// Waits until `queue` reports `count` messages ready (a quorum queue's count can trail
+    /// its publishers' confirms by a moment), for up to 10 s.
+    pub async fn wait_until_ready(&self, queue: &str, count: u32) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = self.ready(queue).await;
+            if ready == count {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{queue} reports {ready} messages ready, not {count}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// How many messages `queue` holds, ready (not counting unacked ones).
     pub async fn ready(&self, queue: &str) -> u32 {
         self.inspect(queue)

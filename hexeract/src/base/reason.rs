@@ -82,11 +82,11 @@ impl Reason {
         &self.0
     }
 
-    /// What a retry that would end with this reason says went wrong, in its log line, its
-    /// metric label and the `last_error` it leaves: a failed call (`Err` or
-    /// [`HandlerOutcome::retry`](crate::HandlerOutcome::retry), which dead-letters as
-    /// `max_deliveries_exceeded` once the calls run out) is `handler_failed`; any other reason
-    /// (`handler_timeout`, `unknown_message_type`, …) is itself.
+    /// What a retry that would end with this reason says went wrong, in its log line and the
+    /// `last_error` it leaves (and its metric label, where that is one of the framework's): a
+    /// failed call (`Err` or [`HandlerOutcome::retry`](crate::HandlerOutcome::retry), which
+    /// dead-letters as `max_deliveries_exceeded` once the calls run out) is `handler_failed`;
+    /// any other reason (`handler_timeout`, `unknown_message_type`, …) is itself.
     pub(crate) fn retry_cause(&self) -> &str {
         if *self == Reason::MAX_DELIVERIES_EXCEEDED {
             "handler_failed"

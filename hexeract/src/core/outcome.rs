@@ -33,9 +33,10 @@ pub enum HandlerOutcome {
     /// were made; then dead-letter with `reason`.
     Retry {
         /// The reason the dead letter gives if the calls run out: `max_deliveries_exceeded` for
-        /// a failed call. It is not what the retry itself reports: a retry's log line, metric
-        /// label and `last_error` say `handler_failed` for such a call, or name this reason when
-        /// it is another (`handler_timeout`, `unknown_message_type`).
+        /// a failed call. It is not what the retry itself reports: a retry's log line and
+        /// `last_error` say `handler_failed` for such a call, or name this reason when it is
+        /// another (`handler_timeout`, `unknown_message_type`; its metric label is `other` for
+        /// a reason of a handler's own).
         reason: Reason,
         /// What went wrong, for logs and the dead-letter record.
         detail: String,

@@ -144,15 +144,12 @@ const KNOWN_REASONS: [&str; 11] = [
 /// The `reason` label of a retry: why the call failed. A failure (`Err` or
 /// `HandlerOutcome::retry`) is `handler_failed`.
 fn retry_label(reason: &Reason) -> &'static str {
-    if *reason == Reason::MAX_DELIVERIES_EXCEEDED {
-        "handler_failed"
-    } else if *reason == Reason::HANDLER_TIMEOUT
-        || *reason == Reason::HANDLER_PANICKED
-        || *reason == Reason::UNKNOWN_MESSAGE_TYPE
-    {
-        reason_label(reason)
-    } else {
-        OTHER_REASON
+    match reason.retry_cause() {
+        "handler_failed" => "handler_failed",
+        "handler_timeout" => "handler_timeout",
+        "handler_panicked" => "handler_panicked",
+        "unknown_message_type" => "unknown_message_type",
+        _ => OTHER_REASON,
     }
 }
 

@@ -21,12 +21,17 @@
 //! confirmed copy whose original was not acked yet), never lost; each keeps its body,
 //! properties, headers and routing key.
 //!
-//! A migration is recorded in the journal ([`MIGRATION_JOURNAL`], a classic queue holding one
+//! A migration is recorded in the journal ([`MIGRATION_JOURNAL`], a quorum queue holding one
 //! message per migration under way, its body the queue's name) before its holding queue is
-//! declared, and cleared once that is deleted. A start reads the journal's length with one
-//! declare and looks for holding queues only when it is not empty: a look is a passive
-//! declare, and a missing queue answers it by closing the channel, which lapin logs as an
-//! error, once per queue at every start.
+//! declared, and cleared once that is deleted. Before each queue, a start reads the journal's
+//! length with a declare and looks for the queue's holding queue only when it is not empty (or
+//! cannot be read): a look is a passive declare, and a missing queue answers it by closing the
+//! channel, which lapin logs as an error.
+//!
+//! Reading the records of the journal (to clear one, or to name them) holds them unacked for
+//! the moment it takes; a process that reads the journal's length just then finds fewer, and
+//! may start without finishing a migration a crash interrupted. The record is not lost: the
+//! next start (or `queues upgrade`) finishes it.
 //!
 //! What a migration cannot stop: a message that enters the queue by the default exchange (a
 //! retry coming back from a wait tier) in the instant between its last look at the empty queue
@@ -57,7 +62,9 @@ const LOCK_WAIT: Duration = Duration::from_secs(600);
 /// body is the name of the queue being moved: written (with a confirm) before the holding queue
 /// is declared, removed once it is deleted. A crash leaves its record, so the next run looks
 /// for the holding queue and finishes the move; with the journal empty, the common case, it
-/// looks for none. A classic durable queue, declared by the first migration check.
+/// looks for none. A quorum queue, declared by the first migration check; a broker policy that
+/// gives it a message TTL or a length limit could drop a record, and with it the way to a
+/// holding queue.
 /// [`Topology::declare`](crate::rabbitmq::Topology::declare) keeps its own journal,
 /// `<prefix>@migrations` (this one under the default prefix): `@` is in no handler's queue name.
 pub const MIGRATION_JOURNAL: &str = "hexeract@migrations";
@@ -88,6 +95,10 @@ pub(crate) struct MigrationOptions {
     pub(crate) message_exchange: Option<String>,
     /// The journal the migration is recorded in; [`MIGRATION_JOURNAL`] when `None`.
     pub(crate) journal: Option<String>,
+    /// Whether the journal holds a record of this queue, when the caller read it (once for all
+    /// its queues: reading the records holds them for a moment, so a read per queue could
+    /// miss the record of the next); `None` to read the journal's length.
+    pub(crate) recorded: Option<bool>,
 }
 
 impl MigrationOptions {
@@ -152,14 +163,29 @@ pub(crate) async fn migrate_queue_with(
     // The common case, at every start: no migration recorded, the queue as declared. With a
     // record (of this queue or another), a holding queue of this one means a move to finish.
     let journal = options.journal();
-    let recorded = journal::records(connection, journal).await? > 0;
+    let recorded = match options.recorded {
+        Some(recorded) => Ok(u32::from(recorded)),
+        None => journal::records(connection, journal).await,
+    };
+    let recorded = match recorded {
+        Ok(records) => records > 0,
+        // Unreadable (its node down, or declared otherwise): look, as if it held records.
+        Err(error) => {
+            tracing::warn!(
+                %journal,
+                %error,
+                "the migration journal cannot be read; looking for a holding queue of each queue"
+            );
+            true
+        }
+    };
     if !recorded || inspect_queue(connection, &holding).await?.is_none() {
         match declare(connection, queue).await {
             Ok(()) => {
                 if recorded {
                     // A migration of this queue that finished but crashed before clearing
                     // its record leaves the record; nothing is left to move.
-                    journal::clear(connection, journal, &queue.name).await?;
+                    journal::clear_or_warn(connection, journal, &queue.name).await;
                 }
                 return Ok(None);
             }
@@ -202,7 +228,7 @@ impl Migration<'_> {
             Err(error) => return Err(error),
         };
         if in_new_layout && !holding_exists {
-            journal::clear(self.connection, self.options.journal(), name).await?;
+            journal::clear_or_warn(self.connection, self.options.journal(), name).await;
             return Ok(None);
         }
         journal::record(self.connection, self.options.journal(), name).await?;
@@ -280,7 +306,8 @@ impl Migration<'_> {
             .await
             .map_err(|error| BusError::transport("deleting a migration's exchange", error))?;
         let _ = channel.close(200, "migrated".into()).await;
-        journal::clear(self.connection, self.options.journal(), name).await?;
+        // Moved: a record left behind only makes the next start look again.
+        journal::clear_or_warn(self.connection, self.options.journal(), name).await;
         tracing::info!(
             queue = %name,
             moved_out = report.moved_out,
@@ -432,40 +459,35 @@ impl Migration<'_> {
 
 /// The records of a migration journal ([`MIGRATION_JOURNAL`]).
 mod journal {
-    use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
-    use lapin::types::FieldTable;
+    use lapin::options::{BasicAckOptions, BasicGetOptions};
     use lapin::BasicProperties;
 
     use crate::rabbitmq::publisher::RabbitMqPublisher;
-    use crate::rabbitmq::topology::short;
-    use crate::rabbitmq::{BusError, RabbitMqConnection};
+    use crate::rabbitmq::topology::{declare_counted, short};
+    use crate::rabbitmq::{BusError, Queue, RabbitMqConnection};
 
-    /// How many migrations `journal` records, declaring it if it is not there yet: a declare
-    /// that creates what is missing, so it never closes its channel. Records another process
-    /// holds unacked while it clears its own are not counted.
+    /// How many migrations `journal` records, declaring it (a quorum queue) if it is not there
+    /// yet: a declare that creates what is missing, so it never closes its channel. Records
+    /// another process holds unacked while it reads them are not counted.
     pub(super) async fn records(
         connection: &RabbitMqConnection,
         journal: &str,
     ) -> Result<u32, BusError> {
-        let channel = connection.channel().await?;
-        let declared = channel
-            .queue_declare(
-                short(journal)?,
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|error| {
-                BusError::transport(
-                    format!("declaring the migration journal {journal:?}"),
-                    error,
-                )
-            })?;
-        let _ = channel.close(200, "read".into()).await;
-        Ok(declared.message_count())
+        declare_counted(connection, &Queue::quorum(journal)).await
+    }
+
+    /// [`clear`], a failure logged: a record left behind only makes the next start look for
+    /// the queue's holding queue again, and clear it then.
+    pub(super) async fn clear_or_warn(connection: &RabbitMqConnection, journal: &str, queue: &str) {
+        if let Err(error) = clear(connection, journal, queue).await {
+            tracing::warn!(
+                %journal,
+                queue,
+                %error,
+                "could not clear the migration's record; the next start looks for its holding \
+                 queue again"
+            );
+        }
     }
 
     /// Records that `queue` is being moved, confirmed before this returns.
@@ -645,8 +667,25 @@ impl Topology {
         bindings: &[Binding],
         which: impl Fn(&Queue) -> bool,
     ) -> Result<Vec<QueueMigration>, BusError> {
+        // The journal's records, read once: `None` when it cannot be read (then each queue
+        // looks for its holding queue).
+        let journal = self.migration_journal();
+        let records = match journal::records(connection, &journal).await {
+            Ok(0) => Some(Vec::new()),
+            Ok(_) => journal::names(connection, &journal).await.ok(),
+            Err(error) => {
+                tracing::warn!(
+                    %journal,
+                    %error,
+                    "the migration journal cannot be read; looking for a holding queue of each \
+                     queue"
+                );
+                None
+            }
+        };
+        let queues = self.queues();
         let mut moved = Vec::new();
-        for queue in self.queues().into_iter().filter(|queue| which(queue)) {
+        for queue in queues.iter().filter(|queue| which(queue)) {
             let own: Vec<Binding> = bindings
                 .iter()
                 .filter(|binding| binding.queue == queue.name)
@@ -654,30 +693,31 @@ impl Topology {
                 .collect();
             let options = MigrationOptions {
                 message_exchange: Some(self.exchange.clone()),
-                journal: Some(self.migration_journal()),
+                journal: Some(journal.clone()),
+                recorded: Some(
+                    records
+                        .as_ref()
+                        .is_none_or(|names| names.contains(&queue.name)),
+                ),
             };
-            if let Some(report) = migrate_queue_with(connection, &queue, &own, &options).await? {
+            if let Some(report) = migrate_queue_with(connection, queue, &own, &options).await? {
                 moved.push(report);
             }
         }
-        let journal = self.migration_journal();
-        if journal::records(connection, &journal).await? > 0 {
-            let queues = self.queues();
-            let others: Vec<String> = journal::names(connection, &journal)
-                .await?
-                .into_iter()
-                .filter(|name| !queues.iter().any(|queue| queue.name == *name))
-                .collect();
-            if !others.is_empty() {
-                tracing::warn!(
-                    %journal,
-                    queues = ?others,
-                    "the migration journal records moves of queues this program does not \
-                     declare (interrupted, and the queue no longer used?): their messages may \
-                     wait in `<queue>.migrating`; move them, then remove the records, or each \
-                     start looks for holding queues again"
-                );
-            }
+        let others: Vec<&String> = records
+            .iter()
+            .flatten()
+            .filter(|name| !queues.iter().any(|queue| queue.name == **name))
+            .collect();
+        if !others.is_empty() {
+            tracing::warn!(
+                %journal,
+                queues = ?others,
+                "the migration journal records moves of queues this program does not declare: \
+                 another program's migration under way, or an interrupted one of a queue no \
+                 longer used, whose messages may wait in `<queue>.migrating` (`queues upgrade` \
+                 in a program that declares the queue finishes it)"
+            );
         }
         Ok(moved)
     }

@@ -613,6 +613,27 @@ pub async fn ensure_topology(
     Ok(())
 }
 
+/// Declares `queue` as [`ensure_topology`] does; how many messages it holds ready.
+pub(crate) async fn declare_counted(
+    connection: &RabbitMqConnection,
+    queue: &Queue,
+) -> Result<u32, BusError> {
+    let channel = connection.channel().await?;
+    let declared = channel
+        .queue_declare(
+            short(&queue.name)?,
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            queue.arguments(),
+        )
+        .await
+        .map_err(|error| declare_error("queue", &queue.name, error))?;
+    let _ = channel.close(200, "declared".into()).await;
+    Ok(declared.message_count())
+}
+
 fn declare_error(what: &str, name: &str, error: lapin::Error) -> BusError {
     let detail = error.to_string();
     if let Some(argument) = inequivalent_argument(&detail) {
