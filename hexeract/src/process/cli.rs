@@ -326,7 +326,7 @@ async fn handlers(
             let who = if handler.is_empty() {
                 "(a message type no handler knows)".to_owned()
             } else {
-                format!("{handler} (renamed or removed?)")
+                format!("{} (renamed or removed?)", visible(&handler))
             };
             let _ = writeln!(out, "  {who}: {count}");
         }
@@ -427,9 +427,9 @@ async fn unowned_queues(
             let _ = writeln!(
                 out,
                 "  {}  (was {}, message {})  {} message(s), {} consumer(s)",
-                queue.declared.queue,
-                queue.declared.handler,
-                queue.declared.message_type,
+                visible(&queue.declared.queue),
+                visible(&queue.declared.handler),
+                visible(&queue.declared.message_type),
                 queue.messages,
                 queue.consumers
             );
