@@ -1020,7 +1020,8 @@ impl StoreOnly {
             format!(
                 "nothing was replayed: {} of the dead letters ({first} first) were parked by a \
                  RabbitMQ or Kafka consumer, and {HOW}. Set AMQP_URL (RabbitMQ) or \
-                 KAFKA_BROKERS (Kafka) as the service has it to replay to the broker, or add \
+                 KAFKA_BROKERS (Kafka; or HEXERACT_TRANSPORT=kafka, as the service may have it \
+                 for a local broker) as the service has it to replay to the broker, or add \
                  {TO_STORE} if the service now runs from the store alone",
                 self.parked_count
             )
