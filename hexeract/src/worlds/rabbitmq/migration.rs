@@ -36,7 +36,8 @@
 //! What a migration cannot stop: a message that enters the queue by the default exchange (a
 //! retry coming back from a wait tier) in the instant between its last look at the empty queue
 //! and the queue's deletion is deleted with it. The broker's count of them is reported
-//! ([`QueueMigration::deleted_with_queue`]) and logged as an error.
+//! ([`QueueMigration::deleted_with_queue`]) and logged as an error; one routed in the very
+//! instant of the deletion is not counted, and its publisher is told it was taken.
 
 use std::time::Duration;
 
