@@ -162,6 +162,9 @@ pub struct ScheduledReference;
 #[cfg(all(doctest, feature = "postgres"))]
 #[doc = include_str!("../docs/testing.md")]
 pub struct TestingGuide;
+#[cfg(all(doctest, feature = "postgres", feature = "sqlite"))]
+#[doc = include_str!("../docs/getting-started.md")]
+pub struct GettingStartedGuide;
 
 pub use app::run;
 pub use app::App;
