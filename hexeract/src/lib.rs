@@ -165,6 +165,9 @@ pub struct TestingGuide;
 #[cfg(all(doctest, feature = "postgres", feature = "sqlite"))]
 #[doc = include_str!("../docs/getting-started.md")]
 pub struct GettingStartedGuide;
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../docs/outbox.md")]
+pub struct OutboxGuide;
 
 pub use app::run;
 pub use app::App;
