@@ -23,10 +23,10 @@
 //!
 //! A migration is recorded in the journal ([`MIGRATION_JOURNAL`], a quorum queue holding one
 //! message per migration under way, its body the queue's name) before its holding queue is
-//! declared, and cleared once that is deleted. Before each queue, a start reads the journal's
-//! length with a declare and looks for the queue's holding queue only when it is not empty (or
-//! cannot be read): a look is a passive declare, and a missing queue answers it by closing the
-//! channel, which lapin logs as an error.
+//! declared, and cleared once that is deleted. A start reads the journal once (its length with
+//! a declare, and its records when it has some) and looks for the holding queue of a queue only
+//! when the journal names it (or cannot be read): a look is a passive declare, and a missing
+//! queue answers it by closing the channel, which lapin logs as an error.
 //!
 //! Reading the records of the journal (to clear one, or to name them) holds them unacked for
 //! the moment it takes; a process that reads the journal's length just then finds fewer, and
@@ -165,20 +165,11 @@ pub(crate) async fn migrate_queue_with(
     // record (of this queue or another), a holding queue of this one means a move to finish.
     let journal = options.journal();
     let recorded = match options.recorded {
-        Some(recorded) => Ok(u32::from(recorded)),
-        None => journal::records(connection, journal).await,
-    };
-    let recorded = match recorded {
-        Ok(records) => records > 0,
-        // Unreadable (its node down, or declared otherwise): look, as if it held records.
-        Err(error) => {
-            tracing::warn!(
-                %journal,
-                %error,
-                "the migration journal cannot be read; looking for a holding queue of each queue"
-            );
-            true
-        }
+        Some(recorded) => recorded,
+        // Unreadable: look, as if it held records.
+        None => journal::records_or_warn(connection, journal)
+            .await
+            .is_none_or(|records| records > 0),
     };
     if !recorded || inspect_queue(connection, &holding).await?.is_none() {
         match declare(connection, queue).await {
@@ -477,6 +468,26 @@ mod journal {
         declare_counted(connection, &Queue::quorum(journal)).await
     }
 
+    /// [`records`], or `None` when the journal cannot be read (its node down, or declared with
+    /// other arguments), which is logged: the caller then looks for every holding queue.
+    pub(super) async fn records_or_warn(
+        connection: &RabbitMqConnection,
+        journal: &str,
+    ) -> Option<u32> {
+        match records(connection, journal).await {
+            Ok(records) => Some(records),
+            Err(error) => {
+                tracing::warn!(
+                    %journal,
+                    %error,
+                    "the migration journal cannot be read; looking for a holding queue of each \
+                     queue"
+                );
+                None
+            }
+        }
+    }
+
     /// [`clear`], a failure logged: a record left behind only makes the next start look for
     /// the queue's holding queue again, and clear it then.
     pub(super) async fn clear_or_warn(connection: &RabbitMqConnection, journal: &str, queue: &str) {
@@ -671,18 +682,10 @@ impl Topology {
         // The journal's records, read once: `None` when it cannot be read (then each queue
         // looks for its holding queue).
         let journal = self.migration_journal();
-        let records = match journal::records(connection, &journal).await {
-            Ok(0) => Some(Vec::new()),
-            Ok(_) => journal::names(connection, &journal).await.ok(),
-            Err(error) => {
-                tracing::warn!(
-                    %journal,
-                    %error,
-                    "the migration journal cannot be read; looking for a holding queue of each \
-                     queue"
-                );
-                None
-            }
+        let records = match journal::records_or_warn(connection, &journal).await {
+            Some(0) => Some(Vec::new()),
+            Some(_) => journal::names(connection, &journal).await.ok(),
+            None => None,
         };
         let queues = self.queues();
         let mut moved = Vec::new();

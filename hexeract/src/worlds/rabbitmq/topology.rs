@@ -585,17 +585,7 @@ pub async fn ensure_topology(
             .map_err(|error| declare_error("exchange", &exchange.name, error))?;
     }
     for queue in queues {
-        channel
-            .queue_declare(
-                short(&queue.name)?,
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                queue.arguments(),
-            )
-            .await
-            .map_err(|error| declare_error("queue", &queue.name, error))?;
+        declare_queue(&channel, queue).await?;
     }
     for binding in bindings {
         channel
@@ -619,7 +609,14 @@ pub(crate) async fn declare_counted(
     queue: &Queue,
 ) -> Result<u32, BusError> {
     let channel = connection.channel().await?;
-    let declared = channel
+    let declared = declare_queue(&channel, queue).await?;
+    let _ = channel.close(200, "declared".into()).await;
+    Ok(declared.message_count())
+}
+
+/// The one declare of a [`Queue`]: durable, with its arguments.
+async fn declare_queue(channel: &lapin::Channel, queue: &Queue) -> Result<lapin::Queue, BusError> {
+    channel
         .queue_declare(
             short(&queue.name)?,
             QueueDeclareOptions {
@@ -629,9 +626,7 @@ pub(crate) async fn declare_counted(
             queue.arguments(),
         )
         .await
-        .map_err(|error| declare_error("queue", &queue.name, error))?;
-    let _ = channel.close(200, "declared".into()).await;
-    Ok(declared.message_count())
+        .map_err(|error| declare_error("queue", &queue.name, error))
 }
 
 fn declare_error(what: &str, name: &str, error: lapin::Error) -> BusError {
